@@ -1,0 +1,104 @@
+"""What the machine has: device kind, compute capability and library versions.
+
+Detection is lazy and never imports a GPU library at package import time; it only reads installed distribution
+metadata (``importlib.metadata``) and, for cuDNN, asks torch. A :class:`Hardware` can also be written by hand
+(tests, ``qattn-fx explain --arch sm_100``) to resolve a spec for a machine you are not on.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A device and the software around it.
+
+    ``capability`` is the CUDA compute capability ``(major, minor)`` or ``None`` for a CPU;
+    ``libraries`` maps distribution names (``flashinfer-python``, ``nvidia-cudnn-frontend``, ``triton``) and
+    ``cudnn`` (the cuDNN backend library torch loaded) to version strings.
+    """
+
+    device: str = "cpu"
+    capability: tuple[int, int] | None = None
+    libraries: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def arch(self) -> str:
+        """``sm_90`` style name, or ``cpu``."""
+        if self.capability is None:
+            return self.device
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+    def has_library(self, name: str, minimum: str) -> bool:
+        found = self.libraries.get(name)
+        return found is not None and parse_version(found) >= parse_version(minimum)
+
+    def describe(self) -> str:
+        libs = ", ".join(f"{k} {v}" for k, v in sorted(self.libraries.items()))
+        return f"{self.arch}" + (f" ({libs})" if libs else "")
+
+    @classmethod
+    def for_arch(cls, arch: str, libraries: dict[str, str] | None = None) -> "Hardware":
+        """A hypothetical machine, e.g. ``Hardware.for_arch("sm_100", {"flashinfer-python": "0.7.4"})``."""
+        if arch == "cpu":
+            return cls("cpu", None, dict(libraries or {}))
+        match = re.fullmatch(r"sm_(\d+)(\d)", arch)
+        if not match:
+            raise ValueError(f"arch={arch!r} is invalid; valid: 'cpu' or 'sm_XY' such as sm_90, sm_100, sm_120")
+        return cls("cuda", (int(match.group(1)), int(match.group(2))), dict(libraries or {}))
+
+
+_DISTRIBUTIONS = ("flashinfer-python", "nvidia-cudnn-frontend", "triton", "sageattention")
+
+
+def detect(device: torch.device | str | None = None) -> Hardware:
+    """The hardware that tensors on ``device`` run on (default: CUDA device 0 when available, else CPU)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type != "cuda":
+        return Hardware(device.type, None, _libraries(False))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _detect_cuda(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _detect_cuda(index: int) -> Hardware:
+    return Hardware("cuda", tuple(torch.cuda.get_device_capability(index)), _libraries(True))
+
+
+@functools.lru_cache(maxsize=2)
+def _libraries(cuda: bool) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in _DISTRIBUTIONS:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if cuda and torch.backends.cudnn.is_available():
+        v = torch.backends.cudnn.version()  # e.g. 91900
+        if v:
+            found["cudnn"] = f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+    return found
+
+
+def parse_version(text: str) -> tuple:
+    """A comparable key for versions like ``0.6.16rc1``, ``0.7.2.post1``, ``9.19.0``.
+
+    Release numbers compare numerically; a pre-release (``rc``/``a``/``b``) sorts before its release, a
+    ``post`` release after it.
+    """
+    match = re.match(r"^(\d+(?:\.\d+)*)(?:\.?(a|b|rc|post|dev)(\d*))?", text.strip())
+    if not match:
+        raise ValueError(f"version={text!r} is not a version number")
+    release = tuple(int(x) for x in match.group(1).split("."))
+    release = release + (0,) * (4 - len(release))
+    tag, num = match.group(2), int(match.group(3) or 0)
+    rank = {"dev": -4, "a": -3, "b": -2, "rc": -1, None: 0, "post": 1}[tag]
+    return release + (rank, num)

@@ -1,0 +1,77 @@
+"""Reference kernel: the exact numerics of every recipe, in torch, on CPU or CUDA.
+
+This is the *definition* every fast kernel is tested against:
+
+1. dequantize Q, K and V exactly (:mod:`qattn_fx.ops.formats`) to fp32;
+2. ``S = Q·Kᵀ · sm_scale`` in fp32; ``P = exp(S - rowmax(S))``; ``l = rowsum(P)`` (fp32, before any rounding);
+3. P is rounded the way the recipe's P·V sees it: e4m3 with the fixed scale 448 when V is fp8/mxfp8, NVFP4 with
+   a fixed tensor scale when V is nvfp4;
+4. ``O = (P_rounded · V) / l`` in fp32, cast to ``out_dtype`` and stored BSHD.
+
+Work is chunked over query rows so that memory stays bounded for video-length sequences. GQA (``Hq = g · Hkv``)
+repeats K/V heads. Inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops import formats
+
+#: Upper bound on fp32 elements of one chunk of the score matrix.
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def _empty_out(b: int, h: int, sq: int, dv: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(b, sq, h, dv, dtype=dtype, device=device).transpose(1, 2)
+
+
+def _repeat_heads(x: torch.Tensor, hq: int) -> torch.Tensor:
+    hk = x.shape[1]
+    return x if hk == hq else x.repeat_interleave(hq // hk, dim=1)
+
+
+def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, round_p, out: torch.Tensor):
+    b, h, sq, _ = qf.shape
+    kf = _repeat_heads(kf, h)
+    vf = _repeat_heads(vf, h)
+    rows = max(1, _CHUNK_ELEMENTS // max(1, b * h * kf.shape[-2]))
+    for start in range(0, sq, rows):
+        s = torch.matmul(qf[:, :, start : start + rows], kf.transpose(-1, -2)) * sm_scale
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        denom = p.sum(dim=-1, keepdim=True)
+        o = torch.matmul(round_p(p), vf) / denom
+        out[:, :, start : start + rows] = o.to(out.dtype)
+    return out
+
+
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+    """Reference for ``qattn::scaled_attention`` (see :mod:`qattn_fx.ops.attention` for the layouts)."""
+    qf = formats.dequantize_scaled(q, q_scale, q_block)
+    kf = formats.dequantize_scaled(k, k_scale, k_block)
+    vf = formats.dequantize_v(v, v_scale)
+    out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
+    return _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out)
+
+
+def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.Tensor:
+    """fp32 ``(B, H, S, D)`` values of a block-scaled operand (``role``: ``qk`` or ``v``; ``n``: S for V, D for Q/K)."""
+    if fmt == "mxfp8":
+        return formats.dequantize_mxfp8(data, sf, -1 if role == "qk" else -2)
+    if fmt == "nvfp4":
+        values = formats.dequantize_nvfp4(data, sf, gs, n)
+        return values if role == "qk" else values.transpose(-1, -2)
+    if fmt == "fp8" and role == "v":
+        return formats.dequantize_v(data, sf)
+    raise ValueError(f"format={fmt!r} is invalid for {role}; valid: mxfp8, nvfp4" + (", fp8" if role == "v" else ""))
+
+
+def block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype):
+    """Reference for ``qattn::block_scaled_attention``."""
+    head_dim = q.shape[-1] * (2 if qk_format == "nvfp4" else 1)
+    qf = dequantize_block_scaled(q, q_sf, q_gs, qk_format, "qk", head_dim)
+    kf = dequantize_block_scaled(k, k_sf, k_gs, qk_format, "qk", head_dim)
+    vf = dequantize_block_scaled(v, v_sf, v_gs, v_format, "v", k.shape[2])
+    round_p = formats.round_p_nvfp4 if v_format == "nvfp4" else formats.round_p_fp8
+    out = _empty_out(q.shape[0], q.shape[1], q.shape[2], vf.shape[-1], out_dtype, q.device)
+    return _attend(qf, kf, vf, sm_scale, round_p, out)

@@ -1,0 +1,189 @@
+"""Attention custom ops over quantized tensors. Opaque to the compiler; the ``kernel`` argument picks the kernel.
+
+``qattn::scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel)``
+
+* ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``: int8 or float8_e4m3fn with fp32 scales of shape
+  ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB = ceil(S/block)``), or with block 0 a
+  single scale per head ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. bf16/fp16 Q/K pass ``None`` scales.
+* ``v (B, Hkv, Skv, Dv)``: float8_e4m3fn, any strides with a unit stride on D or S; ``v_scale`` fp32
+  ``(B|1, Hkv|1, Dv|1)`` (per channel, per head, per tensor).
+* Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype``, stored BSHD (stride ``(Sq·Hq·Dv, Dv, Hq·Dv, 1)``).
+
+``qattn::block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale,
+out_dtype, kernel)``
+
+* ``qk_format`` ``mxfp8``: e4m3 ``(B, H, S, D)`` data with E8M0 scales ``(B, H, S, ceil(D/32))``;
+  ``nvfp4``: packed e2m1 ``(B, H, S, D/2)`` uint8, E4M3 scales ``(B, H, S, D/16)``, fp32 tensor scale ``()``.
+* ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, ceil(Skv/32), Dv)``;
+  ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, Skv16/16)``, tensor scale.
+
+Inputs are never mutated. Bad shapes or dtypes raise ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import kernels
+
+_QK_8BIT = (torch.int8, torch.float8_e4m3fn)
+_FLOAT = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _check_out_dtype(out_dtype: torch.dtype) -> None:
+    if out_dtype not in OUT_DTYPES:
+        _fail(f"out_dtype={out_dtype} is invalid; valid: {', '.join(map(str, OUT_DTYPES))}")
+
+
+def _check_scale(name: str, scale: torch.Tensor, full: tuple, what: str) -> None:
+    if scale.dtype != torch.float32:
+        _fail(f"{name} must be float32; got {scale.dtype}")
+    if scale.dim() != 3 or any(s not in (1, f) for s, f in zip(scale.shape, full)):
+        _fail(f"{name} must have shape {what} (each dim may be 1); got {tuple(scale.shape)}")
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_seq: int) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            _fail(f"{name} must be 4-D (B, H, S, D); got shape {tuple(t.shape)}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        _fail(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1] != 0:
+        _fail(f"heads must satisfy Hk == Hv and Hq % Hk == 0; got Hq={q.shape[1]}, Hk={k.shape[1]}, Hv={v.shape[1]}")
+    if v_seq != k.shape[2]:
+        _fail(f"k and v sequence lengths differ: {k.shape[2]} vs {v_seq}")
+    if k.shape[2] == 0:
+        _fail("k has zero tokens: attention over an empty key set is undefined")
+
+
+def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype) -> None:
+    _check_heads(q, k, v, v.shape[2])
+    _check_out_dtype(out_dtype)
+    if q.shape[-1] != k.shape[-1]:
+        _fail(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
+    if (q_scale is None) != (k_scale is None):
+        _fail("q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K)")
+    if q_scale is None:
+        if q.dtype not in _FLOAT or k.dtype != q.dtype:
+            _fail(f"unquantized q/k must share a float dtype in {_FLOAT}; got {q.dtype}, {k.dtype}")
+    else:
+        if q.dtype not in _QK_8BIT or k.dtype != q.dtype:
+            _fail(f"quantized q/k must share a dtype in {_QK_8BIT}; got {q.dtype}, {k.dtype}")
+        for name, x, s, block in (("q", q, q_scale, q_block), ("k", k, k_scale, k_block)):
+            if block < 0:
+                _fail(f"{name}_block={block} is invalid; valid: 0 (one scale per head/tensor) or >= 1")
+            nb = 1 if block == 0 else (x.shape[2] + block - 1) // block
+            what = "(1, 1|H, 1)" if block == 0 else f"(B, H, ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, {nb})"
+            _check_scale(f"{name}_scale", s, (x.shape[0], x.shape[1], nb), what)
+            if block == 0 and s.shape[0] != 1:
+                _fail(f"{name}_scale with {name}_block=0 must have shape (1, 1|H, 1); got {tuple(s.shape)}")
+    if v.dtype != torch.float8_e4m3fn:
+        _fail(f"v must be float8_e4m3fn; got {v.dtype}")
+    _check_scale("v_scale", v_scale, (v.shape[0], v.shape[1], v.shape[3]), "(B|1, H|1, Dv|1)")
+    if v.stride(-1) != 1 and v.stride(-2) != 1:
+        _fail(f"v needs a unit stride on D or on S; got strides {v.stride()}")
+
+
+def _fake_out(q: torch.Tensor, sq: int, dv: int, out_dtype: torch.dtype) -> torch.Tensor:
+    return q.new_empty((q.shape[0], sq, q.shape[1], dv), dtype=out_dtype).transpose(1, 2)
+
+
+@torch.library.custom_op("qattn::scaled_attention", mutates_args=())
+def scaled_attention(
+    q: torch.Tensor,
+    q_scale: Optional[torch.Tensor],
+    k: torch.Tensor,
+    k_scale: Optional[torch.Tensor],
+    v: torch.Tensor,
+    v_scale: torch.Tensor,
+    q_block: int,
+    k_block: int,
+    sm_scale: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+) -> torch.Tensor:
+    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype)
+    fn = kernels.load(kernel, "scaled")
+    return fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
+
+
+@scaled_attention.register_fake
+def _(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel):
+    return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
+
+
+QK_FORMATS = ("mxfp8", "nvfp4")
+V_FORMATS = ("fp8", "mxfp8", "nvfp4")
+
+
+def _v_dims(v: torch.Tensor, v_format: str) -> tuple[int, int]:
+    """(Skv, Dv) of a V operand (``nvfp4`` V is stored transposed and packed along S)."""
+    if v_format == "nvfp4":
+        return v.shape[3] * 2, v.shape[2]
+    return v.shape[2], v.shape[3]
+
+
+def check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype) -> None:
+    if qk_format not in QK_FORMATS:
+        _fail(f"qk_format={qk_format!r} is invalid; valid: {', '.join(QK_FORMATS)}")
+    if v_format not in V_FORMATS:
+        _fail(f"v_format={v_format!r} is invalid; valid: {', '.join(V_FORMATS)}")
+    _check_out_dtype(out_dtype)
+    skv, _ = _v_dims(v, v_format)
+    if v_format == "nvfp4":
+        if skv < k.shape[2] or skv - k.shape[2] >= 16:
+            _fail(f"nvfp4 v holds {skv} padded tokens; expected ceil16(Skv) for Skv={k.shape[2]}")
+        skv = k.shape[2]
+    _check_heads(q, k, v, skv)
+    expect = {"mxfp8": (torch.float8_e4m3fn, torch.float8_e8m0fnu), "nvfp4": (torch.uint8, torch.float8_e4m3fn)}
+    for name, x, sf, gs in (("q", q, q_sf, q_gs), ("k", k, k_sf, k_gs)):
+        data_dtype, sf_dtype = expect[qk_format]
+        if x.dtype != data_dtype or sf.dtype != sf_dtype:
+            _fail(f"{qk_format} {name} needs data {data_dtype} and scales {sf_dtype}; got {x.dtype}, {sf.dtype}")
+        if (qk_format == "nvfp4") != (gs is not None):
+            _fail(f"{name}_gs (tensor scale) is required for nvfp4 and must be None for mxfp8")
+    if v_format != "fp8":
+        data_dtype, sf_dtype = expect[v_format]
+        if v.dtype != data_dtype or v_sf.dtype != sf_dtype:
+            _fail(f"{v_format} v needs data {data_dtype} and scales {sf_dtype}; got {v.dtype}, {v_sf.dtype}")
+    elif v.dtype != torch.float8_e4m3fn or v_sf.dtype != torch.float32:
+        _fail(f"fp8 v needs float8_e4m3fn data and float32 scales; got {v.dtype}, {v_sf.dtype}")
+    if (v_format == "nvfp4") != (v_gs is not None):
+        _fail("v_gs (tensor scale) is required for nvfp4 V and must be None otherwise")
+
+
+@torch.library.custom_op("qattn::block_scaled_attention", mutates_args=())
+def block_scaled_attention(
+    q: torch.Tensor,
+    q_sf: torch.Tensor,
+    q_gs: Optional[torch.Tensor],
+    k: torch.Tensor,
+    k_sf: torch.Tensor,
+    k_gs: Optional[torch.Tensor],
+    v: torch.Tensor,
+    v_sf: torch.Tensor,
+    v_gs: Optional[torch.Tensor],
+    qk_format: str,
+    v_format: str,
+    sm_scale: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+) -> torch.Tensor:
+    check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
+    fn = kernels.load(kernel, "block_scaled")
+    return fn(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype)
+
+
+@block_scaled_attention.register_fake
+def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel):
+    return _fake_out(q, q.shape[2], _v_dims(v, v_format)[1], out_dtype)
+
+
+ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default)

@@ -1,0 +1,124 @@
+"""Quantize ops: each one FX node, defined in plain aten (CompositeImplicitAutograd) so Inductor fuses it.
+
+All ops live in the ``qattn`` torch.library namespace, take logical ``(B, H, S, D)`` tensors of any strides and
+never mutate their inputs. The numerics are those of :mod:`qattn_fx.ops.formats`.
+
+=====================================================  ==========================================================
+op                                                     returns
+=====================================================  ==========================================================
+``smooth_k(k)``                                        ``k - mean_S(k)`` in k's dtype (exact under softmax)
+``quantize_per_block(x, block, dtype)``                data like x (int8/e4m3), scale ``(B, H, ceil(S/block))``
+``quantize_per_head(x, dtype, seq_major)``             data, scale ``(1, H, 1)``
+``quantize_per_tensor(x, dtype, seq_major)``           data, scale ``(1, 1, 1)``
+``quantize_per_channel(x, dtype, seq_major)``          data, scale ``(B, H, D)`` (V: amax over tokens)
+``quantize_mxfp8(x, axis)``                            e4m3 data like x, E8M0 scales (32 along ``axis``)
+``quantize_nvfp4(x, transpose)``                       packed e2m1 ``(..., N/2)`` uint8, E4M3 scales ``(..., N/16)``,
+                                                       fp32 tensor scale ``()``; ``transpose`` quantizes
+                                                       ``x.transpose(-1, -2)`` (V along the sequence)
+=====================================================  ==========================================================
+
+``seq_major=True`` stores the data with the sequence axis fastest (physically ``(B, H, D, S)``), the layout an
+FP8 P·V on Hopper wants for V; the logical shape stays ``(B, H, S, D)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import formats
+
+lib = torch.library.Library("qattn", "DEF")
+
+
+def _define(schema: str, fn) -> None:
+    lib.define(schema)
+    lib.impl(schema.split("(")[0], fn, "CompositeImplicitAutograd")
+
+
+def _check_4d(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"{name} expects a (B, H, S, D) tensor; got shape {tuple(x.shape)}")
+
+
+def _check_8bit(dtype: torch.dtype) -> None:
+    formats.qmax(dtype)  # raises with the valid choices
+
+
+def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
+    if seq_major:
+        return data.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return data.contiguous()
+
+
+def smooth_k(k: torch.Tensor) -> torch.Tensor:
+    _check_4d("smooth_k", k)
+    return (k.float() - k.float().mean(dim=-2, keepdim=True)).to(k.dtype)
+
+
+def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_4d("quantize_per_block", x)
+    _check_8bit(dtype)
+    if block < 1:
+        raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
+    scale = formats.seq_block_amax(x, block) / formats.qmax(dtype)
+    data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
+    return data.contiguous(), scale
+
+
+def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
+    _check_4d("quantize_per_head", x)
+    _check_8bit(dtype)
+    scale = x.abs().float().amax(dim=(0, 2, 3)).reshape(1, -1, 1) / formats.qmax(dtype)
+    data = formats.cast_scaled(x, scale.unsqueeze(-1), dtype)
+    return _layout(data, seq_major), scale
+
+
+def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
+    _check_4d("quantize_per_tensor", x)
+    _check_8bit(dtype)
+    scale = x.abs().float().amax().reshape(1, 1, 1) / formats.qmax(dtype)
+    data = formats.cast_scaled(x, scale.unsqueeze(-1), dtype)
+    return _layout(data, seq_major), scale
+
+
+def quantize_per_channel(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
+    _check_4d("quantize_per_channel", x)
+    _check_8bit(dtype)
+    scale = x.abs().float().amax(dim=-2) / formats.qmax(dtype)
+    data = formats.cast_scaled(x, scale.unsqueeze(-2), dtype)
+    return _layout(data, seq_major), scale
+
+
+def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_4d("quantize_mxfp8", x)
+    if axis not in (-1, -2, 2, 3):
+        raise ValueError(f"quantize_mxfp8: axis={axis} is invalid; valid: -1 (channels, Q/K), -2 (tokens, V)")
+    return formats.quantize_mxfp8(x, axis)
+
+
+def quantize_nvfp4(x: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_4d("quantize_nvfp4", x)
+    return formats.quantize_nvfp4(x.transpose(-1, -2) if transpose else x)
+
+
+_define("smooth_k(Tensor k) -> Tensor", smooth_k)
+_define("quantize_per_block(Tensor x, int block, ScalarType dtype) -> (Tensor, Tensor)", quantize_per_block)
+_define("quantize_per_head(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_head)
+_define(
+    "quantize_per_tensor(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_tensor
+)
+_define(
+    "quantize_per_channel(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_channel
+)
+_define("quantize_mxfp8(Tensor x, int axis) -> (Tensor, Tensor)", quantize_mxfp8)
+_define("quantize_nvfp4(Tensor x, bool transpose) -> (Tensor, Tensor, Tensor)", quantize_nvfp4)
+
+QUANTIZE_OPS = (
+    torch.ops.qattn.smooth_k.default,
+    torch.ops.qattn.quantize_per_block.default,
+    torch.ops.qattn.quantize_per_head.default,
+    torch.ops.qattn.quantize_per_tensor.default,
+    torch.ops.qattn.quantize_per_channel.default,
+    torch.ops.qattn.quantize_mxfp8.default,
+    torch.ops.qattn.quantize_nvfp4.default,
+)

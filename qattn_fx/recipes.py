@@ -1,0 +1,458 @@
+"""Quantized-attention recipes and the table of accepted (backend, recipe) combinations.
+
+A *recipe* fixes the numerics of one attention call: the element format of Q/K (BMM1) and of V (BMM2), how many
+tokens share one Q/K scale, how V is scaled, and whether K is smoothed. It says nothing about which kernel runs it;
+kernels are implementations of a recipe on some hardware (see ``qattn_fx.kernels``).
+
+Everything that decides whether a recipe is accepted, and where it can run, is *data* in :data:`TABLE`: one
+:class:`Row` per (backend, recipe family) taken from the two seed documents (TensorRT-LLM VisualGen quantized
+attention; vLLM-Omni ``TRTLLM_ATTN``) plus the Hopper rows served by this project's own kernels. Validation,
+policy resolution and the README's recipe table are all generated from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
+VDType = Literal["fp8", "mxfp8", "nvfp4"]
+ScaleScope = Literal["tensor", "head"]
+
+QK_DTYPES: tuple[str, ...] = ("bf16", "int8", "fp8", "mxfp8", "nvfp4")
+V_DTYPES: tuple[str, ...] = ("fp8", "mxfp8", "nvfp4")
+SCALE_SCOPES: tuple[str, ...] = ("tensor", "head")
+#: Formats whose scaling is defined by the format itself (block sizes stay 0).
+BLOCK_SCALED_FORMATS: tuple[str, ...] = ("mxfp8", "nvfp4")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The numerics of one quantized attention call.
+
+    Fields (VisualGen's configuration surface, plus ``smooth_k`` and ``scale_scope``):
+
+    * ``qk_dtype``: element format of Q and K for BMM1 (Q·Kᵀ). ``bf16`` leaves Q/K unquantized; ``int8`` and
+      ``fp8`` (e4m3) carry one fp32 scale per block of tokens; ``mxfp8`` (e4m3, E8M0 scale per 32 channels) and
+      ``nvfp4`` (e2m1, E4M3 scale per 16 channels plus an fp32 tensor scale) define their own blocks.
+    * ``v_dtype``: element format of V for BMM2 (P·V). ``fp8`` uses fp32 scales (see ``v_block_size``);
+      ``mxfp8`` / ``nvfp4`` are block-scaled along the sequence (the contraction axis of P·V).
+    * ``q_block_size`` / ``k_block_size``: tokens per Q / K scale along the sequence, per head (SageAttention).
+      0 means one scale for the whole tensor (or per head, see ``scale_scope``), or "defined by the format".
+    * ``v_block_size``: for fp8 V, 0 = one tensor-wide scale (or per head), 1 = one scale per (head, channel).
+    * ``smooth_k``: subtract K's per-channel mean over tokens before quantizing (exact under softmax).
+    * ``scale_scope``: what a 0 block size spans for int8/fp8 operands: the whole ``tensor`` (cuDNN FP8) or one
+      ``head`` (FlashInfer FA3 FP8).
+    """
+
+    qk_dtype: str = "bf16"
+    v_dtype: str = "fp8"
+    q_block_size: int = 0
+    k_block_size: int = 0
+    v_block_size: int = 0
+    smooth_k: bool | None = None
+    scale_scope: str = "tensor"
+
+    def __post_init__(self) -> None:
+        _check_choice("qk_dtype", self.qk_dtype, QK_DTYPES)
+        _check_choice("v_dtype", self.v_dtype, V_DTYPES)
+        _check_choice("scale_scope", self.scale_scope, SCALE_SCOPES)
+        for name in ("q_block_size", "k_block_size", "v_block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 0")
+        if self.smooth_k is None:
+            object.__setattr__(self, "smooth_k", self.qk_dtype != "bf16")
+        elif not isinstance(self.smooth_k, bool):
+            raise ValueError(f"smooth_k={self.smooth_k!r} is invalid; valid: true, false")
+        if self.smooth_k and self.qk_dtype == "bf16":
+            raise ValueError("smooth_k=True is invalid with qk_dtype='bf16' (K is not quantized); valid: false")
+
+    # -- derived facts ------------------------------------------------------------------------------------------
+    @property
+    def blocks(self) -> tuple[int, int, int]:
+        return (self.q_block_size, self.k_block_size, self.v_block_size)
+
+    @property
+    def family(self) -> str:
+        """Which attention op implements the recipe: ``scaled`` (bf16/int8/fp8 Q/K, fp8 V) or ``block_scaled``."""
+        if self.qk_dtype in BLOCK_SCALED_FORMATS or self.v_dtype in BLOCK_SCALED_FORMATS:
+            return "block_scaled"
+        return "scaled"
+
+    @property
+    def name(self) -> str:
+        """A short human name, e.g. ``int8 Q/K 1/16, fp8 V per-channel``."""
+        if self.qk_dtype == "bf16":
+            qk = "bf16 Q/K"
+        elif self.qk_dtype in BLOCK_SCALED_FORMATS:
+            qk = f"{self.qk_dtype} Q/K"
+        elif self.q_block_size or self.k_block_size:
+            qk = f"{self.qk_dtype} Q/K {self.q_block_size}/{self.k_block_size}"
+        else:
+            qk = f"{self.qk_dtype} Q/K per-{self.scale_scope}"
+        if self.v_dtype in BLOCK_SCALED_FORMATS:
+            v = f"{self.v_dtype} V"
+        elif self.v_block_size == 1:
+            v = "fp8 V per-channel"
+        else:
+            v = f"fp8 V per-{self.scale_scope}"
+        smooth = ", smooth K" if self.smooth_k else ""
+        return f"{qk}, {v}{smooth}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "recipe") -> "Recipe":
+        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        return cls(**data)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Requirements: where a row can run.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadDims:
+    """Head dims a kernel accepts: an explicit set, or multiples of ``multiple_of`` up to ``max``."""
+
+    allowed: tuple[int, ...] | None = None
+    multiple_of: int = 1
+    max: int = 1 << 30
+
+    def accepts(self, head_dim: int) -> bool:
+        if self.allowed is not None:
+            return head_dim in self.allowed
+        return head_dim % self.multiple_of == 0 and head_dim <= self.max
+
+    def describe(self) -> str:
+        if self.allowed is not None:
+            return "/".join(str(d) for d in self.allowed)
+        return f"multiple of {self.multiple_of}, <= {self.max}"
+
+
+ANY_HEAD_DIM = HeadDims()
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What one implementation of a row needs from the hardware and from the attention call site.
+
+    ``archs`` are compute capabilities as ``sm_XY`` strings (``None``: any device, CPU included);
+    ``library`` is ``(distribution, minimum version)``; ``kernel`` names the entry in
+    :data:`qattn_fx.kernels.KERNELS` that implements it (``None``: no kernel in qattn_fx yet, so the row can
+    only be emulated).
+    """
+
+    kernel: str | None
+    archs: tuple[str, ...] | None
+    head_dims: HeadDims = ANY_HEAD_DIM
+    library: tuple[str, str] | None = None
+    cross_attention: bool = True
+    gqa: bool = True
+    causal: bool = False
+    key_padding_mask: bool = False
+    self_attention_only_equal_shapes: bool = False
+    seq_multiple_of: int = 1
+    skip_softmax: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BlockChoices:
+    """Accepted (q, k, v) block sizes: an explicit list of tuples, or the product of per-field choices."""
+
+    tuples: tuple[tuple[int, int, int], ...] = ()
+    q: tuple[int, ...] = ()
+    k: tuple[int, ...] = ()
+    v: tuple[int, ...] = ()
+
+    def all(self) -> tuple[tuple[int, int, int], ...]:
+        if self.tuples:
+            return self.tuples
+        return tuple(itertools.product(self.q, self.k, self.v))
+
+    def describe(self) -> str:
+        if self.tuples:
+            return ", ".join(_fmt_tuple(t) for t in self.tuples)
+        return f"q {_fmt_set(self.q)}; k {_fmt_set(self.k)}; v {_fmt_set(self.v)}"
+
+
+def _blocks(*tuples: tuple[int, int, int]) -> BlockChoices:
+    return BlockChoices(tuples=tuple(tuples))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One accepted (backend, recipe family) combination, with where it runs."""
+
+    backend: str
+    qk_dtype: str
+    v_dtype: str
+    blocks: BlockChoices
+    common_name: str
+    source: str
+    implementations: tuple[Requirements, ...]
+    scale_scopes: tuple[str, ...] = ("tensor",)
+
+    def accepts(self, recipe: Recipe) -> bool:
+        return (
+            recipe.qk_dtype == self.qk_dtype
+            and recipe.v_dtype == self.v_dtype
+            and recipe.blocks in self.blocks.all()
+            and (recipe.scale_scope in self.scale_scopes or not _scope_matters(recipe))
+        )
+
+
+def _scope_matters(recipe: Recipe) -> bool:
+    """``scale_scope`` only changes numerics when some int8/fp8 operand has a 0 block size."""
+    qk_whole = recipe.qk_dtype in ("int8", "fp8") and (recipe.q_block_size == 0 or recipe.k_block_size == 0)
+    v_whole = recipe.v_dtype == "fp8" and recipe.v_block_size == 0
+    return qk_whole or v_whole
+
+
+# Architecture groups used in the table.
+SM90 = ("sm_90",)
+SM100 = ("sm_100",)
+SM100_103 = ("sm_100", "sm_103")
+SM120_121 = ("sm_120", "sm_121")
+ADA_HOPPER = ("sm_89", "sm_90")
+
+VG = "TensorRT-LLM VisualGen quantized attention"
+VO = "vLLM-Omni TRTLLM_ATTN"
+OURS = "qattn_fx (Hopper)"
+
+_FI_SAGE = ("flashinfer-python", "0.6.16rc1")
+_CUDNN_MXFP8 = ("cudnn", "9.21.0")
+_CUDNN_FP8 = ("cudnn", "9.1.0")
+_FI = ("flashinfer-python", "0.6.0")
+_SAGE_HD = HeadDims(allowed=(128,))
+_CUDNN_HD_BLACKWELL = HeadDims(allowed=(32, 64, 96, 128))
+_CUDNN_HD_HOPPER = HeadDims(multiple_of=16, max=256)
+_TRITON = ("triton", "3.0.0")
+
+#: Every accepted (backend, recipe) combination. Order matters for ``backend="auto"``: the first row whose
+#: implementation runs on the hardware and serves the site wins, so faster/more accurate rows come first.
+TABLE: tuple[Row, ...] = (
+    # ---- our own Hopper kernels ---------------------------------------------------------------------------------
+    Row("TRITON", "int8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
+        "SageAttention (INT8 QK), Triton", OURS,
+        (Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
+        scale_scopes=("tensor",)),
+    Row("TRITON", "fp8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
+        "SageAttention (FP8 QK), Triton", OURS,
+        (Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
+        scale_scopes=("tensor",)),
+    Row("TRITON", "bf16", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "QK16PV8, Triton", OURS,
+        (Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),)),
+    # ---- TensorRT-LLM VisualGen table ---------------------------------------------------------------------------
+    Row("TRTLLM", "int8", "fp8", _blocks((1, 1, 1), (1, 4, 1), (1, 16, 1)), "SageAttention (INT8 QK)", VG,
+        (Requirements("flashinfer_trtllm_sage", SM100, _SAGE_HD, _FI_SAGE,
+                      note="trtllm-gen cubins; INT8 Q/K compiled for sm_100 only"),)),
+    Row("TRTLLM", "fp8", "fp8", _blocks((1, 1, 1), (1, 4, 1)), "SageAttention (FP8 QK)", VG,
+        (Requirements("flashinfer_trtllm_sage", SM100_103, _SAGE_HD, _FI_SAGE, note="trtllm-gen cubins"),)),
+    Row("CUDNN", "fp8", "fp8", _blocks((0, 0, 0)), "cuDNN FP8", VG,
+        (Requirements("cudnn_fp8", SM100_103, _CUDNN_HD_BLACKWELL, _CUDNN_FP8,
+                      note="bf16 output straight from cuDNN (Blackwell, cuDNN >= 9.13)"),
+         Requirements("cudnn_fp8", SM90, _CUDNN_HD_HOPPER, _CUDNN_FP8,
+                      note="sm_90: FP8 output with scale_o, dequantized after (qattn_fx)"))),
+    Row("CUDNN", "mxfp8", "mxfp8", _blocks((0, 0, 0)), "cuDNN MXFP8", VG,
+        (Requirements("cudnn_mxfp8", SM100_103, HeadDims(allowed=(64, 128)), _CUDNN_MXFP8),)),
+    Row("CUTEDSL", "bf16", "fp8", _blocks((0, 0, 0)), "QK16PV8", VG,
+        (Requirements(None, SM100_103, _SAGE_HD, None, note="TensorRT-LLM CuTe DSL kernel; not in qattn_fx"),)),
+    Row("CUTEDSL", "mxfp8", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "MXFP8 Q/K", VG,
+        (Requirements(None, SM100_103, _SAGE_HD, None, note="TensorRT-LLM CuTe DSL kernel; not in qattn_fx"),)),
+    Row("CUTEDSL", "nvfp4", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "NVFP4 Q/K", VG,
+        (Requirements(None, SM100_103, _SAGE_HD, None, note="TensorRT-LLM CuTe DSL kernel; not in qattn_fx"),)),
+    Row("FLASHINFER", "mxfp8", "fp8", _blocks((0, 0, 0)), "MXFP8 Q/K", VG,
+        (Requirements(None, SM100_103, _SAGE_HD, _FI, note="FlashInfer cute-dsl block-scaled FMHA; not wired"),)),
+    Row("FLASHINFER", "nvfp4", "fp8", _blocks((0, 0, 0)), "NVFP4 Q/K", VG,
+        (Requirements(None, SM100_103, _SAGE_HD, _FI, note="FlashInfer cute-dsl block-scaled FMHA; not wired"),)),
+    Row("FLASHINFER", "nvfp4", "nvfp4", _blocks((0, 0, 0)), "NVFP4 Attention", VG,
+        (Requirements(None, SM120_121, HeadDims(allowed=(64, 128)), _FI, cross_attention=False, gqa=False,
+                      self_attention_only_equal_shapes=True, seq_multiple_of=128,
+                      note="FlashInfer nvfp4_attention_sm120; not wired"),)),
+    # ---- our Hopper rows for the library backends ---------------------------------------------------------------
+    Row("FLASHINFER", "fp8", "fp8", _blocks((0, 0, 0)), "FA3 FP8 per-head", OURS,
+        (Requirements("flashinfer_fa3_fp8", SM90, HeadDims(allowed=(64, 128, 256)), _FI),),
+        scale_scopes=("head",)),
+    # ---- vLLM-Omni TRTLLM_ATTN ----------------------------------------------------------------------------------
+    Row("TRTLLM_ATTN", "int8", "fp8", BlockChoices(q=(1, 4, 16), k=(1, 4, 16), v=(1,)), "SAGE (INT8 QK)", VO,
+        (Requirements("flashinfer_trtllm_sage", SM100, _SAGE_HD, _FI_SAGE, skip_softmax=True,
+                      note="INT8 Q/K kernels are compiled for sm_100 only"),)),
+    Row("TRTLLM_ATTN", "fp8", "fp8", BlockChoices(q=(1, 4, 16), k=(1, 4, 16), v=(1,)), "SAGE (FP8 QK)", VO,
+        (Requirements("flashinfer_trtllm_sage", SM100_103, _SAGE_HD, _FI_SAGE, skip_softmax=True),)),
+)
+
+#: Backend names a spec may name. ``auto`` searches the table; ``REFERENCE`` is the exact torch definition
+#: (emulation), accepted for every recipe of the table.
+BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(row.backend for row in TABLE))
+AUTO = "auto"
+REFERENCE = "REFERENCE"
+ALL_BACKENDS: tuple[str, ...] = (AUTO, *BACKENDS, REFERENCE)
+
+
+def rows_for(backend: str) -> tuple[Row, ...]:
+    if backend in (AUTO, REFERENCE):
+        return TABLE
+    return tuple(row for row in TABLE if row.backend == backend)
+
+
+def matching_rows(backend: str, recipe: Recipe) -> tuple[Row, ...]:
+    return tuple(row for row in rows_for(backend) if row.accepts(recipe))
+
+
+def validate(backend: str, recipe: Recipe) -> None:
+    """Raise ``ValueError`` unless ``recipe`` is accepted by ``backend`` (``auto``/``REFERENCE``: by any row).
+
+    The message names the first field that no accepted combination allows, its value, and the valid choices
+    for that backend, e.g. ``k_block_size=16 is not accepted for TRTLLM fp8 Q/K; valid: (1,1,1), (1,4,1)``.
+    """
+    _check_choice("backend", backend, ALL_BACKENDS)
+    if matching_rows(backend, recipe):
+        return
+    where = "any backend" if backend in (AUTO, REFERENCE) else backend
+    rows = rows_for(backend)
+    qk_choices = _unique(row.qk_dtype for row in rows)
+    if recipe.qk_dtype not in qk_choices:
+        raise ValueError(f"qk_dtype={recipe.qk_dtype!r} is not accepted for {where}; valid: {_fmt_set(qk_choices)}")
+    rows = tuple(row for row in rows if row.qk_dtype == recipe.qk_dtype)
+    v_choices = _unique(row.v_dtype for row in rows)
+    if recipe.v_dtype not in v_choices:
+        raise ValueError(
+            f"v_dtype={recipe.v_dtype!r} is not accepted for {where} {recipe.qk_dtype} Q/K; "
+            f"valid: {_fmt_set(v_choices)}"
+        )
+    rows = tuple(row for row in rows if row.v_dtype == recipe.v_dtype)
+    what = f"{where} {recipe.qk_dtype} Q/K" + ("" if len(v_choices) == 1 else f" with {recipe.v_dtype} V")
+    block_rows = tuple(row for row in rows if recipe.blocks in row.blocks.all())
+    if not block_rows:
+        valid = _unique(t for row in rows for t in row.blocks.all())
+        for i, name in enumerate(("q_block_size", "k_block_size", "v_block_size")):
+            field_choices = _unique(t[i] for t in valid)
+            if recipe.blocks[i] not in field_choices:
+                raise ValueError(f"{name}={recipe.blocks[i]} is not accepted for {what}; valid: {_describe(rows)}")
+        raise ValueError(
+            f"block sizes (q,k,v)={_fmt_tuple(recipe.blocks)} are not accepted for {what}; valid: {_describe(rows)}"
+        )
+    scopes = _unique(s for row in block_rows for s in row.scale_scopes)
+    raise ValueError(f"scale_scope={recipe.scale_scope!r} is not accepted for {what}; valid: {_fmt_set(scopes)}")
+
+
+def _describe(rows: Iterable[Row]) -> str:
+    return "; ".join(_unique(row.blocks.describe() for row in rows))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Skip-softmax (vLLM-Omni TRTLLM_ATTN): validated here, served only by trtllm-gen kernels.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SkipSoftmax:
+    """vLLM-Omni ``skip_softmax``: ``target_sparsity`` xor ``threshold``, optionally dense until a timestep."""
+
+    target_sparsity: float | None = None
+    threshold: float | None = None
+    disabled_until_timestep: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.target_sparsity is None) == (self.threshold is None):
+            raise ValueError(
+                "skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); "
+                f"got target_sparsity={self.target_sparsity!r}, threshold={self.threshold!r}"
+            )
+        _check_range("skip_softmax.target_sparsity", self.target_sparsity, 0.0, 1.0)
+        _check_range("skip_softmax.threshold", self.threshold, 0.0, math.inf)
+        _check_range("skip_softmax.disabled_until_timestep", self.disabled_until_timestep, 0.0, 1.0)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "skip_softmax") -> "SkipSoftmax":
+        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        return cls(**data)
+
+
+def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is invalid; valid: a finite number in [{lo}, {hi}]")
+    if not lo <= value <= hi:
+        bound = f"[{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
+        raise ValueError(f"{name}={value!r} is out of range; valid: finite, {bound}")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Helpers shared by the spec parser.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is invalid; valid: {_fmt_set(choices)}")
+
+
+def _reject_unknown(data: dict, known: set[str], where: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where}; valid: {sorted(known)}")
+
+
+def _unique(items: Iterable) -> tuple:
+    return tuple(dict.fromkeys(items))
+
+
+def _fmt_tuple(t: tuple[int, ...]) -> str:
+    return "(" + ",".join(str(x) for x in t) + ")"
+
+
+def _fmt_set(items: Iterable) -> str:
+    return ", ".join(str(x) for x in items)
+
+
+def recipe_table_markdown() -> str:
+    """The accepted-combinations table as markdown (README / docs are generated from this)."""
+    lines = [
+        "| backend | qk_dtype | v_dtype | (q, k, v) block sizes | scale scope | name | runs on (kernel) | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in TABLE:
+        impls = "; ".join(
+            f"{'/'.join(r.archs or ('any',))}, d {r.head_dims.describe()}"
+            f" ({r.kernel or 'no kernel: emulation only'})"
+            for r in row.implementations
+        )
+        lines.append(
+            f"| {row.backend} | {row.qk_dtype} | {row.v_dtype} | {row.blocks.describe()} | "
+            f"{'/'.join(row.scale_scopes)} | {row.common_name} | {impls} | {row.source} |"
+        )
+    return "\n".join(lines)
+
+
+__all__ = [
+    "Recipe",
+    "Row",
+    "Requirements",
+    "HeadDims",
+    "BlockChoices",
+    "SkipSoftmax",
+    "TABLE",
+    "BACKENDS",
+    "ALL_BACKENDS",
+    "AUTO",
+    "REFERENCE",
+    "validate",
+    "matching_rows",
+    "rows_for",
+    "recipe_table_markdown",
+]
