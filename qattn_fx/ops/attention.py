@@ -2,7 +2,7 @@
 
 ``qattn::scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel)``
 
-* ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``: int8 or float8_e4m3fn with fp32 scales of shape
+* ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, any strides with a unit stride on D: int8 or float8_e4m3fn with fp32 scales of shape
   ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB = ceil(S/block)``), or with block 0 a
   single scale per head ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. bf16/fp16 Q/K pass ``None`` scales.
 * ``v (B, Hkv, Skv, Dv)``: float8_e4m3fn, any strides with a unit stride on D or S; ``v_scale`` fp32
@@ -68,6 +68,9 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
     _check_out_dtype(out_dtype)
     if q.shape[-1] != k.shape[-1]:
         _fail(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
+    for name, t in (("q", q), ("k", k)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            _fail(f"{name} needs a unit stride on D (the last dim); got strides {t.stride()}")
     if (q_scale is None) != (k_scale is None):
         _fail("q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K)")
     if q_scale is None:

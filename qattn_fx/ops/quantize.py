@@ -17,7 +17,8 @@ op                                                     returns
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
 =====================================================  ==========================================================
 
-``seq_major=True`` stores the data with the sequence axis fastest (physically ``(B, H, D, S)``), the layout an
+Data keeps the memory order of the input (elementwise ops preserve a permuted BSHD view), so kernels read
+diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies. ``seq_major=True`` stores the data with the sequence axis fastest (physically ``(B, H, D, S)``), the layout an
 FP8 P·V on Hopper wants for V; the logical shape stays ``(B, H, S, D)``.
 """
 
@@ -45,9 +46,10 @@ def _check_8bit(dtype: torch.dtype) -> None:
 
 
 def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
+    """Data keeps the input's memory order (a BSHD view stays BSHD) unless ``seq_major`` asks for S fastest."""
     if seq_major:
         return data.transpose(-1, -2).contiguous().transpose(-1, -2)
-    return data.contiguous()
+    return data
 
 
 def smooth_k(k: torch.Tensor) -> torch.Tensor:
@@ -62,7 +64,7 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
         raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
     scale = formats.seq_block_amax(x, block) / formats.qmax(dtype)
     data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
-    return data.contiguous(), scale
+    return data, scale
 
 
 def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
