@@ -1,1 +1,41 @@
-"""qattn_fx"""
+"""qattn_fx: quantized attention for diffusion transformers, as a torch.compile backend.
+
+    model = torch.compile(model, backend=qattn_fx.backend(spec))
+
+The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass` (the compile pass),
+:class:`Spec` / :class:`AttentionSpec` / :class:`Rule` / :class:`Match` (what to do where), :class:`Recipe`
+(numerics), :class:`Site` / :class:`Decision` / :func:`resolve` (the policy), :class:`Hardware`, and
+:func:`quantized_attention` (the eager op sequence).
+"""
+
+__version__ = "0.1.0"
+
+from .backend import Backend, backend, explain, install_pre_grad_pass, pre_grad_pass  # noqa: E402
+from .hardware import Hardware, detect
+from .ops import quantized_attention
+from .policy import Decision, Site, resolve
+from .recipes import Recipe, SkipSoftmax
+from .report import Report
+from .spec import DENSE, AttentionSpec, Match, Rule, Spec
+
+__all__ = [
+    "AttentionSpec",
+    "Backend",
+    "Report",
+    "backend",
+    "explain",
+    "install_pre_grad_pass",
+    "pre_grad_pass",
+    "DENSE",
+    "Decision",
+    "Hardware",
+    "Match",
+    "Recipe",
+    "Rule",
+    "Site",
+    "SkipSoftmax",
+    "Spec",
+    "detect",
+    "quantized_attention",
+    "resolve",
+]

@@ -1,0 +1,205 @@
+"""The torch.compile backend, the Inductor pre-grad pass, and ``explain``.
+
+``torch.compile(model, backend=qattn_fx.backend(spec))`` hands every Dynamo graph to :class:`Backend`, which
+rewrites its SDPA sites (:mod:`qattn_fx.fx.rewrite`) before AOT autograd and then delegates to Inductor (or
+``aot_eager`` / ``eager`` for debugging). ``mode=`` and ``options=`` given to torch.compile are forwarded to
+Inductor as config patches, as torch does for its own Inductor backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from . import __version__
+from .fx.rewrite import is_training_graph, rewrite
+from .hardware import Hardware, detect
+from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump
+from .spec import Spec
+
+log = logging.getLogger("qattn_fx")
+
+COMPILERS = ("inductor", "aot_eager", "eager")
+
+
+def _as_spec(spec: Spec | dict | str | Path | None) -> Spec:
+    if spec is None:
+        return Spec()
+    if isinstance(spec, Spec):
+        return spec
+    if isinstance(spec, dict):
+        return Spec.from_dict(spec)
+    if isinstance(spec, (str, Path)):
+        return Spec.from_file(spec)
+    raise TypeError(f"spec must be a Spec, a dict, a path to a JSON/YAML file, or None; got {type(spec).__name__}")
+
+
+class Backend:
+    """A torch.compile backend that quantizes attention. ``.report`` lists every site it has compiled."""
+
+    def __init__(self, spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
+                 compiler: str = "inductor", debug_dir: str | Path | None = None,
+                 hardware: Hardware | None = None):
+        if compiler not in COMPILERS:
+            raise ValueError(f"compiler={compiler!r} is invalid; valid: {', '.join(COMPILERS)}")
+        self.spec = _as_spec(spec)
+        self.emulate = emulate
+        self.compiler = compiler
+        self.debug_dir = debug_dir
+        self.hardware = hardware
+        self.report = Report()
+        self.graphs = 0
+
+    # -- the pass ----------------------------------------------------------------------------------------------
+    def rewrite(self, gm: fx.GraphModule, example_inputs=None) -> Report:
+        """Rewrite ``gm`` in place; return (and append to ``self.report``) the sites of this graph."""
+        graph = self.graphs
+        self.graphs += 1
+        dump = debug_dir(self.debug_dir)
+        before = readable(gm)
+        training = is_training_graph(example_inputs if example_inputs is not None else _placeholder_values(gm))
+        outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate, grad_enabled=training,
+                           first_index=len(self.report.sites))
+        sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
+        self.report.sites.extend(sites.sites)
+        after = readable(gm)
+        if sites.sites:
+            log.info("%s (graph %d)", sites.summary(), graph)
+        emit_trace_artifacts(before, after, sites)
+        if dump is not None:
+            write_dump(dump, graph, before, after, sites, self.context(gm))
+            log.info("qattn_fx: debug dump of graph %d written to %s", graph, dump)
+        return sites
+
+    def context(self, gm: fx.GraphModule | None = None) -> dict:
+        hw = self.hardware or _hardware_of(gm)
+        return {
+            "spec": self.spec.to_dict(),
+            "emulate": self.emulate,
+            "compiler": self.compiler,
+            "hardware": {"arch": hw.arch, "libraries": hw.libraries},
+            "versions": {"qattn_fx": __version__, "torch": torch.__version__},
+        }
+
+    # -- the backend ---------------------------------------------------------------------------------------------
+    def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
+        self.rewrite(gm, example_inputs)
+        return self.delegate(gm, example_inputs, **kwargs)
+
+    def delegate(self, gm: fx.GraphModule, example_inputs, mode: str | None = None,
+                 options: dict | None = None, **unknown) -> Callable:
+        if unknown:
+            raise TypeError(f"unexpected torch.compile arguments for qattn_fx: {sorted(unknown)}")
+        if self.compiler == "eager":
+            return gm.forward
+        if self.compiler == "aot_eager":
+            from torch._dynamo.backends.registry import lookup_backend
+
+            return lookup_backend("aot_eager")(gm, example_inputs)
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+
+
+def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
+    """torch.compile's ``mode``/``options`` as Inductor config patches (what torch's own wrapper applies)."""
+    patches: dict[str, Any] = {}
+    if mode not in (None, "default"):
+        patches.update(torch._inductor.list_mode_options(mode))
+    if options:
+        patches.update(options)
+    return patches
+
+
+def _placeholder_values(gm: fx.GraphModule) -> list:
+    return [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _hardware_of(gm: fx.GraphModule | None) -> Hardware:
+    for value in _placeholder_values(gm) if gm is not None else ():
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            return detect(value.device)
+    return detect("cpu")
+
+
+def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False, compiler: str = "inductor",
+            debug_dir: str | Path | None = None, hardware: Hardware | None = None) -> Backend:
+    """A torch.compile backend that rewrites every SDPA per ``spec`` (default: the auto Sage INT8 spec).
+
+    ``emulate=True`` runs every quantized site on the reference kernel (any device): measure a recipe's quality
+    before deploying it. ``compiler``: ``inductor`` (default), ``aot_eager`` or ``eager``. ``debug_dir`` (or
+    ``$QATTN_FX_DEBUG``) receives per-graph dumps. ``hardware`` overrides detection (resolve for another GPU).
+    """
+    return Backend(spec, emulate=emulate, compiler=compiler, debug_dir=debug_dir, hardware=hardware)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Inductor pre-grad pass (for stacks that own the torch.compile call)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
+                  debug_dir: str | Path | None = None, hardware: Hardware | None = None):
+    """The same rewrite as an Inductor ``pre_grad_custom_pass`` (a ``CustomGraphPass`` with a cache uuid).
+
+    Use it where another stack calls ``torch.compile`` itself: ``torch._inductor.config.pre_grad_custom_pass =
+    qattn_fx.pre_grad_pass(spec)`` (or :func:`install_pre_grad_pass`). The pass's ``.report`` lists its sites.
+    """
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+    owner = Backend(spec, emulate=emulate, debug_dir=debug_dir, hardware=hardware)
+    package = Path(__file__).parent
+    files = tuple(sorted(str(p) for p in package.rglob("*.py")))
+
+    class QattnPreGradPass(CustomGraphPass):
+        report = owner.report
+        backend = owner
+
+        def __call__(self, graph: fx.Graph) -> None:
+            gm = graph.owning_module
+            if gm is None:
+                raise RuntimeError("qattn_fx pre-grad pass needs a graph owned by a GraphModule")
+            owner.rewrite(gm)
+
+        def uuid(self) -> bytes:
+            extra = repr((owner.spec.to_json(sort_keys=True), emulate, hardware)).encode()
+            return hashlib.sha256(get_hash_for_files(files) + extra).digest()
+
+    return QattnPreGradPass()
+
+
+def install_pre_grad_pass(spec=None, **kwargs):
+    """Set ``torch._inductor.config.pre_grad_custom_pass`` to :func:`pre_grad_pass`; returns the pass."""
+    p = pre_grad_pass(spec, **kwargs)
+    torch._inductor.config.pre_grad_custom_pass = p
+    return p
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# explain
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None, emulate: bool = False,
+            hardware: Hardware | None = None, **kwargs) -> Report:
+    """The site report for ``model(*args, **kwargs)`` under ``spec``, without compiling anything.
+
+    Dynamo traces the call once; each traced graph is rewritten (to decide every site) but the call itself runs
+    the original, unrewritten graph eagerly, so nothing is quantized, Inductor never runs, and the outputs are
+    the dense ones. Grad mode matters as in the real call (diffusers pipelines run under ``torch.no_grad()``).
+    Use small inputs for big models: shapes only affect decisions through rules on lengths.
+    """
+    owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware)
+
+    def decide_only(gm: fx.GraphModule, example_inputs, **_):
+        owner.rewrite(copy.deepcopy(gm), example_inputs)
+        return gm.forward
+
+    torch.compile(model, backend=decide_only)(*args, **kwargs)
+    return owner.report

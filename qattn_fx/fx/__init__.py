@@ -1,0 +1,1 @@
+"""The FX pass: find SDPA sites (match) and rewrite them (rewrite)."""

@@ -1,0 +1,232 @@
+"""Find every ``scaled_dot_product_attention`` call in a Dynamo FX graph and read its facts.
+
+Matching is explicit: a node is an attention site when its target is the SDPA builtin (however the user wrote the
+call: positional or keyword arguments, diffusers' permuted views, inside ``sdpa_kernel`` context nodes) or the aten
+op. Graphs nested in higher-order-op subgraphs (activation checkpointing, ``invoke_subgraph``) are searched too.
+
+Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_module_stack``:
+
+* module path (``blocks.3.attn1``), layer index (the last integer in the path) and the layer count (distinct
+  indices under the same container among the graph's sites);
+* role: ``cross`` when K has another length than Q or comes from another input than Q's projection; ``joint``
+  when Q's data flow contains a concatenation along the sequence axis (text and image tokens, MM-DiT); else
+  ``self``;
+* mask kind: none / bool / key_padding (bool, broadcast over heads and queries) / float (an additive bias).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.fx.operator_schemas import normalize_function
+
+SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+_LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear, torch.matmul, torch.ops.aten.linear.default)
+_CAT_TARGETS = (torch.cat, torch.concat, torch.ops.aten.cat.default)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+#: How many ancestor nodes the role analysis visits per site (bounds the cost on very large graphs).
+_ANCESTRY_LIMIT = 20000
+
+
+def is_sdpa(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in SDPA_TARGETS
+
+
+def example_value(node: object):
+    """The fake tensor (or value) a node produces, from Dynamo's ``example_value`` or AOT's ``val``."""
+    if not isinstance(node, fx.Node):
+        return node
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+@dataclass
+class SdpaCall:
+    """One SDPA node with its arguments normalised to SDPA's names (defaults filled in)."""
+
+    node: fx.Node
+    graph: fx.Graph
+    graph_name: str
+    args: dict
+
+    @property
+    def q(self) -> fx.Node:
+        return self.args["query"]
+
+    @property
+    def k(self) -> fx.Node:
+        return self.args["key"]
+
+    @property
+    def v(self) -> fx.Node:
+        return self.args["value"]
+
+
+def normalize_sdpa_args(node: fx.Node) -> dict:
+    """All eight SDPA arguments by name, whichever way the call was written."""
+    normalized = normalize_function(
+        torch._C._nn.scaled_dot_product_attention, tuple(node.args), dict(node.kwargs),
+        normalize_to_only_use_kwargs=True,
+    )
+    kwargs = dict(normalized.kwargs) if normalized is not None else {}
+    if not kwargs:  # fall back to SDPA's documented order
+        kwargs = dict(zip(_SDPA_ARGS, node.args))
+        kwargs.update(node.kwargs)
+    defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+    return {**defaults, **kwargs}
+
+
+def graphs_in(root: fx.GraphModule) -> list[tuple[str, fx.GraphModule]]:
+    """The root graph module and every nested GraphModule (HOP subgraphs), each once."""
+    seen: set[int] = set()
+    out = []
+    for name, module in root.named_modules():
+        if isinstance(module, fx.GraphModule) and id(module) not in seen:
+            seen.add(id(module))
+            out.append((name, module))
+    return out
+
+
+def find_sdpa(root: fx.GraphModule) -> list[SdpaCall]:
+    calls = []
+    for name, gm in graphs_in(root):
+        for node in gm.graph.nodes:
+            if is_sdpa(node):
+                calls.append(SdpaCall(node, gm.graph, name, normalize_sdpa_args(node)))
+    return calls
+
+
+def shared_subgraphs(root: fx.GraphModule) -> dict[str, int]:
+    """How many call sites use each nested subgraph (``get_attr`` users across the root graph)."""
+    counts: dict[str, int] = {}
+    for name, gm in graphs_in(root):
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                target = node.target if not name else f"{name}.{node.target}"
+                counts[target] = counts.get(target, 0) + len(node.users)
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Module paths and layers
+# ------------------------------------------------------------------------------------------------------------------
+
+_PREFIX = re.compile(r"^L\['[^']*'\]")
+_DICT_MODULES = re.compile(r"\.?__dict__\['_modules'\]\['([^']*)'\]")
+_MODULES = re.compile(r"\._modules\['([^']*)'\]")
+_ITEM = re.compile(r"\['([^']*)'\]")
+
+
+def clean_module_path(raw: str) -> str:
+    """``L['self'].__dict__['_modules']['blocks'].0.attn1`` → ``blocks.0.attn1``."""
+    path = _PREFIX.sub("", raw)
+    path = _DICT_MODULES.sub(r".\1", path)
+    path = _MODULES.sub(r".\1", path)
+    path = _ITEM.sub(r".\1", path)
+    return path.strip(".")
+
+
+def module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    raw = list(stack.values())[-1]
+    raw = raw[0] if isinstance(raw, tuple) else str(raw)
+    return clean_module_path(raw)
+
+
+def split_layer(path: str) -> tuple[str | None, int | None]:
+    """(container, index) of the last integer component: ``blocks.3.attn1`` → ``("blocks", 3)``."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i].isdigit():
+            return ".".join(parts[:i]), int(parts[i])
+    return None, None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Role and mask
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _ancestors(start: fx.Node, stop) -> list[fx.Node]:
+    seen: set[fx.Node] = set()
+    order = []
+    frontier = [start]
+    while frontier and len(seen) < _ANCESTRY_LIMIT:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        if node is not start and stop(node):
+            continue
+        frontier.extend(node.all_input_nodes)
+    return order
+
+
+def _projection_input(start: fx.Node) -> fx.Node | None:
+    """The activation that feeds the first linear/matmul above ``start`` (Q/K/V projections)."""
+    frontier, seen = [start], set()
+    while frontier:
+        node = frontier.pop(0)
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "call_function" and node.target in _LINEAR_TARGETS and node.args:
+            first = node.args[0]
+            return first if isinstance(first, fx.Node) else None
+        if node.op == "call_module":
+            return node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if is_sdpa(node) or node.op == "placeholder":
+            continue
+        frontier.extend(node.all_input_nodes)
+    return None
+
+
+def _is_sequence_cat(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target not in _CAT_TARGETS:
+        return False
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    values = [example_value(t) for t in (tensors or ())]
+    if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    ndim = values[0].dim()
+    if ndim < 3 or not isinstance(dim, int):
+        return False
+    dim = dim % ndim
+    return dim not in (0, ndim - 1)
+
+
+def site_role(call: SdpaCall) -> str:
+    q, k = example_value(call.q), example_value(call.k)
+    if q.shape[-2] != k.shape[-2]:
+        return "cross"
+    q_in, k_in = _projection_input(call.q), _projection_input(call.k)
+    if q_in is not None and k_in is not None and q_in is not k_in:
+        return "cross"
+    if any(_is_sequence_cat(n) for n in _ancestors(call.q, is_sdpa)):
+        return "joint"
+    return "self"
+
+
+def mask_kind(mask: object) -> str:
+    if mask is None:
+        return "none"
+    value = example_value(mask)
+    if not isinstance(value, torch.Tensor):
+        return "float"
+    if value.dtype == torch.bool:
+        shape = tuple(value.shape)
+        over_queries = len(shape) < 2 or shape[-2] == 1
+        over_heads = len(shape) < 3 or shape[-3] == 1
+        return "key_padding" if over_queries and over_heads else "bool"
+    return "float"
+
+
+def static_shape(value: torch.Tensor) -> tuple:
+    """Shape with symbolic dims as None."""
+    return tuple(d if isinstance(d, int) else None for d in value.shape)

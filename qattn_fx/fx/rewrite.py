@@ -1,0 +1,147 @@
+"""Rewrite SDPA sites into quantize nodes + a qattn attention op, per the policy's decision.
+
+For a quantized site the SDPA node is replaced by the node sequence of
+:func:`qattn_fx.ops.lowering.quantized_attention` (smooth K, quantize Q/K/V, attention), inserted in place with
+stable names ``qattn<i>_<role>`` (``i`` counts sites in the compiled graph) and meta computed under the graph's own
+fake mode. Dense sites are left exactly as they were. The caller recompiles the graph module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from ..hardware import Hardware, detect
+from ..ops.lowering import quantized_attention
+from ..policy import Decision, Site, resolve
+from ..spec import Spec
+from . import match
+
+_META_KEYS = ("nn_module_stack", "stack_trace")
+
+
+@dataclass
+class SiteOutcome:
+    """What happened at one site: where it is, what the policy saw and decided, which nodes replaced it."""
+
+    index: int
+    node_name: str
+    graph_name: str
+    site: Site
+    decision: Decision
+    inserted: tuple[str, ...] = ()
+
+
+class FxEmitter:
+    """Creates one call_function node per op call, named ``<prefix>_<name>``, with fake-tensor meta."""
+
+    def __init__(self, graph: fx.Graph, prefix: str, fake_mode, meta: dict):
+        self.graph, self.prefix, self.fake_mode, self.meta = graph, prefix, fake_mode, meta
+        self.created: list[fx.Node] = []
+
+    def __call__(self, target: Callable, args: tuple, name: str) -> fx.Node:
+        node = self.graph.create_node("call_function", target, args, {}, name=f"{self.prefix}_{name}")
+        for key in _META_KEYS:
+            if key in self.meta:
+                node.meta[key] = self.meta[key]
+        values = tuple(match.example_value(a) for a in args)
+        missing = any(isinstance(a, fx.Node) and v is None for a, v in zip(args, values))
+        if self.fake_mode is not None and not missing:
+            with self.fake_mode:
+                node.meta["example_value"] = target(*values)
+        self.created.append(node)
+        return node
+
+
+def _fake_mode_of(value):
+    return getattr(value, "fake_mode", None)
+
+
+def describe_site(call: match.SdpaCall, *, layers: dict[str, int], shared: dict[str, int],
+                  grad_enabled: bool) -> Site:
+    q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
+    path = match.module_path(call.node)
+    container, index = match.split_layer(path)
+    shared_graph = bool(call.graph_name) and shared.get(call.graph_name, 0) > 1
+    scale = call.args["scale"]
+    dropout = call.args["dropout_p"]
+    return Site(
+        name=call.node.name,
+        module=path,
+        layer=None if shared_graph else index,
+        num_layers=None if shared_graph or container is None else layers.get(container),
+        role=match.site_role(call),
+        q_shape=match.static_shape(q),
+        k_shape=match.static_shape(k),
+        v_shape=match.static_shape(v),
+        dtype=q.dtype,
+        mask=match.mask_kind(call.args["attn_mask"]),
+        causal=bool(call.args["is_causal"]),
+        dropout=float(dropout) if isinstance(dropout, (int, float)) else 1.0,
+        scale=float(scale) if isinstance(scale, (int, float)) else None,
+        enable_gqa=bool(call.args["enable_gqa"]),
+        grad_enabled=grad_enabled,
+        layer_shared=shared_graph or index is None,
+    )
+
+
+def _layer_counts(calls: list[match.SdpaCall]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for call in calls:
+        container, index = match.split_layer(match.module_path(call.node))
+        if container is not None:
+            counts[container] = max(counts.get(container, 0), index + 1)
+    return counts
+
+
+def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str) -> tuple[str, ...]:
+    q = match.example_value(call.q)
+    head_dim = q.shape[-1]
+    scale = call.args["scale"]
+    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+    emit = FxEmitter(call.graph, prefix, _fake_mode_of(q), call.node.meta)
+    with call.graph.inserting_before(call.node):
+        out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
+                                  out_dtype=q.dtype, head_dim=head_dim, emit=emit)
+    call.node.replace_all_uses_with(out)
+    call.graph.erase_node(call.node)
+    return tuple(n.name for n in emit.created)
+
+
+def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = None, emulate: bool = False,
+            grad_enabled: bool = False, first_index: int = 0) -> list[SiteOutcome]:
+    """Resolve and rewrite every SDPA site under ``root`` (nested subgraphs included); returns one outcome per site.
+
+    ``hardware`` defaults to the machine the site's tensors live on. Graph modules are recompiled.
+    """
+    calls = match.find_sdpa(root)
+    layers = _layer_counts(calls)
+    shared = match.shared_subgraphs(root)
+    outcomes = []
+    touched: dict[int, fx.GraphModule] = {}
+    modules = dict(match.graphs_in(root))
+    for i, call in enumerate(calls, start=first_index):
+        site = describe_site(call, layers=layers, shared=shared, grad_enabled=grad_enabled)
+        hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
+        decision = resolve(site, hw, spec, emulate=emulate)
+        inserted: tuple[str, ...] = ()
+        if decision.quantized:
+            inserted = rewrite_site(call, decision, f"qattn{i}")
+            gm = modules[call.graph_name]
+            touched[id(gm)] = gm
+        outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted))
+    for gm in touched.values():
+        gm.graph.lint()
+        gm.recompile()
+    return outcomes
+
+
+def is_training_graph(example_inputs) -> bool:
+    """Autograd will trace a backward: grad mode is on and some input requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs or ()
+    )

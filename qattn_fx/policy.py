@@ -1,0 +1,224 @@
+"""Resolve a spec for one attention call site on one machine: dense or quantized, which recipe, which kernel, why.
+
+``resolve(site, hardware, spec)`` walks:
+
+1. the spec's rules in order (numbered from 1 in reasons) then its default → an attention spec or dense;
+2. facts of the site that *no* quantized kernel serves (autograd on, dropout, causal, masks, non-float inputs)
+   → dense, with the fact as the reason;
+3. ``emulate=True`` (or backend ``REFERENCE``) → the reference kernel, on any device;
+4. otherwise the rows of :data:`qattn_fx.recipes.TABLE` that accept the recipe for the spec's backend, in table
+   order, and each row's implementations: the first whose requirements the hardware and site meet wins.
+   ``backend="auto"`` with no such row → dense with the reason; an explicit backend with no such row raises
+   ``ValueError`` (never a silent switch to another backend).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+import torch
+
+from . import recipes
+from .hardware import Hardware, detect
+from .recipes import AUTO, REFERENCE, Recipe, Requirements
+from .spec import DENSE, AttentionSpec, Match, Spec, layer_selected
+
+MASK_KINDS = ("none", "bool", "key_padding", "float")
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One ``scaled_dot_product_attention`` call, as the policy sees it.
+
+    Shapes are logical ``(B, H, S, D)``; a dimension that is symbolic (dynamic shapes) is ``None``.
+    ``role``: ``self`` (q/k/v from the same tokens), ``cross`` (k/v from another source, e.g. text),
+    ``joint`` (text and image tokens concatenated, MM-DiT). ``mask``: ``none``, ``bool``, ``key_padding``
+    (a boolean mask that only masks keys, shape ``(B, 1, 1, Skv)``), or ``float`` (an additive bias).
+    ``layer`` is the block index in ``num_layers`` sibling blocks; ``layer_shared`` marks a graph shared by many
+    layers (regional compilation), where per-layer rules cannot be honoured.
+    """
+
+    name: str = "sdpa"
+    module: str = ""
+    layer: int | None = None
+    num_layers: int | None = None
+    role: str = "self"
+    q_shape: tuple = ()
+    k_shape: tuple = ()
+    v_shape: tuple = ()
+    dtype: torch.dtype = torch.bfloat16
+    mask: str = "none"
+    causal: bool = False
+    dropout: float = 0.0
+    scale: float | None = None
+    enable_gqa: bool = False
+    grad_enabled: bool = False
+    layer_shared: bool = False
+
+    def __post_init__(self) -> None:
+        recipes._check_choice("site.mask", self.mask, MASK_KINDS)
+        recipes._check_choice("site.role", self.role, ("self", "cross", "joint"))
+
+    @property
+    def head_dim(self) -> int | None:
+        return self.q_shape[-1] if self.q_shape else None
+
+    @property
+    def q_len(self) -> int | None:
+        return self.q_shape[2] if len(self.q_shape) == 4 else None
+
+    @property
+    def kv_len(self) -> int | None:
+        return self.k_shape[2] if len(self.k_shape) == 4 else None
+
+    @property
+    def gqa(self) -> bool:
+        return len(self.q_shape) == 4 and len(self.k_shape) == 4 and self.q_shape[1] != self.k_shape[1]
+
+    @classmethod
+    def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> "Site":
+        shape = lambda t: tuple(int(d) for d in t.shape)  # noqa: E731
+        kwargs.setdefault("role", "self" if q.shape[2] == k.shape[2] else "cross")
+        return cls(q_shape=shape(q), k_shape=shape(k), v_shape=shape(v), dtype=q.dtype, **kwargs)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome for one site. ``reason`` is one human line; ``source`` names the rule or the default."""
+
+    quantized: bool
+    reason: str
+    recipe: Recipe | None = None
+    kernel: str | None = None
+    backend: str | None = None
+    source: str = "default"
+    notes: tuple[str, ...] = field(default=())
+
+
+def match_site(match: Match, site: Site) -> bool:
+    if match.role is not None and site.role not in match.role:
+        return False
+    if match.module is not None and not fnmatch.fnmatchcase(site.module, match.module):
+        return False
+    if match.layers is not None:
+        if site.layer is None or not layer_selected(match.layers, site.layer, site.num_layers):
+            return False
+    if match.head_dim is not None and site.head_dim not in match.head_dim:
+        return False
+    if match.min_q_len is not None and (site.q_len is None or site.q_len < match.min_q_len):
+        return False
+    if match.min_kv_len is not None and (site.kv_len is None or site.kv_len < match.min_kv_len):
+        return False
+    return True
+
+
+def select(spec: Spec, site: Site) -> tuple[object, str, tuple[str, ...]]:
+    """(attention spec or ``"dense"``, which rule/default chose it, notes on rules that could not apply)."""
+    notes = []
+    for i, rule in enumerate(spec.rules, start=1):
+        if rule.match.layers is not None and site.layer is None and site.layer_shared:
+            notes.append(
+                f"rule {i} ({rule.match.describe()}) cannot be honoured: this block graph is shared by every "
+                "layer (regional compilation), so per-layer rules are not applied"
+            )
+            continue
+        if match_site(rule.match, site):
+            return rule.use, f"rule {i} ({rule.match.describe()})", tuple(notes)
+    return spec.default, "default", tuple(notes)
+
+
+def site_blocker(site: Site) -> str | None:
+    """A fact of the site that no quantized kernel in qattn_fx serves, or None."""
+    if site.grad_enabled:
+        return "autograd is enabled (training graph); the quantized attention ops have no backward"
+    if site.dropout:
+        return f"dropout_p={site.dropout} > 0; quantized kernels do not implement dropout"
+    if site.causal:
+        return "is_causal=True; qattn_fx's quantized attention ops are non-causal"
+    if site.mask == "float":
+        return "attn_mask is a float bias, no kernel supports it"
+    if site.mask == "key_padding":
+        return "attn_mask is a boolean key-padding mask (B, 1, 1, Skv), no quantized kernel takes masks"
+    if site.mask == "bool":
+        return "attn_mask is a boolean mask, no kernel supports it"
+    if not site.dtype.is_floating_point:
+        return f"inputs are {site.dtype}, not floating point"
+    if site.head_dim is None:
+        return "head_dim is symbolic (dynamic shapes); kernels are specialised per head_dim"
+    if site.kv_len == 0:
+        return "zero-length keys"
+    return None
+
+
+def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec) -> str | None:
+    """Why implementation ``req`` cannot serve ``site`` on ``hardware`` (None: it can)."""
+    if req.kernel is None:
+        return "no kernel in qattn_fx (emulate=True to measure it)"
+    if req.archs is not None and (hardware.device != "cuda" or hardware.arch not in req.archs):
+        return f"needs {'/'.join(req.archs)}, have {hardware.arch}"
+    if req.library is not None and not hardware.has_library(*req.library):
+        have = hardware.libraries.get(req.library[0], "none")
+        return f"needs {req.library[0]} >= {req.library[1]}, have {have}"
+    if not req.head_dims.accepts(site.head_dim):
+        return f"head_dim {site.head_dim} not in {req.head_dims.describe()}"
+    if site.dtype not in _KERNEL_DTYPES:
+        return f"inputs are {site.dtype}; the kernel takes bfloat16/float16"
+    if site.role == "cross" and not req.cross_attention:
+        return "no cross-attention"
+    if site.gqa and not req.gqa:
+        return "no GQA"
+    if req.self_attention_only_equal_shapes and site.q_shape != site.k_shape:
+        return "needs equal Q/K/V shapes (self-attention)"
+    m = req.seq_multiple_of
+    if m > 1 and any(n is None or n % m for n in (site.q_len, site.kv_len)):
+        return f"sequence lengths must be multiples of {m}"
+    if use.skip_softmax is not None and not req.skip_softmax:
+        return "no skip-softmax"
+    return None
+
+
+def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = None, *,
+            emulate: bool = False) -> Decision:
+    """Decide how ``site`` runs on ``hardware`` (default: this machine) under ``spec`` (default: :class:`Spec`)."""
+    spec = Spec() if spec is None else spec
+    hardware = detect() if hardware is None else hardware
+    use, source, notes = select(spec, site)
+    if use == DENSE:
+        return Decision(False, f"dense: {source}", source=source, notes=notes)
+    blocker = site_blocker(site)
+    if blocker is not None:
+        return Decision(False, f"dense: {blocker}", source=source, notes=notes)
+    recipe = use.recipe
+    if recipe is not None and recipe.qk_dtype == "nvfp4" and site.head_dim % 16:
+        return Decision(False, f"dense: nvfp4 Q/K needs head_dim % 16 == 0, got {site.head_dim}", source=source,
+                        notes=notes)
+    if emulate or use.backend == REFERENCE:
+        if use.skip_softmax is not None or recipe is None:
+            raise ValueError(f"{source}: skip_softmax has no reference emulation; remove it or run on sm_100")
+        how = "emulated" if emulate else "backend REFERENCE"
+        return Decision(True, f"quantized ({how}): {recipe.name} on reference ({hardware.arch})", recipe,
+                        "reference", REFERENCE, source, notes)
+    if recipe is None:
+        rows = tuple(r for r in recipes.rows_for(use.backend) if r.implementations[0].skip_softmax)
+    else:
+        rows = recipes.matching_rows(use.backend, recipe)
+    reasons = []
+    for row in rows:
+        for req in row.implementations:
+            why = unmet(req, site, hardware, use)
+            if why is None:
+                what = recipe.name if recipe else "bf16 + skip-softmax"
+                return Decision(True, f"quantized: {what} on {req.kernel} ({hardware.arch})", recipe, req.kernel,
+                                row.backend, source, notes)
+            reasons.append(f"{row.backend}: {why}")
+    summary = "; ".join(dict.fromkeys(reasons))
+    what = use.describe()
+    if use.backend == AUTO:
+        return Decision(False, f"dense: no kernel serves {what} here ({summary})", recipe, None, None, source, notes)
+    raise ValueError(
+        f"{source} asks for {what} but backend {use.backend!r} cannot serve site {site.name!r} "
+        f"({site.module or 'no module'}) on {hardware.arch}: {summary}. Use backend='auto' to pick what runs "
+        "here, or emulate=True to measure the recipe with the reference kernel"
+    )

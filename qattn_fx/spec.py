@@ -1,0 +1,370 @@
+"""The spec a user writes: a default attention spec and ordered rules over attention call sites.
+
+Canonical form (what :meth:`Spec.to_dict` returns)::
+
+    {
+      "default": {"backend": "auto",
+                  "recipe": {"qk_dtype": "int8", "v_dtype": "fp8", "q_block_size": 1, "k_block_size": 16,
+                             "v_block_size": 1, "smooth_k": true, "scale_scope": "tensor"}},
+      "rules": [
+        {"match": {"role": ["cross"]}, "use": "dense"},
+        {"match": {"layers": [0, "-2:"]}, "use": {"backend": "auto", "recipe": {...}}}
+      ]
+    }
+
+:meth:`Spec.from_dict` also accepts, unchanged, the two seed formats:
+
+* TensorRT-LLM VisualGen ``attention_config`` — ``{"backend": "TRTLLM", "quant_attention_config": {...}}``
+  (optionally wrapped in ``{"attention_config": ...}``); no ``quant_attention_config`` means dense.
+* vLLM-Omni ``--diffusion-attention-config`` — ``{"default": {...}, "per_role": {"cross": {...}}}`` whose entries
+  are a backend name or ``{"backend", "quant": {"dtype_qk", "q_block_size", "k_block_size"}, "skip_softmax"}``;
+  per-role entries become role rules. Dense vLLM backends (TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN, FLASHINFER_ATTN)
+  and ``TRTLLM_ATTN`` without ``quant``/``skip_softmax`` mean dense.
+
+Unknown keys anywhere are errors; every recipe is validated against its backend at construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from . import recipes
+from .recipes import AUTO, Recipe, SkipSoftmax, _reject_unknown
+
+ROLES = ("self", "cross", "joint")
+DENSE = "dense"
+
+#: SageAttention INT8 Q/K (1 token per Q scale, 16 per K scale), per-channel FP8 V, smoothed K: the VisualGen default.
+DEFAULT_RECIPE = Recipe("int8", "fp8", 1, 16, 1, smooth_k=True)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Which recipe to run and through which backend (``auto``: the best kernel available for the site).
+
+    ``recipe=None`` is only meaningful with ``skip_softmax`` (vLLM-Omni TRTLLM_ATTN dense BF16 + Skip-Softmax).
+    """
+
+    backend: str = AUTO
+    recipe: Recipe | None = DEFAULT_RECIPE
+    skip_softmax: SkipSoftmax | None = None
+
+    def __post_init__(self) -> None:
+        if self.recipe is None:
+            if self.skip_softmax is None:
+                raise ValueError("an attention spec without a recipe needs skip_softmax; use \"dense\" for dense")
+            recipes._check_choice("backend", self.backend, ("TRTLLM_ATTN",))
+        else:
+            recipes.validate(self.backend, self.recipe)
+        if self.skip_softmax is not None and self.backend not in ("TRTLLM_ATTN", AUTO):
+            raise ValueError(f"skip_softmax is not accepted for backend={self.backend!r}; valid: TRTLLM_ATTN, auto")
+
+    def describe(self) -> str:
+        what = self.recipe.name if self.recipe else "bf16"
+        extra = ", skip-softmax" if self.skip_softmax else ""
+        return f"{what}{extra} via {self.backend}"
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"backend": self.backend, "recipe": self.recipe.to_dict() if self.recipe else None}
+        if self.skip_softmax is not None:
+            out["skip_softmax"] = self.skip_softmax.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "attention spec") -> "AttentionSpec":
+        _reject_unknown(data, {"backend", "recipe", "skip_softmax"}, where)
+        recipe = data.get("recipe", DEFAULT_RECIPE)
+        skip = data.get("skip_softmax")
+        return cls(
+            backend=data.get("backend", AUTO),
+            recipe=Recipe.from_dict(recipe, where=f"{where}.recipe") if isinstance(recipe, dict) else recipe,
+            skip_softmax=SkipSoftmax.from_dict(skip, where=f"{where}.skip_softmax") if skip is not None else None,
+        )
+
+
+Use = Union[AttentionSpec, Literal["dense"]]
+
+
+def _parse_use(value: Any, where: str) -> Use:
+    if value == DENSE:
+        return DENSE
+    if isinstance(value, AttentionSpec):
+        return value
+    if isinstance(value, dict):
+        return AttentionSpec.from_dict(value, where=where)
+    raise ValueError(f"{where}={value!r} is invalid; valid: \"dense\" or an attention spec mapping")
+
+
+def _use_to_dict(use: Use) -> Any:
+    return DENSE if use == DENSE else use.to_dict()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Matching call sites
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _parse_layer_item(item: Any, where: str) -> int | str:
+    if isinstance(item, bool):
+        raise ValueError(f"{where}: layer {item!r} is invalid; valid: an int or a slice string like '2:5' or '-4:'")
+    if isinstance(item, int):
+        return item
+    if isinstance(item, str) and item.count(":") == 1:
+        start, stop = item.split(":")
+        try:
+            [int(x) for x in (start, stop) if x.strip()]
+        except ValueError:
+            pass
+        else:
+            return item.replace(" ", "")
+    raise ValueError(f"{where}: layer {item!r} is invalid; valid: an int or a slice string like '2:5' or '-4:'")
+
+
+def layer_selected(items: tuple[int | str, ...], layer: int, num_layers: int | None) -> bool:
+    """Whether ``layer`` is among ``items`` (ints, negative from the last layer; or ``start:stop`` slices)."""
+    for item in items:
+        if isinstance(item, int):
+            if item >= 0 and item == layer:
+                return True
+            if item < 0 and num_layers is not None and num_layers + item == layer:
+                return True
+        else:
+            start, stop = (int(x) if x else None for x in item.split(":"))
+            if num_layers is None and ((start or 0) < 0 or (stop or 0) < 0 or stop is None):
+                continue  # a slice open at the end or negative needs the layer count
+            total = num_layers if num_layers is not None else max(layer + 1, stop or 0)
+            if layer in range(total)[slice(start, stop)]:
+                return True
+    return False
+
+
+@dataclass(frozen=True)
+class Match:
+    """Conditions on a call site; all given ones must hold.
+
+    ``role``: any of self/cross/joint; ``module``: an fnmatch glob on the module path (``blocks.*.attn2``);
+    ``layers``: layer indices (negative count from the last layer) or ``"start:stop"`` slices;
+    ``head_dim``: allowed head dims; ``min_q_len`` / ``min_kv_len``: minimum query / key lengths.
+    """
+
+    role: tuple[str, ...] | None = None
+    module: str | None = None
+    layers: tuple[int | str, ...] | None = None
+    head_dim: tuple[int, ...] | None = None
+    min_q_len: int | None = None
+    min_kv_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.role is not None:
+            roles = (self.role,) if isinstance(self.role, str) else tuple(self.role)
+            for r in roles:
+                recipes._check_choice("match.role", r, ROLES)
+            object.__setattr__(self, "role", roles)
+        if self.layers is not None:
+            items = (self.layers,) if isinstance(self.layers, (int, str)) else tuple(self.layers)
+            object.__setattr__(self, "layers", tuple(_parse_layer_item(i, "match.layers") for i in items))
+        if self.head_dim is not None:
+            dims = (self.head_dim,) if isinstance(self.head_dim, int) else tuple(self.head_dim)
+            object.__setattr__(self, "head_dim", dims)
+        for name in ("min_q_len", "min_kv_len"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"match.{name}={value!r} is invalid; valid: an int >= 0")
+        if self.module is not None and not isinstance(self.module, str):
+            raise ValueError(f"match.module={self.module!r} is invalid; valid: a glob string like 'blocks.*.attn1'")
+
+    def describe(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = ",".join(str(v) for v in value)
+            parts.append(f"{f.name}={value}")
+        return ", ".join(parts) or "any site"
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "match") -> "Match":
+        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """If ``match`` holds for a site, use ``use`` (an attention spec, or ``"dense"``)."""
+
+    match: Match
+    use: Use
+
+    def __post_init__(self) -> None:
+        if isinstance(self.match, dict):
+            object.__setattr__(self, "match", Match.from_dict(self.match))
+        object.__setattr__(self, "use", _parse_use(self.use, "rule.use"))
+
+    def to_dict(self) -> dict:
+        return {"match": self.match.to_dict(), "use": _use_to_dict(self.use)}
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "rule") -> "Rule":
+        _reject_unknown(data, {"match", "use"}, where)
+        if "use" not in data:
+            raise ValueError(f"{where} needs 'use' (\"dense\" or an attention spec)")
+        return cls(Match.from_dict(data.get("match", {}), where=f"{where}.match"),
+                   _parse_use(data["use"], f"{where}.use"))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The spec
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A default for every attention site plus ordered rules; the first matching rule wins."""
+
+    default: Use = field(default_factory=AttentionSpec)
+    rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default", _parse_use(self.default, "default"))
+        object.__setattr__(self, "rules", tuple(r if isinstance(r, Rule) else Rule.from_dict(r) for r in self.rules))
+
+    def to_dict(self) -> dict:
+        return {"default": _use_to_dict(self.default), "rules": [r.to_dict() for r in self.rules]}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Spec":
+        """Canonical form, TensorRT-LLM ``attention_config``, or vLLM-Omni ``--diffusion-attention-config``."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a spec must be a mapping; got {type(data).__name__}")
+        if "attention_config" in data:
+            _reject_unknown(data, {"attention_config"}, "spec")
+            return _from_tensorrt_llm(data["attention_config"])
+        if "quant_attention_config" in data or ("backend" in data and "default" not in data):
+            return _from_tensorrt_llm(data)
+        if "per_role" in data or _looks_like_vllm(data.get("default")):
+            return _from_vllm_omni(data)
+        _reject_unknown(data, {"default", "rules"}, "spec")
+        rules = data.get("rules", [])
+        if not isinstance(rules, list):
+            raise ValueError(f"spec.rules must be a list; got {type(rules).__name__}")
+        return cls(
+            default=_parse_use(data.get("default", AttentionSpec()), "spec.default"),
+            rules=tuple(Rule.from_dict(r, where=f"spec.rules[{i}]") for i, r in enumerate(rules)),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Spec":
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Spec":
+        """A ``.json``, ``.yaml`` or ``.yml`` file in any accepted format."""
+        path = Path(path)
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            return cls.from_yaml(text)
+        return cls.from_json(text)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "Spec":
+        try:
+            import yaml
+        except ImportError as e:  # pragma: no cover - pyyaml is a dependency
+            raise ImportError("reading YAML specs needs PyYAML: pip install pyyaml") from e
+        return cls.from_dict(yaml.safe_load(text))
+
+
+def dense_spec() -> Spec:
+    return Spec(default=DENSE)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Seed formats
+# ------------------------------------------------------------------------------------------------------------------
+
+_TRTLLM_BACKENDS = ("TRTLLM", "CUDNN", "CUTEDSL", "FLASHINFER")
+_VLLM_DENSE = ("TORCH_SDPA", "FLASH_ATTN", "CUDNN_ATTN", "FLASHINFER_ATTN")
+_VLLM_QUANT = ("TRTLLM_ATTN",)
+
+
+def _from_tensorrt_llm(data: dict) -> Spec:
+    _reject_unknown(data, {"backend", "quant_attention_config"}, "attention_config")
+    backend = data.get("backend")
+    recipes._check_choice("attention_config.backend", backend, _TRTLLM_BACKENDS)
+    quant = data.get("quant_attention_config")
+    if quant is None:
+        return Spec(default=DENSE)
+    fields = ("qk_dtype", "v_dtype", "q_block_size", "k_block_size", "v_block_size")
+    _reject_unknown(quant, set(fields), "attention_config.quant_attention_config")
+    recipe = Recipe(**{"qk_dtype": "bf16", "v_dtype": "fp8", **quant})
+    return Spec(default=AttentionSpec(backend=backend, recipe=recipe))
+
+
+def _looks_like_vllm(entry: Any) -> bool:
+    if isinstance(entry, str):
+        return entry != DENSE
+    return isinstance(entry, dict) and ("quant" in entry or entry.get("backend") in _VLLM_DENSE + _VLLM_QUANT
+                                        and "recipe" not in entry)
+
+
+_VLLM_DTYPE_QK = {"int8": "int8", "fp8_e4m3": "fp8"}
+
+
+def _vllm_entry(entry: Any, where: str) -> Use:
+    if isinstance(entry, str):
+        entry = {"backend": entry}
+    _reject_unknown(entry, {"backend", "quant", "skip_softmax"}, where)
+    backend = entry.get("backend")
+    recipes._check_choice(f"{where}.backend", backend, _VLLM_DENSE + _VLLM_QUANT)
+    quant, skip = entry.get("quant"), entry.get("skip_softmax")
+    if backend in _VLLM_DENSE:
+        if quant or skip:
+            raise ValueError(f"{where}: quant/skip_softmax are not accepted for {backend}; valid: TRTLLM_ATTN")
+        return DENSE
+    skip_softmax = SkipSoftmax.from_dict(skip, where=f"{where}.skip_softmax") if skip is not None else None
+    recipe = None
+    if quant is not None:
+        _reject_unknown(quant, {"dtype_qk", "q_block_size", "k_block_size"}, f"{where}.quant")
+        if "dtype_qk" in quant:
+            recipes._check_choice(f"{where}.quant.dtype_qk", quant["dtype_qk"], tuple(_VLLM_DTYPE_QK))
+            recipe = Recipe(_VLLM_DTYPE_QK[quant["dtype_qk"]], "fp8", quant.get("q_block_size", 1),
+                            quant.get("k_block_size", 16), 1, smooth_k=True)
+        elif quant:
+            raise ValueError(f"{where}.quant has block sizes but no dtype_qk (absent dtype_qk means dense)")
+    if recipe is None and skip_softmax is None:
+        return DENSE
+    return AttentionSpec(backend=backend, recipe=recipe, skip_softmax=skip_softmax)
+
+
+def _from_vllm_omni(data: dict) -> Spec:
+    _reject_unknown(data, {"default", "per_role"}, "diffusion attention config")
+    default = _vllm_entry(data["default"], "default") if data.get("default") is not None else DENSE
+    per_role = data.get("per_role") or {}
+    if not isinstance(per_role, dict):
+        raise ValueError(f"per_role must be a mapping of role to entry; got {type(per_role).__name__}")
+    rules = []
+    for role, entry in per_role.items():
+        recipes._check_choice("per_role role", role, ROLES)
+        rules.append(Rule(Match(role=(role,)), _vllm_entry(entry, f"per_role[{role!r}]")))
+    return Spec(default=default, rules=tuple(rules))
+
+
+__all__ = ["Spec", "AttentionSpec", "Rule", "Match", "DENSE", "DEFAULT_RECIPE", "ROLES", "dense_spec",
+           "layer_selected"]
