@@ -1,0 +1,19 @@
+"""Test configuration: GPU tests skip cleanly without CUDA; compiles use a per-session Inductor cache."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+# Keep Inductor's on-disk caches inside this test session (so cache tests start cold and CI starts clean).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="qattn_fx_inductor_"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
