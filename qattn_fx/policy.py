@@ -120,8 +120,9 @@ def select(spec: Spec, site: Site) -> tuple[object, str, tuple[str, ...]]:
     for i, rule in enumerate(spec.rules, start=1):
         if rule.match.layers is not None and site.layer is None and site.layer_shared:
             notes.append(
-                f"rule {i} ({rule.match.describe()}) cannot be honoured: this block graph is shared by every "
-                "layer (regional compilation), so per-layer rules are not applied"
+                f"rule {i} ({rule.match.describe()}) cannot be honoured: the site has no layer index (its graph is "
+                "one block compiled alone and reused by every layer, or a nested subgraph shared by several "
+                "layers), so per-layer rules are not applied to it"
             )
             continue
         if match_site(rule.match, site):

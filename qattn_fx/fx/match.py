@@ -47,9 +47,13 @@ class SdpaCall:
     """One SDPA node with its arguments normalised to SDPA's names (defaults filled in)."""
 
     node: fx.Node
-    graph: fx.Graph
+    module: fx.GraphModule
     graph_name: str
     args: dict
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.module.graph
 
     @property
     def q(self) -> fx.Node:
@@ -94,19 +98,36 @@ def find_sdpa(root: fx.GraphModule) -> list[SdpaCall]:
     for name, gm in graphs_in(root):
         for node in gm.graph.nodes:
             if is_sdpa(node):
-                calls.append(SdpaCall(node, gm.graph, name, normalize_sdpa_args(node)))
+                calls.append(SdpaCall(node, gm, name, normalize_sdpa_args(node)))
     return calls
 
 
-def shared_subgraphs(root: fx.GraphModule) -> dict[str, int]:
-    """How many call sites use each nested subgraph (``get_attr`` users across the root graph)."""
-    counts: dict[str, int] = {}
-    for name, gm in graphs_in(root):
+def subgraph_uses(root: fx.GraphModule) -> dict[int, int]:
+    """How many times each graph module under ``root`` runs per call of ``root``, keyed by ``id(module)``.
+
+    Uses multiply through nesting and add over every parent that references the same module object: three
+    checkpointed layers whose bodies all ``invoke_subgraph`` one shared block graph give that graph 3.
+    """
+    modules = {id(gm): gm for _, gm in graphs_in(root)}
+    parents: dict[int, list[tuple[int, int]]] = {}
+    for gm in modules.values():
         for node in gm.graph.nodes:
-            if node.op == "get_attr":
-                target = node.target if not name else f"{name}.{node.target}"
-                counts[target] = counts.get(target, 0) + len(node.users)
-    return counts
+            if node.op != "get_attr":
+                continue
+            child = gm
+            for part in str(node.target).split("."):
+                child = getattr(child, part, None)
+            if isinstance(child, fx.GraphModule):
+                parents.setdefault(id(child), []).append((id(gm), max(1, len(node.users))))
+    memo: dict[int, int] = {id(root): 1}
+
+    def uses(key: int) -> int:
+        if key not in memo:
+            memo[key] = 0  # guards against cycles, which FX graphs do not have
+            memo[key] = sum(uses(p) * n for p, n in parents.get(key, ())) or 1
+        return memo[key]
+
+    return {key: uses(key) for key in modules}
 
 
 # ------------------------------------------------------------------------------------------------------------------

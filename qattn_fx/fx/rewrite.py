@@ -61,12 +61,12 @@ def _fake_mode_of(value):
     return getattr(value, "fake_mode", None)
 
 
-def describe_site(call: match.SdpaCall, *, layers: dict[str, int], shared: dict[str, int],
+def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[int, int],
                   grad_enabled: bool) -> Site:
     q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
     path = match.module_path(call.node)
     container, index = match.split_layer(path)
-    shared_graph = bool(call.graph_name) and shared.get(call.graph_name, 0) > 1
+    shared_graph = uses.get(id(call.module), 1) > 1
     scale = call.args["scale"]
     dropout = call.args["dropout_p"]
     return Site(
@@ -120,19 +120,17 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
     """
     calls = match.find_sdpa(root)
     layers = _layer_counts(calls)
-    shared = match.shared_subgraphs(root)
+    uses = match.subgraph_uses(root)
     outcomes = []
     touched: dict[int, fx.GraphModule] = {}
-    modules = dict(match.graphs_in(root))
     for i, call in enumerate(calls, start=first_index):
-        site = describe_site(call, layers=layers, shared=shared, grad_enabled=grad_enabled)
+        site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled)
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
         decision = resolve(site, hw, spec, emulate=emulate)
         inserted: tuple[str, ...] = ()
         if decision.quantized:
             inserted = rewrite_site(call, decision, f"qattn{i}")
-            gm = modules[call.graph_name]
-            touched[id(gm)] = gm
+            touched[id(call.module)] = call.module
         outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted))
     for gm in touched.values():
         gm.graph.lint()

@@ -1,0 +1,495 @@
+"""qattn_fx's own Triton SageAttention kernel for Ada (sm_89) and Hopper (sm_90).
+
+Implements ``qattn::scaled_attention`` with exactly the numerics of
+:func:`qattn_fx.kernels.reference.scaled_attention` (non-causal, no mask):
+
+* ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``: int8 or float8_e4m3fn with fp32 scales ``(B|1, H|1, NB)``, one
+  scale per ``q_block`` / ``k_block`` tokens (``NB = ceil(S / block)``), or ``block == 0``: one scale per head
+  ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. Or bf16/fp16 Q/K with ``q_scale = k_scale = None`` (QK16PV8).
+  Any strides with unit stride on D (BSHD views and BHSD both; nothing is copied). Scales must be >= 0
+  (they are ``amax / qmax``); size-1 scale dims broadcast.
+* ``v (B, Hkv, Skv, Dv)``: float8_e4m3fn, sequence-major (``stride(-2) == 1``, physically ``(B, H, Dv, S)``, what
+  the quantize node writes for this kernel and what Hopper's FP8 wgmma wants for its B operand) or D-major
+  (``stride(-1) == 1``, accepted; P·V then runs as an exact fp16 MMA, slower). ``v_scale (B|1, Hkv|1, Dv|1)``.
+* GQA (``Hq = g · Hkv``), ``Sq != Skv``, lengths that are not multiples of any tile, head_dim 64 or 128.
+* Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype`` stored BSHD (``torch.empty(B, Sq, Hq, Dv).transpose(1, 2)``);
+  :func:`attention` can also return the natural-log LSE ``(B, Hq, Sq)`` fp32.
+
+Algorithm (one program = ``BLOCK_M`` query rows of one (batch, head)):
+
+1. Q's tile is loaded once. Its per-row scale ``q_scale · sm_scale · log2(e)`` (times K's scale when K has one
+   scale per head/tensor) is a ``BLOCK_M`` vector ``rs``.
+2. For each ``BLOCK_N`` tile of K/V: ``S = dot(q, kᵀ)`` (int32 for int8, fp32 for fp8/bf16). INT8 accumulators
+   are converted exactly with the ``2^23 · 1.5`` magic number (integer add + fp add instead of a slow I2F;
+   exact because ``|S| <= 128³ < 2^22``). K scales with ``k_block < BLOCK_N`` (or not dividing it) multiply the
+   columns; coarser K scales are uniform over the tile and fold into ``rs``. Logits in log2 units are
+   ``z = t · rs`` with ``t`` the K-scaled accumulator; because scales are >= 0 the row max is ``max(t) · rs``.
+3. Online softmax in fp32 with exp2: ``P448 = exp2(z - m + log2(448))`` = ``448 · exp2(z - m)`` where ``m`` is
+   the running row max, so the e4m3 operand is just ``P448`` rounded (RNE, saturating: the reference's
+   ``e4m3(P · 448)``) and ``l = Σ P448`` (unrounded) carries the same factor 448, which cancels in ``acc / l``.
+4. Two-level accumulation: every tile's ``P·V`` goes into a fresh fp32 MMA accumulator (FP8 MMAs on Ada and Hopper
+   keep ~22 bits in the accumulator) which is then added in full fp32 to the running output:
+   ``acc = acc · alpha + dot(P8, V8)``. (Triton folds ``acc + dot(a, b)`` into ``dot(a, b, acc)`` only when the
+   dot's ``max_num_imprecise_acc`` is 0: on sm_90 FP8 dots default to 2^30, on sm_89 we pass ``BLOCK_N``.)
+5. Epilogue: ``O = acc · v_scale / l``, stored in ``out_dtype``; ``lse = ln2 · (m + log2(l) - log2(448))``.
+
+Differences from the reference are fp32 rounding and the P rounding point: the reference rounds
+``exp(s - global_max) · 448`` while a flash kernel rounds against the running max of the tiles seen so far
+(same values when the row max sits in the first tile). That moves individual output elements by up to ~1e-2
+relative; see the tests for measured bounds.
+
+Offsets: batch/head bases and the Q/O tile base are int64; inside a head, K/V pointers advance by
+``BLOCK_N · stride`` per tile (pointer arithmetic, 64-bit), so tensors past 2^31 elements index correctly as long
+as one tile's span (``BLOCK_N · stride_s``, ``Dv · stride_d``) fits in int32.
+
+Configs: :data:`CONFIGS` are autotuned (``triton.autotune``) per (head_dim, dtypes, block sizes, V layout,
+sequence-length buckets). :func:`set_config` / :func:`use_config` or the environment variable
+``QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages"`` force one (benchmarks sweep with them).
+
+The jitted kernel is built lazily on first use so that ``TRITON_INTERPRET=1`` set at any time before the first
+call runs it under the Triton interpreter (CPU tensors allowed there). The interpreter's fp32→fp8 cast and its
+bf16 ``dot`` are not exact, so under the interpreter the kernel rounds P onto the e4m3 grid itself (RNE, exact) and
+upcasts bf16/fp16 Q/K to fp32 (exact products); compiled kernels use the hardware paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+
+try:  # GPU libraries are optional at import time; the kernel raises a clear error without them.
+    import triton
+    import triton.language as tl
+
+    _TRITON_ERROR: Optional[BaseException] = None
+except ImportError as exc:  # pragma: no cover - exercised only without triton
+    triton = None
+    tl = None
+    _TRITON_ERROR = exc
+
+#: Head dims the kernel is compiled for (Q/K and V).
+HEAD_DIMS = (64, 128)
+#: Compute capabilities with FP8 MMAs that this kernel targets.
+CAPABILITIES = ((8, 9), (9, 0))
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+LOG2_448 = math.log2(448.0)
+#: 1.5 · 2^23: adding it to an int32 |x| < 2^22 and reading the bits as fp32 gives x + 1.5·2^23 exactly.
+_MAGIC_F = 12582912.0
+_MAGIC_I = 0x4B400000
+
+_QK_KIND = {torch.int8: 0, torch.float8_e4m3fn: 1, torch.bfloat16: 2, torch.float16: 2}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Configs
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One launch configuration: query rows per program, keys per tile, warps, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> "KernelConfig":
+        """``"128,128,8,3"`` (or ``BM128_BN128_w8_s3``) → config."""
+        parts = [int("".join(c for c in p if c.isdigit())) for p in text.replace("_", ",").split(",") if p.strip()]
+        if len(parts) != 4:
+            raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages'")
+        return cls(*parts)
+
+    def to_triton(self):
+        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n},
+                             num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+#: The autotuned set (Hopper wgmma wants 4 warps per 64 query rows).
+CONFIGS: tuple[KernelConfig, ...] = (
+    KernelConfig(128, 128, 8, 2),
+    KernelConfig(128, 128, 8, 3),
+    KernelConfig(128, 64, 8, 3),
+    KernelConfig(128, 64, 8, 4),
+    KernelConfig(64, 128, 4, 2),
+    KernelConfig(64, 128, 4, 3),
+    KernelConfig(64, 64, 4, 3),
+    KernelConfig(64, 64, 4, 4),
+)
+#: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
+INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
+
+_forced: Optional[KernelConfig] = None
+ENV_CONFIG = "QATTN_TRITON_SAGE_CONFIG"
+
+
+def set_config(config: Optional[KernelConfig | str]) -> None:
+    """Force one launch config for every call (``None`` restores autotuning)."""
+    global _forced
+    _forced = KernelConfig.parse(config) if isinstance(config, str) else config
+
+
+@contextlib.contextmanager
+def use_config(config: Optional[KernelConfig | str]) -> Iterator[None]:
+    """Context manager form of :func:`set_config`."""
+    previous = _forced
+    set_config(config)
+    try:
+        yield
+    finally:
+        set_config(previous)
+
+
+def forced_config() -> Optional[KernelConfig]:
+    """The config calls will use instead of autotuning: :func:`set_config`'s, else ``$QATTN_TRITON_SAGE_CONFIG``."""
+    if _forced is not None:
+        return _forced
+    text = os.environ.get(ENV_CONFIG)
+    return KernelConfig.parse(text) if text else None
+
+
+def _seq_bucket(n: int) -> int:
+    """Autotune key for a sequence length: powers of 4 from 256 up (tiling choices change slowly with length)."""
+    bucket = 256
+    while bucket < n and bucket < (1 << 20):
+        bucket *= 4
+    return bucket
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Kernel source (plain functions; jitted lazily by _build so the interpreter can be chosen at first use)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _sage_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
+               QK_KIND: "tl.constexpr", K_BLOCK: "tl.constexpr", BLOCK_N: "tl.constexpr",
+               PV_FP16: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr",
+               MASK_KV: "tl.constexpr"):
+    """One K/V tile of the online softmax: returns the updated ``(acc, l, m)``.
+
+    ``k_ptrs``: (D, BLOCK_N) pointers to Kᵀ; ``v_ptrs``: (BLOCK_N, Dv) pointers to V; ``rs`` (BLOCK_M,) row scale;
+    ``MASK_KV``: this tile may run past ``SEQ_KV`` (the tail tile).
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASK_KV:
+        n_valid = offs_n < SEQ_KV
+        if INTERPRET:  # the interpreter zero-fills masked lanes and cannot cast `other` to fp8
+            kt = tl.load(k_ptrs, mask=n_valid[None, :])
+            v = tl.load(v_ptrs, mask=n_valid[:, None])
+        else:
+            kt = tl.load(k_ptrs, mask=n_valid[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=n_valid[:, None], other=0.0)
+    else:
+        kt = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+
+    # ---- S = Q·Kᵀ, then t = S with per-column K scales applied (exact int32 → fp32 for int8) -----------------
+    if QK_KIND == 2 and INTERPRET:
+        s = tl.dot(q.to(tl.float32), kt.to(tl.float32))
+    else:
+        s = tl.dot(q, kt)
+    PER_COL: tl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
+    if PER_COL:
+        if MASK_KV:
+            ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=n_valid, other=0.0)
+        else:
+            ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn)
+    if QK_KIND == 0:
+        t = (s + 0x4B400000).to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly
+        if PER_COL:
+            # one fma: S·ks up to one rounding of the per-column constant 1.5·2^23·ks (< 1 unit of S·ks)
+            t = t * ks[None, :] - (ks * 12582912.0)[None, :]
+        else:
+            t = t - 12582912.0
+    else:
+        t = s
+        if PER_COL:
+            t = t * ks[None, :]
+    if K_BLOCK > 0 and not PER_COL:  # one K scale for the whole tile
+        rs = rs * tl.load(ks_ptr + (start_n // K_BLOCK) * stride_ksn)
+
+    # ---- online softmax (log2 units, scales >= 0 so max(t·rs) = max(t)·rs) --------------------------------------
+    if MASK_KV:
+        t_max = tl.max(tl.where(n_valid[None, :], t, float("-inf")), 1)
+    else:
+        t_max = tl.max(t, 1)
+    m_new = tl.maximum(m_i, t_max * rs)
+    p = tl.math.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
+    if MASK_KV:
+        p = tl.where(n_valid[None, :], p, 0.0)
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    # ---- P·V in FP8 (fresh accumulator per tile, added in fp32) ------------------------------------------------
+    if INTERPRET:
+        # Round P448 ∈ [0, 448] onto the e4m3 grid with RNE in fp32 (exact); the interpreter's own cast is not.
+        e = tl.maximum((p.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)  # biased exponent, floor 2^-6
+        ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
+        inv_ulp = ((257 - e) << 23).to(tl.float32, bitcast=True)
+        p = ((p * inv_ulp + 8388608.0) - 8388608.0) * ulp
+    p8 = p.to(tl.float8e4nv)
+    if PV_FP16:  # D-major V: exact fp16 MMA (e4m3 values and their products are exact in fp16/fp32)
+        pv = tl.dot(p8.to(tl.float16), v.to(tl.float16))
+    elif PV_SPLIT:
+        pv = tl.dot(p8, v, max_num_imprecise_acc=BLOCK_N)
+    else:
+        pv = tl.dot(p8, v)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_new
+
+
+def _sage_fwd(
+    Q, K, V, QS, KS, VS, Out, Lse,
+    qk_scale,
+    stride_qb, stride_qh, stride_qs,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_qsb, stride_qsh, stride_qsn,
+    stride_ksb, stride_ksh, stride_ksn,
+    stride_vsb, stride_vsh, stride_vsd,
+    stride_ob, stride_oh, stride_os,
+    H, GROUP, SEQ_Q, SEQ_KV,
+    SQ_BUCKET, SKV_BUCKET,
+    HEAD_DIM: "tl.constexpr", HEAD_DIM_V: "tl.constexpr", QK_KIND: "tl.constexpr",
+    Q_BLOCK: "tl.constexpr", K_BLOCK: "tl.constexpr", V_SEQ_MAJOR: "tl.constexpr",
+    RETURN_LSE: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr",
+    BLOCK_M: "tl.constexpr", BLOCK_N: "tl.constexpr",
+):
+    """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_ml = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_ml
+    m_valid = offs_m < SEQ_Q
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_dv = tl.arange(0, HEAD_DIM_V)
+
+    # ---- Q tile (loaded once) and its row scale ---------------------------------------------------------------
+    q_ptrs = (Q + b * stride_qb + h * stride_qh + start_m.to(tl.int64) * stride_qs
+              + offs_ml[:, None] * stride_qs + offs_d[None, :])
+    if INTERPRET:
+        q = tl.load(q_ptrs, mask=m_valid[:, None])
+    else:
+        q = tl.load(q_ptrs, mask=m_valid[:, None], other=0.0)
+    ks_ptr = KS + b * stride_ksb + hk * stride_ksh
+    if QK_KIND == 2:
+        rs = tl.zeros([BLOCK_M], dtype=tl.float32) + qk_scale
+    else:
+        qs_ptr = QS + b * stride_qsb + h * stride_qsh
+        if Q_BLOCK == 0:
+            rs = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(qs_ptr) * qk_scale
+        else:
+            rs = tl.load(qs_ptr + (offs_m // Q_BLOCK) * stride_qsn, mask=m_valid, other=0.0) * qk_scale
+        if K_BLOCK == 0:
+            rs = rs * tl.load(ks_ptr)
+
+    # ---- K/V tiles ------------------------------------------------------------------------------------------
+    k_ptrs = K + b * stride_kb + hk * stride_kh + offs_d[:, None] + offs_n[None, :] * stride_ks
+    if V_SEQ_MAJOR:
+        v_ptrs = V + b * stride_vb + hk * stride_vh + offs_n[:, None] + offs_dv[None, :] * stride_vd
+        v_step = BLOCK_N
+    else:
+        v_ptrs = V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :]
+        v_step = BLOCK_N * stride_vs
+    k_step = BLOCK_N * stride_ks
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=tl.float32)
+    n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_ptrs, v_ptrs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
+                                       QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT, INTERPRET, False)
+        k_ptrs += k_step
+        v_ptrs += v_step
+    if n_full < SEQ_KV:
+        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_ptrs, v_ptrs, ks_ptr, stride_ksn, rs, n_full, SEQ_KV,
+                                       QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT, INTERPRET, True)
+
+    # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
+    vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
+    out = acc * (1.0 / l_i)[:, None] * vs[None, :]
+    o_ptrs = (Out + b * stride_ob + h * stride_oh + start_m.to(tl.int64) * stride_os
+              + offs_ml[:, None] * stride_os + offs_dv[None, :])
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_valid[:, None])
+    if RETURN_LSE:
+        lse = (m_i + tl.math.log2(l_i) - 8.807354922057604) * 0.6931471805599453
+        tl.store(Lse + (b * H + h) * SEQ_Q + offs_m, lse, mask=m_valid)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Lazy build
+# ------------------------------------------------------------------------------------------------------------------
+
+_AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
+                 "SQ_BUCKET", "SKV_BUCKET"]
+
+
+class _Built:
+    mode: Optional[bool] = None  # interpreter on/off when built
+    kernel = None  # jitted _sage_fwd (configs passed explicitly)
+    tuned = None  # autotuned wrapper (compiled mode only)
+
+
+def interpreter_active() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
+    if triton is None:
+        return False
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs whose tile is larger than the problem needs (keeps at least one)."""
+    sq = named_args.get("SEQ_Q", 1 << 30)
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(sq))]
+    return kept or list(configs)
+
+
+def _build():
+    """Jit the kernel for the current interpreter setting (re-jitted if the setting changed since)."""
+    if triton is None:
+        raise RuntimeError(f"triton_sage needs triton: {_TRITON_ERROR}")
+    mode = interpreter_active()
+    if _Built.mode is not mode or _Built.kernel is None:
+        # _sage_fwd calls the helper by this global name; bind it before jitting so both modes resolve it.
+        globals()["_sage_tile_jit"] = triton.jit(_sage_tile)
+        kernel = triton.jit(_sage_fwd)
+        _Built.kernel = kernel
+        _Built.tuned = None if mode else triton.autotune(
+            configs=[c.to_triton() for c in CONFIGS], key=_AUTOTUNE_KEY,
+            prune_configs_by={"early_config_prune": _prune})(kernel)
+        _Built.mode = mode
+    return _Built
+
+
+def best_config(**key) -> Optional[KernelConfig]:
+    """The autotuner's choice so far (the last tuned key), for reports; ``None`` before any tuning."""
+    tuned = _Built.tuned
+    cfg = getattr(tuned, "best_config", None) if tuned is not None else None
+    if cfg is None:
+        return None
+    return KernelConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _check_device(x: torch.Tensor) -> Optional[tuple[int, int]]:
+    """Capability of ``x``'s GPU (``None`` under the interpreter); raises where the kernel cannot run."""
+    if interpreter_active():
+        return None
+    if x.device.type != "cuda":
+        raise RuntimeError(
+            f"triton_sage runs on CUDA tensors (sm_89 / sm_90); got device {x.device}. "
+            "Set TRITON_INTERPRET=1 to run it under the Triton interpreter on CPU.")
+    cap = tuple(torch.cuda.get_device_capability(x.device))
+    if cap not in CAPABILITIES:
+        valid = ", ".join(f"sm_{a}{b}" for a, b in CAPABILITIES)
+        raise RuntimeError(f"triton_sage needs an FP8-capable Ada/Hopper GPU; got compute capability "
+                           f"sm_{cap[0]}{cap[1]} {cap}; valid: {valid}")
+    return cap
+
+
+def _scale_strides(s: Optional[torch.Tensor]) -> tuple[int, int, int]:
+    """Strides of a 3-D scale with 0 on size-1 (broadcast) dims."""
+    if s is None:
+        return (0, 0, 0)
+    return tuple(0 if n == 1 else st for n, st in zip(s.shape, s.stride()))
+
+
+def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
+    d, dv = q.shape[-1], v.shape[-1]
+    if d not in HEAD_DIMS or dv not in HEAD_DIMS:
+        bad = d if d not in HEAD_DIMS else dv
+        raise ValueError(f"triton_sage supports head_dim in {HEAD_DIMS}; got head_dim={bad} "
+                         f"(q/k {d}, v {dv}); valid: {', '.join(map(str, HEAD_DIMS))}")
+    if q.dtype not in _QK_KIND:
+        raise ValueError(f"triton_sage: q/k dtype {q.dtype} is invalid; valid: int8, float8_e4m3fn, bfloat16, float16")
+    if (q_scale is None) != (q.dtype in (torch.bfloat16, torch.float16)):
+        raise ValueError(f"triton_sage: {q.dtype} q/k {'needs' if q_scale is None else 'takes no'} scales")
+    if v.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"triton_sage: v must be float8_e4m3fn; got {v.dtype}")
+    if v.stride(-2) != 1 and v.stride(-1) != 1:
+        raise ValueError(f"triton_sage: v needs a unit stride on S or D; got strides {v.stride()}")
+    for name, x in (("q", q), ("k", k)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"triton_sage: {name} needs a unit stride on D; got strides {x.stride()}")
+    if q_block < 0 or k_block < 0:
+        raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
+
+
+def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
+              out_dtype: torch.dtype, *, return_lse: bool = False):
+    """``qattn::scaled_attention`` on this kernel; with ``return_lse`` also the LSE ``(B, Hq, Sq)`` fp32.
+
+    Layouts and dtypes: see the module docstring. The LSE is ``ln Σ_j exp(s_ij)`` of the dequantized, scaled
+    logits ``s = q·kᵀ·sm_scale`` (natural log).
+    """
+    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    cap = _check_device(q)
+    built = _build()
+    bsz, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    if sq == 0 or bsz == 0 or hq == 0:
+        return (out, lse) if return_lse else out
+    kind = _QK_KIND[q.dtype]
+    # seq-major unless D is the unit-stride axis (both are unit only when Skv == 1: then D-major is exact too)
+    v_seq_major = v.stride(-2) == 1 and v.stride(-1) != 1
+    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16 (never read)
+    ks = k_scale if k_scale is not None else v_scale
+    # sm_90 FP8 dots default to max_num_imprecise_acc = 2^30, which keeps Triton from folding `acc + dot` into the
+    # MMA; on sm_89 the default is 0, so the kernel passes BLOCK_N to keep the per-tile accumulator separate.
+    pv_split = cap is not None and cap != (9, 0)
+    args = [
+        q, k, v, qs, ks, v_scale, out, lse,
+        float(sm_scale) * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+        *_scale_strides(q_scale), *_scale_strides(k_scale), *_scale_strides(v_scale),
+        out.stride(0), out.stride(1), out.stride(2),
+        hq, hq // hkv, sq, skv,
+        _seq_bucket(sq), _seq_bucket(skv),
+    ]
+    meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, QK_KIND=kind, Q_BLOCK=q_block if q_scale is not None else 0,
+                K_BLOCK=k_block if k_scale is not None else 0, V_SEQ_MAJOR=v_seq_major,
+                RETURN_LSE=return_lse, PV_SPLIT=pv_split, INTERPRET=built.mode)
+    config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        if config is not None:
+            grid = (triton.cdiv(sq, config.block_m), bsz * hq)
+            built.kernel[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                               num_warps=config.num_warps, num_stages=config.num_stages)
+        else:
+            grid = lambda meta_: (triton.cdiv(sq, meta_["BLOCK_M"]), bsz * hq)  # noqa: E731
+            built.tuned[grid](*args, **meta)
+    return (out, lse) if return_lse else out
+
+
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+    """Kernel entry for ``qattn::scaled_attention`` (``kernel="triton_sage"``)."""
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
