@@ -1,0 +1,546 @@
+"""cuDNN frontend kernels: ``cudnn_fp8`` (``sdpa_fp8``, per-tensor FP8) and ``cudnn_mxfp8`` (``sdpa_mxfp8``).
+
+Both build a cuDNN graph per problem (shapes, strides, dtypes, ``sm_scale``, output dtype, architecture path), keep it in
+a bounded FIFO cache (:data:`GRAPH_CACHE`, 128 graphs), and execute it with one cuDNN handle per (device, thread) set
+to the current torch stream on every call. The workspace comes from torch's caching allocator, and no call on the hot
+path synchronises with the host, so a call whose graph is already built can be captured into a CUDA graph. Building a
+graph (or creating a handle or the constant scale tensors) is refused during capture with a clear error: run the same
+call once eagerly before capturing.
+
+``import cudnn`` happens inside the functions: the package imports on machines without ``nvidia-cudnn-frontend``.
+The calls follow the cudnn-frontend 1.32 Python API (``cudnn.pygraph``, ``graph.tensor``, ``graph.sdpa_fp8`` /
+``graph.sdpa_mxfp8``, ``graph.build([heur_mode.A, heur_mode.FALLBACK])``, ``graph.execute(variant_pack, workspace,
+handle=...)``), as verified on an H200 with cuDNN 9.19 (``/work/shared/reference/probes/cudnn_fp8.py``).
+
+Layouts: Q/K/V arrive as logical ``(B, H, S, D)`` of any strides with a unit stride on D (usually BSHD-physical views
+of diffusers' ``(B, S, H, D)`` buffers) and are described to cuDNN with their real strides, never copied; the only
+exception is an fp8 V stored sequence-fastest (unit stride on S), which cuDNN cannot read (it needs ``stride[3] == 1``)
+and which is copied to BSHD once. The output is ``(B, Hq, Sq, Dv)`` stored BSHD.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..ops import formats
+from ._cuda_utils import (
+    FifoCache,
+    PerDevice,
+    cudnn_version_tuple,
+    device_index,
+    empty_bshd,
+    format_version,
+    log_once,
+    refuse_during_capture,
+    require_capability,
+    require_cuda,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Built graphs, keyed by :func:`fp8_graph_key` / :func:`mxfp8_graph_key`; FIFO-bounded.
+GRAPH_CACHE = FifoCache(maxsize=128)
+
+#: Fixed softmax-probability scale: P ∈ [0, 1] is stored as e4m3(P · 448) (cuDNN docs, "Amax S" for E4M3).
+SCALE_S = formats.P_FP8_SCALE
+DESCALE_S = 1.0 / SCALE_S
+
+FP8_ARCHS = ((9, 0), (10, 0), (10, 3))
+MXFP8_ARCHS = ((10, 0), (10, 3))
+#: cuDNN backend floor for FP8 SDPA forward; 9.10.0 is rejected for FP8 forward by cuDNN itself.
+FP8_MIN_CUDNN = (9, 1, 0)
+FP8_BAD_CUDNN = ((9, 10, 0),)
+#: bf16/fp16 output of ``sdpa_fp8`` exists on Blackwell only, from cuDNN 9.13.0 (``sdpa_support_surface.h``).
+FP8_DIRECT_OUT_MIN_CUDNN = (9, 13, 0)
+MXFP8_MIN_CUDNN = (9, 21, 0)
+#: Transformer Engine disables MXFP8 attention on these backends ("known bugs").
+MXFP8_BAD_CUDNN = ((9, 23, 0), (9, 23, 1))
+MXFP8_HEAD_DIMS = (64, 128)
+SF_ROWS = 128  # F8_128x4 atom: 128 rows ...
+SF_COLS = 4  # ... by 4 scale columns (512 bytes)
+
+#: Architecture paths of ``cudnn_fp8``: ``fp8_out`` writes an e4m3 O with a device-computed ``scale_o`` and
+#: dequantises it (Hopper, or fp32 output, or cuDNN < 9.13); ``direct`` writes bf16/fp16 O (Blackwell, cuDNN >= 9.13).
+FP8_PATHS = ("fp8_out", "direct")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Library access, versions, handles
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _import_cudnn(kernel: str):
+    try:
+        import cudnn  # noqa: PLC0415 (lazy on purpose)
+    except ImportError as exc:
+        raise RuntimeError(
+            f"{kernel} needs the cuDNN frontend Python package (pip install nvidia-cudnn-frontend); "
+            f"'import cudnn' failed: {exc}"
+        ) from exc
+    _log_backend_mismatch(cudnn)
+    return cudnn
+
+
+def backend_version(cudnn) -> tuple[int, int, int]:
+    """The cuDNN backend library the frontend loaded, as ``(major, minor, patch)``."""
+    return cudnn_version_tuple(int(cudnn.backend_version()))
+
+
+def _log_backend_mismatch(cudnn) -> None:
+    """Log once when torch and the cuDNN frontend loaded different cuDNN backends (TensorRT-LLM does the same)."""
+    try:
+        fe = int(cudnn.backend_version())
+        pt = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception as exc:  # noqa: BLE001 — informational only
+        log_once(logger, "cudnn-version-query", logging.DEBUG, "could not compare cuDNN versions: %s", exc)
+        return
+    if pt is not None and int(pt) != fe:
+        log_once(
+            logger, ("cudnn-mismatch", pt, fe), logging.WARNING,
+            "PyTorch and the cuDNN frontend loaded different cuDNN backends: torch %s, cudnn-frontend %s. "
+            "qattn_fx's cudnn kernels use the frontend's (%s); feature gates follow that version.",
+            format_version(cudnn_version_tuple(int(pt))), format_version(cudnn_version_tuple(fe)),
+            format_version(cudnn_version_tuple(fe)),
+        )
+
+
+def check_cudnn_version(kernel: str, version: tuple[int, int, int], minimum: tuple[int, int, int],
+                        bad: tuple[tuple[int, int, int], ...] = ()) -> None:
+    """``RuntimeError`` unless ``minimum <= version`` and ``version`` is not a known-bad release."""
+    if tuple(version) < tuple(minimum):
+        raise RuntimeError(
+            f"{kernel} needs a cuDNN backend >= {format_version(minimum)}; the cuDNN frontend loaded "
+            f"{format_version(version)} (upgrade nvidia-cudnn-cu12/cu13)"
+        )
+    if tuple(version) in tuple(map(tuple, bad)):
+        raise RuntimeError(
+            f"{kernel}: cuDNN {format_version(version)} has known bugs for this operation; "
+            f"use a version >= {format_version(minimum)} other than {', '.join(format_version(b) for b in bad)}"
+        )
+
+
+_thread_handles = threading.local()
+
+
+def _handle(cudnn, device: torch.device):
+    """The calling thread's cuDNN handle for ``device``, set to torch's current stream (cheap when unchanged)."""
+    handles = getattr(_thread_handles, "by_device", None)
+    if handles is None:
+        handles = _thread_handles.by_device = {}
+    index = device_index(device)
+    handle = handles.get(index)
+    if handle is None:
+        refuse_during_capture(f"creating a cuDNN handle for cuda:{index}")
+        with torch.cuda.device(index):
+            handle = cudnn.create_handle()
+        handles[index] = handle
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(index).cuda_stream)
+    return handle
+
+
+@dataclass(frozen=True)
+class _Constants:
+    scale_s: torch.Tensor
+    descale_s: torch.Tensor
+    one: torch.Tensor
+
+
+def _make_constants(device: torch.device) -> _Constants:
+    def full(value: float) -> torch.Tensor:
+        return torch.full((1, 1, 1, 1), value, dtype=torch.float32, device=device)
+
+    return _Constants(scale_s=full(SCALE_S), descale_s=full(DESCALE_S), one=full(1.0))
+
+
+_CONSTANTS = PerDevice("cuDNN FP8 scale constants", _make_constants)
+
+
+def _scale4d(scale: torch.Tensor) -> torch.Tensor:
+    """A one-element fp32 scale as the ``[1,1,1,1]`` tensor cuDNN declares (a view: no copy, no sync)."""
+    return scale.reshape(1, 1, 1, 1)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# cudnn_fp8: checks and pure helpers
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def check_fp8_head_dims(cap: tuple[int, int], d_qk: int, d_v: int) -> None:
+    """cuDNN FP8 SDPA head-dim rules: Hopper d <= 256, multiple of 16; Blackwell d <= 128, multiple of 16."""
+    limit = 256 if cap[0] == 9 else 128
+    for name, d in (("head_dim (Q/K)", d_qk), ("head_dim (V)", d_v)):
+        if d % 16 or d > limit or d <= 0:
+            valid = f"multiples of 16 up to {limit} (16, 32, ..., {limit})"
+            raise ValueError(f"cudnn_fp8: {name}={d} is not supported on sm_{cap[0]}{cap[1]}; valid: {valid}")
+
+
+def fp8_path(cap: tuple[int, int], version: tuple[int, int, int], out_dtype: torch.dtype) -> str:
+    """Which ``cudnn_fp8`` path serves ``out_dtype`` here: ``direct`` (bf16/fp16 O from cuDNN: Blackwell, cuDNN >=
+    9.13) or ``fp8_out`` (e4m3 O with ``scale_o``, dequantised by qattn_fx: Hopper, fp32 output, older cuDNN)."""
+    if cap[0] >= 10 and out_dtype in (torch.bfloat16, torch.float16) and tuple(version) >= FP8_DIRECT_OUT_MIN_CUDNN:
+        return "direct"
+    return "fp8_out"
+
+
+def fp8_output_margin(skv: int) -> float:
+    """Bound on ``max|O| / max|V|`` for FP8 P·V with ``scale_s = 448``, used to pick ``scale_o`` on Hopper.
+
+    O is a convex combination of V rows weighted by P/l, but P is rounded to e4m3 before P·V: a normal e4m3 value is
+    off by at most 2^-4 relative, a subnormal one (P·448 < 2^-6) by at most 2^-10/448 absolute. With l >= 1 (the row
+    maximum contributes exactly 1, also under online softmax, where earlier tiles are only rescaled down), the weights
+    sum to at most ``1 + 2^-4 + Skv · 2^-10 / 448``; a further ``(1 + 2^-8)`` covers fp32 accumulation and exp2
+    approximation. Examples: Skv 512 → 1.068, 4608 → 1.077, 75600 → 1.237.
+    """
+    return (1.0 + 2.0**-4 + skv * 2.0**-10 / SCALE_S) * (1.0 + 2.0**-8)
+
+
+def fp8_output_descale(v_scale: torch.Tensor, skv: int) -> torch.Tensor:
+    """``1 / scale_o`` as a ``[1,1,1,1]`` fp32 device tensor, computed on the device (no host sync).
+
+    V is per-tensor e4m3, so ``max|V| <= 448 · v_scale`` exactly and ``|O| <= 448 · v_scale · margin``; with
+    ``scale_o = 1 / (v_scale · margin)`` the e4m3 output never exceeds 448 (never saturates). An all-zero V (scale 0)
+    gets descale 1 (O is 0 anyway).
+    """
+    d = v_scale.reshape(1, 1, 1, 1).float() * fp8_output_margin(skv)
+    return torch.where(d > 0, d, torch.ones_like(d))
+
+
+def _fp8_dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def fp8_graph_key(index: int, path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
+                  out_dtype: torch.dtype, generate_stats: bool | None = None) -> tuple:
+    """Cache key of a ``cudnn_fp8`` graph: device, path, every operand's shape/stride/dtype, ``sm_scale``, output
+    dtype. The output layout is always BSHD, so it follows from the shapes. Pure (works on CPU tensors)."""
+    return ("sdpa_fp8", index, path,
+            tuple(q.shape), tuple(q.stride()), q.dtype,
+            tuple(k.shape), tuple(k.stride()), k.dtype,
+            tuple(v.shape), tuple(v.stride()), v.dtype,
+            float(sm_scale), out_dtype, generate_stats)
+
+
+def _check_fp8_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype) -> None:
+    kernel = "cudnn_fp8"
+    if q_scale is None or k_scale is None:
+        raise ValueError(f"{kernel} needs quantized float8_e4m3fn Q/K with per-tensor scales; got unquantized "
+                         f"{q.dtype} Q/K (use Recipe(qk_dtype='fp8', v_dtype='fp8', scale_scope='tensor'))")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"{kernel}: {name} must be float8_e4m3fn; got {t.dtype}; valid: torch.float8_e4m3fn")
+    if q_block != 0 or k_block != 0:
+        raise ValueError(f"{kernel} takes per-tensor Q/K scales; got q_block={q_block}, k_block={k_block}; "
+                         "valid: q_block=0, k_block=0 (Recipe scale_scope='tensor', block sizes 0)")
+    for name, s in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if s.numel() != 1:
+            raise ValueError(f"{kernel} takes one scale per tensor; {name} has shape {tuple(s.shape)}; "
+                             "valid: (1, 1, 1) (Recipe scale_scope='tensor', v_block_size=0)")
+    if k.shape[2] == 0:
+        # cuDNN's SM90 FP8 forward kernel never finishes when a query tile has no valid key (cudnn-frontend #1069).
+        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); refused because cuDNN's Hopper FP8 kernel hangs on it")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid; valid: bfloat16, float16, float32")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# cudnn_fp8
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    tensors: dict
+    workspace_size: int
+    generate_stats: bool
+    path: str
+
+
+def _cudnn_out_type(cudnn, dtype: torch.dtype):
+    return {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF,
+            torch.float8_e4m3fn: cudnn.data_type.FP8_E4M3}[dtype]
+
+
+def _build_fp8_graph(cudnn, handle, q, k, v, o_shape, o_stride, sm_scale, o_dtype, path) -> _Graph:
+    refuse_during_capture("building a cuDNN FP8 SDPA graph")
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    errors = []
+    for generate_stats in (False, True):  # inference needs no stats; some engines exist only with stats
+        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+        t = {
+            "q": g.tensor(name="q", dim=tuple(q.shape), stride=tuple(q.stride()), data_type=e4m3),
+            "k": g.tensor(name="k", dim=tuple(k.shape), stride=tuple(k.stride()), data_type=e4m3),
+            "v": g.tensor(name="v", dim=tuple(v.shape), stride=tuple(v.stride()), data_type=e4m3),
+        }
+        for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
+            t[name] = g.tensor(name=name, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=f32)
+        o, stats, _amax_s, amax_o = g.sdpa_fp8(
+            t["q"], t["k"], t["v"], t["descale_q"], t["descale_k"], t["descale_v"],
+            t["descale_s"], t["scale_s"], t["scale_o"],
+            attn_scale=float(sm_scale), generate_stats=generate_stats, use_causal_mask=False,
+        )
+        o.set_output(True).set_dim(tuple(o_shape)).set_stride(tuple(o_stride)).set_data_type(_cudnn_out_type(cudnn, o_dtype))
+        amax_o.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(f32)
+        t["o"], t["amax_o"] = o, amax_o
+        if generate_stats:
+            stats.set_output(True).set_data_type(f32)
+            t["stats"] = stats
+        try:
+            g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        except cudnn.cudnnGraphNotSupportedError as exc:
+            errors.append(f"generate_stats={generate_stats}: {exc}")
+            continue
+        if generate_stats:
+            logger.debug("cudnn_fp8: no engine without softmax stats for q%s k%s; built with stats",
+                         tuple(q.shape), tuple(k.shape))
+        return _Graph(g, t, int(g.get_workspace_size()), generate_stats, path)
+    raise RuntimeError(
+        f"cudnn_fp8: cuDNN {format_version(backend_version(cudnn))} has no FP8 SDPA engine for q{tuple(q.shape)} "
+        f"strides {tuple(q.stride())}, k{tuple(k.shape)}, v{tuple(v.shape)}, output {o_dtype} ({path}): "
+        + " | ".join(errors)
+    )
+
+
+def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+    """``qattn::scaled_attention`` with per-tensor FP8 Q/K/V on cuDNN's ``sdpa_fp8`` (kernel ``cudnn_fp8``).
+
+    Inputs: ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, ``v (B, Hkv, Skv, Dv)``, all ``float8_e4m3fn`` with any
+    strides and a unit stride on D (V stored sequence-fastest is copied once to BSHD: cuDNN needs ``stride[3] == 1``);
+    ``q_scale`` / ``k_scale`` / ``v_scale`` fp32 ``(1, 1, 1)`` device tensors, passed as cuDNN's ``[1,1,1,1]`` descales
+    (``q_block = k_block = 0``). GQA needs ``Hq % Hkv == 0``; cross-attention (``Sq != Skv``) and B > 1 are supported.
+    Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype`` stored BSHD.
+
+    Numerics: ``S = Q·Kᵀ · descale_q · descale_k · sm_scale`` (fp32), ``P`` stored as e4m3(P·448), ``O = P·V · descale_v
+    / 448 / l`` (cuDNN's online softmax: P is rounded relative to the running row max, the reference relative to the
+    final one; the two agree exactly when the row max is reached in the first key tile processed).
+
+    Paths (:func:`fp8_path`):
+
+    * ``direct`` — Blackwell (sm_100/sm_103) with cuDNN >= 9.13 and bf16/fp16 output: cuDNN writes O directly.
+    * ``fp8_out`` — Hopper (bf16 output of ``sdpa_fp8`` is Blackwell-only), fp32 output, or older cuDNN: cuDNN writes an
+      e4m3 O scaled by ``scale_o = 1 / (v_scale · margin(Skv))`` (:func:`fp8_output_margin`, chosen on the device from
+      ``v_scale`` so no host sync), which qattn_fx then dequantises into ``out_dtype``. **Extra error**: one e4m3
+      rounding of O, at most 2^-4 relative per element (about 2.5 % RMS), plus values below ``max|V| · margin · 2^-6``
+      landing in e4m3's subnormal range (absolute error <= ``max|V| · margin · 2^-10``); it costs two elementwise passes
+      over O (copy + scale).
+
+    Head dims: Hopper multiples of 16 up to 256; Blackwell multiples of 16 up to 128 (``ValueError`` otherwise).
+    Architectures: sm_90, sm_100, sm_103 (``RuntimeError`` otherwise); cuDNN backend >= 9.1 (not 9.10.0).
+    ``Skv == 0`` is refused (cuDNN's Hopper FP8 kernel hangs on key-less rows).
+    """
+    kernel = "cudnn_fp8"
+    _check_fp8_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype)
+    device = require_cuda(kernel, q=q, k=k, v=v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    cap = require_capability(kernel, device, FP8_ARCHS,
+                             "cuDNN FP8 SDPA forward runs on Hopper and data-center Blackwell")
+    b, hq, sq, d = q.shape
+    skv, dv = k.shape[2], v.shape[3]
+    check_fp8_head_dims(cap, d, dv)
+    if b == 0 or sq == 0 or hq == 0:
+        return empty_bshd(b, hq, sq, dv, out_dtype, device)
+    cudnn = _import_cudnn(kernel)
+    version = backend_version(cudnn)
+    check_cudnn_version(kernel, version, FP8_MIN_CUDNN, FP8_BAD_CUDNN)
+    path = fp8_path(cap, version, out_dtype)
+    if v.stride(3) != 1:
+        # V stored sequence-fastest (for kernels whose P·V wants it); cuDNN requires a unit stride on D for V.
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
+    o_dtype = torch.float8_e4m3fn if path == "fp8_out" else out_dtype
+    o_buf = empty_bshd(b, hq, sq, dv, o_dtype, device)
+    handle = _handle(cudnn, device)
+    key = fp8_graph_key(device_index(device), path, q, k, v, sm_scale, out_dtype)
+    entry = GRAPH_CACHE.get_or_build(
+        key, lambda: _build_fp8_graph(cudnn, handle, q, k, v, o_buf.shape, o_buf.stride(), sm_scale, o_dtype, path))
+    consts = _CONSTANTS.get(device)
+    if path == "fp8_out":
+        descale_o = fp8_output_descale(v_scale, skv)
+        scale_o = torch.reciprocal(descale_o)
+    else:
+        descale_o, scale_o = None, consts.one
+    t = entry.tensors
+    pack = {
+        t["q"]: q, t["k"]: k, t["v"]: v, t["o"]: o_buf,
+        t["descale_q"]: _scale4d(q_scale), t["descale_k"]: _scale4d(k_scale), t["descale_v"]: _scale4d(v_scale),
+        t["descale_s"]: consts.descale_s, t["scale_s"]: consts.scale_s, t["scale_o"]: scale_o,
+        t["amax_o"]: torch.empty((1, 1, 1, 1), dtype=torch.float32, device=device),
+    }
+    if entry.generate_stats:
+        pack[t["stats"]] = torch.empty((b, hq, sq, 1), dtype=torch.float32, device=device)
+    workspace = torch.empty(entry.workspace_size, dtype=torch.uint8, device=device)
+    entry.graph.execute(pack, workspace, handle=handle)
+    if path == "direct":
+        return o_buf
+    out = empty_bshd(b, hq, sq, dv, out_dtype, device)
+    out.copy_(o_buf)  # e4m3 values are exact in bf16/fp16/fp32
+    out.mul_(descale_o)  # computed in fp32, rounded once to out_dtype
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# cudnn_mxfp8: F8_128x4 scale packing (pure torch) and the sdpa_mxfp8 graph
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _as_bytes(scales: torch.Tensor) -> torch.Tensor:
+    if scales.dtype == torch.uint8:
+        return scales
+    if scales.element_size() != 1:
+        raise ValueError(f"scale factors must be one byte each (E8M0 / uint8); got {scales.dtype}")
+    return scales.view(torch.uint8)
+
+
+def pack_f8_128x4(scales: torch.Tensor) -> torch.Tensor:
+    """Rowwise F8_128x4 layout of one-byte scales ``(..., R, C)`` → uint8 ``(..., ceil128(R), ceil4(C))``.
+
+    Rows (tokens of Q/K) are zero-padded to a multiple of 128 and scale columns (32-element blocks of D) to a multiple
+    of 4; the result is contiguous and its *memory* holds cuDNN's order: atoms of 128 rows × 4 columns (512 bytes)
+    laid out row-major (row tile outer, column tile inner, leading dims outermost), and inside an atom scale ``(r, c)``
+    at byte ``(r % 32)·16 + ((r % 128) // 32)·4 + c % 4``. Its logical indices mean nothing; hand it to cuDNN as
+    ``(..., ceil128(R), ceil4(C))`` row-major with reordering ``F8_128x4``. Padding bytes are 0 (E8M0 2^-127), never
+    NaN. Accepts ``float8_e8m0fnu`` or ``uint8`` scales on any device.
+    """
+    raw = _as_bytes(scales)
+    if raw.dim() < 2:
+        raise ValueError(f"pack_f8_128x4 needs scales of shape (..., R, C); got {tuple(raw.shape)}")
+    *lead, rows, cols = raw.shape
+    rp, cp = _ceil_to(rows, SF_ROWS), _ceil_to(cols, SF_COLS)
+    padded = raw.new_zeros(*lead, rp, cp)
+    padded[..., :rows, :cols] = raw
+    atoms = padded.reshape(*lead, rp // SF_ROWS, 4, 32, cp // SF_COLS, SF_COLS)
+    n = len(lead)
+    order = list(range(n)) + [n, n + 3, n + 2, n + 1, n + 4]  # (row tile, col tile, r % 32, r // 32, c)
+    return atoms.permute(order).contiguous().view(*lead, rp, cp)
+
+
+def pack_f8_128x4_columnwise(v_scales: torch.Tensor) -> torch.Tensor:
+    """F8_128x4 layout of V's scales ``(B, H, ceil(S/32), Dv)`` (blocks of 32 tokens per channel) for ``sdpa_mxfp8``.
+
+    The rule of :func:`pack_f8_128x4` is applied to the *transposed* scale matrix ``[ceil128(Dv), B·H·ceil4(S/32)]``
+    (rows = channels, columns = (b, h, token block)), so atoms are D-plane-major: byte of scale ``(b, h, j, d)`` =
+    ``(d // 128) · (B·H·S4/4) · 512 + ((b·H + h)·S4/4 + j // 4) · 512 + (d % 32)·16 + ((d % 128) // 32)·4 + j % 4``
+    with ``S4 = ceil4(ceil(S/32))``. For ``Dv <= 128`` (one plane) this equals packing each (b, h) slab separately.
+    Returns a uint8 view of shape ``(B, H, S4, ceil128(Dv))`` with strides ``(H·S4·Dp, S4·Dp, 1, S4)`` — the
+    descriptor cuDNN documents for ``descale_v`` (only the memory order matters to cuDNN). Padding bytes are 0.
+    """
+    raw = _as_bytes(v_scales)
+    if raw.dim() != 4:
+        raise ValueError(f"pack_f8_128x4_columnwise needs V scales (B, H, ceil(S/32), Dv); got {tuple(raw.shape)}")
+    b, h, nblocks, dv = raw.shape
+    s4, dp = _ceil_to(nblocks, SF_COLS), _ceil_to(dv, SF_ROWS)
+    t = raw.new_zeros(b, h, dp, s4)
+    t[:, :, :dv, :nblocks] = raw.transpose(-1, -2)
+    matrix = t.permute(2, 0, 1, 3).reshape(dp, b * h * s4)
+    flat = pack_f8_128x4(matrix).reshape(-1)
+    return flat.as_strided((b, h, s4, dp), (h * s4 * dp, s4 * dp, 1, s4))
+
+
+def mxfp8_graph_key(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
+                    out_dtype: torch.dtype) -> tuple:
+    """Cache key of a ``cudnn_mxfp8`` graph (the scale descriptors follow from the shapes). Pure."""
+    return ("sdpa_mxfp8", index,
+            tuple(q.shape), tuple(q.stride()), tuple(k.shape), tuple(k.stride()), tuple(v.shape), tuple(v.stride()),
+            float(sm_scale), out_dtype)
+
+
+def _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtype) -> None:
+    kernel = "cudnn_mxfp8"
+    if qk_format != "mxfp8" or v_format != "mxfp8":
+        raise ValueError(f"{kernel} implements MXFP8 Q/K/V only; got qk_format={qk_format!r}, v_format={v_format!r}; "
+                         "valid: qk_format='mxfp8', v_format='mxfp8'")
+    d, dv = q.shape[3], v.shape[3]
+    for name, value in (("head_dim (Q/K)", d), ("head_dim (V)", dv)):
+        if value not in MXFP8_HEAD_DIMS:
+            raise ValueError(f"{kernel}: {name}={value} is not supported; valid: {', '.join(map(str, MXFP8_HEAD_DIMS))}")
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid (sdpa_mxfp8 writes 16-bit outputs); "
+                         "valid: bfloat16, float16")
+    if k.shape[2] == 0:
+        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); attention over an empty key set is refused")
+    expect = {"q_sf": (q_sf, (q.shape[0], q.shape[1], q.shape[2], (d + 31) // 32)),
+              "k_sf": (k_sf, (k.shape[0], k.shape[1], k.shape[2], (d + 31) // 32)),
+              "v_sf": (v_sf, (v.shape[0], v.shape[1], (v.shape[2] + 31) // 32, dv))}
+    for name, (sf, shape) in expect.items():
+        if tuple(sf.shape) != shape:
+            raise ValueError(f"{kernel}: {name} must have shape {shape}; got {tuple(sf.shape)}")
+
+
+def _build_mxfp8_graph(cudnn, handle, q, k, v, descales, o_shape, o_stride, sm_scale, out_dtype) -> _Graph:
+    refuse_during_capture("building a cuDNN MXFP8 SDPA graph")
+    e4m3, e8m0, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FP8_E8M0, cudnn.data_type.FLOAT
+    g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    t = {name: g.tensor(name=name, dim=tuple(x.shape), stride=tuple(x.stride()), data_type=e4m3)
+         for name, x in (("q", q), ("k", k), ("v", v))}
+    for name, sf in descales.items():
+        t[name] = g.tensor(name=name, dim=tuple(sf.shape), stride=tuple(sf.stride()), data_type=e8m0,
+                           reordering_type=cudnn.tensor_reordering.F8_128x4)
+    o, _stats, amax_o = g.sdpa_mxfp8(t["q"], t["k"], t["v"], t["descale_q"], t["descale_k"], t["descale_v"],
+                                     attn_scale=float(sm_scale), generate_stats=False)
+    o.set_output(True).set_dim(tuple(o_shape)).set_stride(tuple(o_stride)).set_data_type(_cudnn_out_type(cudnn, out_dtype))
+    amax_o.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(f32)
+    t["o"], t["amax_o"] = o, amax_o
+    try:
+        g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    except cudnn.cudnnGraphNotSupportedError as exc:
+        raise RuntimeError(
+            f"cudnn_mxfp8: cuDNN {format_version(backend_version(cudnn))} has no MXFP8 SDPA engine for q{tuple(q.shape)}"
+            f", k{tuple(k.shape)}, v{tuple(v.shape)}, output {out_dtype}: {exc}"
+        ) from exc
+    return _Graph(g, t, int(g.get_workspace_size()), False, "mxfp8")
+
+
+def mxfp8_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype):
+    """``qattn::block_scaled_attention`` for MXFP8 Q/K/V on cuDNN's ``sdpa_mxfp8`` (kernel ``cudnn_mxfp8``).
+
+    **Blackwell only**: compute capability 10.0 (sm_100) or 10.3 (sm_103) with a cuDNN backend >= 9.21 (not 9.23.0/
+    9.23.1); it cannot run on Hopper (H100/H200), where it raises ``RuntimeError``. Built to the documented
+    cudnn-frontend 1.32 API; not yet run on hardware by qattn_fx.
+
+    Inputs (the op's layouts): ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` e4m3 with E8M0 scales ``(B, H, S, D/32)``
+    (32 channels per scale); ``v (B, Hkv, Skv, Dv)`` e4m3 with E8M0 scales ``(B, Hkv, ceil(Skv/32), Dv)`` (32 tokens per
+    scale); any data strides with a unit stride on D (V sequence-fastest is copied to BSHD). D, Dv ∈ {64, 128};
+    ``out_dtype`` bf16/fp16. The scales are re-laid out on every call by :func:`pack_f8_128x4` (Q/K, rowwise) and
+    :func:`pack_f8_128x4_columnwise` (V) — two small gathers over ``B·H·S·D/32`` bytes. Returns ``(B, Hq, Sq, Dv)``
+    stored BSHD.
+    """
+    kernel = "cudnn_mxfp8"
+    _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtype)
+    device = require_cuda(kernel, q=q, k=k, v=v, q_sf=q_sf, k_sf=k_sf, v_sf=v_sf)
+    require_capability(kernel, device, MXFP8_ARCHS,
+                       "cuDNN sdpa_mxfp8 runs on data-center Blackwell only; it cannot run on Hopper")
+    b, hq, sq, _ = q.shape
+    dv = v.shape[3]
+    if b == 0 or sq == 0 or hq == 0:
+        return empty_bshd(b, hq, sq, dv, out_dtype, device)
+    cudnn = _import_cudnn(kernel)
+    check_cudnn_version(kernel, backend_version(cudnn), MXFP8_MIN_CUDNN, MXFP8_BAD_CUDNN)
+    if v.stride(3) != 1:
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)  # cuDNN needs a unit stride on D
+    e8m0 = torch.float8_e8m0fnu
+    descales = {
+        "descale_q": pack_f8_128x4(q_sf).view(e8m0),
+        "descale_k": pack_f8_128x4(k_sf).view(e8m0),
+        "descale_v": pack_f8_128x4_columnwise(v_sf).view(e8m0),
+    }
+    o_buf = empty_bshd(b, hq, sq, dv, out_dtype, device)
+    handle = _handle(cudnn, device)
+    key = mxfp8_graph_key(device_index(device), q, k, v, sm_scale, out_dtype)
+    entry = GRAPH_CACHE.get_or_build(
+        key, lambda: _build_mxfp8_graph(cudnn, handle, q, k, v, descales, o_buf.shape, o_buf.stride(), sm_scale,
+                                        out_dtype))
+    t = entry.tensors
+    pack = {t["q"]: q, t["k"]: k, t["v"]: v, t["o"]: o_buf,
+            t["amax_o"]: torch.empty((1, 1, 1, 1), dtype=torch.float32, device=device)}
+    for name, sf in descales.items():
+        pack[t[name]] = sf
+    workspace = torch.empty(entry.workspace_size, dtype=torch.uint8, device=device)
+    entry.graph.execute(pack, workspace, handle=handle)
+    return o_buf
