@@ -173,16 +173,19 @@ def _seq_bucket(n: int) -> int:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _sage_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
+def _sage_tile(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
                QK_KIND: "tl.constexpr", K_BLOCK: "tl.constexpr", BLOCK_N: "tl.constexpr",
                PV_FP16: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr",
                MASK_KV: "tl.constexpr"):
     """One K/V tile of the online softmax: returns the updated ``(acc, l, m)``.
 
-    ``k_ptrs``: (D, BLOCK_N) pointers to Kᵀ; ``v_ptrs``: (BLOCK_N, Dv) pointers to V; ``rs`` (BLOCK_M,) row scale;
-    ``MASK_KV``: this tile may run past ``SEQ_KV`` (the tail tile).
+    ``k_base + k_offs``: (D, BLOCK_N) pointers to this tile of Kᵀ; ``v_base + v_offs``: (BLOCK_N, Dv) pointers to
+    V (scalar 64-bit bases advanced per tile, loop-invariant int32 offsets: fewer registers than carried pointer
+    tiles); ``rs`` (BLOCK_M,) row scale; ``MASK_KV``: this tile may run past ``SEQ_KV`` (the tail tile).
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_ptrs = k_base + k_offs
+    v_ptrs = v_base + v_offs
     if MASK_KV:
         n_valid = offs_n < SEQ_KV
         if INTERPRET:  # the interpreter zero-fills masked lanes and cannot cast `other` to fp8
@@ -264,7 +267,7 @@ def _sage_fwd(
     SQ_BUCKET, SKV_BUCKET,
     HEAD_DIM: "tl.constexpr", HEAD_DIM_V: "tl.constexpr", QK_KIND: "tl.constexpr",
     Q_BLOCK: "tl.constexpr", K_BLOCK: "tl.constexpr", V_SEQ_MAJOR: "tl.constexpr",
-    RETURN_LSE: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr",
+    RETURN_LSE: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr", V_ALIGN: "tl.constexpr",
     BLOCK_M: "tl.constexpr", BLOCK_N: "tl.constexpr",
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
@@ -301,12 +304,16 @@ def _sage_fwd(
             rs = rs * tl.load(ks_ptr)
 
     # ---- K/V tiles ------------------------------------------------------------------------------------------
-    k_ptrs = K + b * stride_kb + hk * stride_kh + offs_d[:, None] + offs_n[None, :] * stride_ks
+    k_base = K + b * stride_kb + hk * stride_kh
+    k_offs = offs_d[:, None] + offs_n[None, :] * stride_ks
+    v_base = V + b * stride_vb + hk * stride_vh
     if V_SEQ_MAJOR:
-        v_ptrs = V + b * stride_vb + hk * stride_vh + offs_n[:, None] + offs_dv[None, :] * stride_vd
+        # V rows (one per channel) start stride_vd bytes apart; tell Triton how aligned they are (the host passes
+        # the largest power of two <= 16 dividing stride_vd) so the copies stay vectorized and asynchronous.
+        v_offs = offs_n[:, None] + tl.multiple_of(offs_dv * stride_vd, V_ALIGN)[None, :]
         v_step = BLOCK_N
     else:
-        v_ptrs = V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vs + offs_dv[None, :]
+        v_offs = offs_n[:, None] * stride_vs + offs_dv[None, :]
         v_step = BLOCK_N * stride_vs
     k_step = BLOCK_N * stride_ks
 
@@ -315,13 +322,15 @@ def _sage_fwd(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=tl.float32)
     n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
     for start_n in range(0, n_full, BLOCK_N):
-        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_ptrs, v_ptrs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
-                                       QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT, INTERPRET, False)
-        k_ptrs += k_step
-        v_ptrs += v_step
+        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs,
+                                       start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT,
+                                       INTERPRET, False)
+        k_base += k_step
+        v_base += v_step
     if n_full < SEQ_KV:
-        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_ptrs, v_ptrs, ks_ptr, stride_ksn, rs, n_full, SEQ_KV,
-                                       QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT, INTERPRET, True)
+        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs,
+                                       n_full, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT,
+                                       INTERPRET, True)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
@@ -419,6 +428,14 @@ def _scale_strides(s: Optional[torch.Tensor]) -> tuple[int, int, int]:
     return tuple(0 if n == 1 else st for n, st in zip(s.shape, s.stride()))
 
 
+def _pow2_divisor(n: int, cap: int) -> int:
+    """Largest power of two <= ``cap`` dividing ``n`` (``cap`` for 0)."""
+    p = 1
+    while p < cap and n % (2 * p) == 0:
+        p *= 2
+    return p
+
+
 def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
     d, dv = q.shape[-1], v.shape[-1]
     if d not in HEAD_DIMS or dv not in HEAD_DIMS:
@@ -477,7 +494,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     ]
     meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, QK_KIND=kind, Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, V_SEQ_MAJOR=v_seq_major,
-                RETURN_LSE=return_lse, PV_SPLIT=pv_split, INTERPRET=built.mode)
+                RETURN_LSE=return_lse, PV_SPLIT=pv_split, INTERPRET=built.mode,
+                V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16)
     config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         if config is not None:
