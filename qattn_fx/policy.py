@@ -193,8 +193,11 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
         return Decision(False, f"dense: {blocker}", source=source, notes=notes)
     recipe = use.recipe
     if recipe is not None and recipe.qk_dtype == "nvfp4" and site.head_dim % 16:
-        return Decision(False, f"dense: nvfp4 Q/K needs head_dim % 16 == 0, got {site.head_dim}", source=source,
-                        notes=notes)
+        why = f"nvfp4 Q/K needs head_dim % 16 == 0, got {site.head_dim}"
+        if use.backend != AUTO:  # an explicit backend never falls back silently
+            raise ValueError(f"{source} asks for {use.describe()} but site {site.name!r} "
+                             f"({site.module or 'no module'}) cannot run it: {why}")
+        return Decision(False, f"dense: {why}", source=source, notes=notes)
     if emulate or use.backend == REFERENCE:
         if use.skip_softmax is not None or recipe is None:
             raise ValueError(f"{source}: skip_softmax has no reference emulation; remove it or run on sm_100")
