@@ -1,0 +1,221 @@
+"""Timing, accuracy and reporting helpers shared by the benchmarks (no qattn_fx imports, no GPU needed to import).
+
+* :func:`time_ms`: median milliseconds of a CUDA callable (CUDA events, or ``triton.testing.do_bench``), with the
+  number of timed calls adapted to a time budget so video-length shapes stay affordable.
+* :func:`attention_flops`: ``4·B·H·Sq·Skv·D`` (two matmuls), the TFLOP/s convention of ``h200-baselines.md``.
+* :func:`reference_rows` / :func:`fp32_attention_rows`: an fp32 attention reference for a (sub)set of query rows,
+  computed in query chunks so the score matrix never exceeds a memory bound.
+* :func:`accuracy`: cosine similarity and relative L1 of an output against that reference on the same rows.
+* :func:`format_table`, :func:`write_json`, :func:`plot_speed_accuracy`: one side-by-side table, JSON, optional PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+
+def log(message: str) -> None:
+    """Progress line, flushed at once (the lead watches the device run's output)."""
+    print(message, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_ms: float = 1500.0,
+            min_iters: int = 3, method: str = "events") -> float:
+    """Median time of ``fn()`` in milliseconds.
+
+    ``events``: ``warmup`` untimed calls, then up to ``iters`` calls each bracketed by CUDA events, fewer when one
+    call is long (the count is chosen so the timed calls take about ``budget_ms``, at least ``min_iters``).
+    ``do_bench``: ``triton.testing.do_bench(fn, warmup, rep, return_mode="median")`` with the same budget (it flushes
+    the L2 cache between calls).
+    """
+    if method == "do_bench":
+        from triton.testing import do_bench  # noqa: PLC0415
+
+        once = _one_call_ms(fn)
+        rep = max(budget_ms, min_iters * once)
+        return float(do_bench(fn, warmup=max(1.0, once * warmup), rep=rep, return_mode="median"))
+    if method != "events":
+        raise ValueError(f"timer method={method!r} is invalid; valid: events, do_bench")
+    for _ in range(max(0, warmup - 1)):
+        fn()
+    once = _one_call_ms(fn)  # also the last warm-up call
+    n = int(max(min_iters, min(iters, budget_ms // max(once, 1e-3))))
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        start[i].record()
+        fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+
+
+def _one_call_ms(fn: Callable[[], Any]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def attention_flops(b: int, h: int, sq: int, skv: int, d: int) -> float:
+    return 4.0 * b * h * sq * skv * d
+
+
+def tflops(flops: float, ms: float | None) -> float | None:
+    return None if not ms else flops / (ms * 1e-3) / 1e12
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Accuracy
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def reference_rows(sq: int, max_rows: int | None, seed: int = 0, device: str | torch.device = "cpu") -> torch.Tensor | None:
+    """Sorted query-row indices to evaluate accuracy on (``None``: all rows, when ``sq <= max_rows``)."""
+    if max_rows is None or sq <= max_rows:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(sq, generator=g)[:max_rows].sort().values.to(device)
+
+
+def fp32_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None,
+                        sm_scale: float | None = None, max_bytes: int = 1 << 30) -> torch.Tensor:
+    """Exact fp32 softmax attention of ``q (B,Hq,Sq,D)``, ``k``, ``v (B,Hkv,Skv,·)`` for query ``rows`` (all if None).
+
+    Computed in query chunks so one chunk's fp32 scores take at most ``max_bytes``; TF32 is disabled while it runs.
+    GQA repeats K/V heads. Returns ``(B, Hq, R, Dv)`` fp32.
+    """
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    qs = q if rows is None else q.index_select(2, rows.to(q.device))
+    kf, vf = k.float(), v.float()
+    if hkv != hq:
+        kf = kf.repeat_interleave(hq // hkv, dim=1)
+        vf = vf.repeat_interleave(hq // hkv, dim=1)
+    n = qs.shape[2]
+    chunk = max(1, int(max_bytes // max(1, b * hq * skv * 4)))
+    out = torch.empty(b, hq, n, vf.shape[-1], dtype=torch.float32, device=q.device)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for s in range(0, n, chunk):
+            sc = torch.matmul(qs[:, :, s:s + chunk].float(), kf.transpose(-1, -2)) * scale
+            out[:, :, s:s + chunk] = torch.matmul(torch.softmax(sc, dim=-1), vf)
+            del sc
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return out
+
+
+def accuracy(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -> dict:
+    """``cos`` (cosine similarity of the flattened outputs) and ``rel_l1`` (Σ|o−r| / Σ|r|) on the reference rows.
+
+    ``out`` is ``(B, H, Sq, Dv)`` (any strides); ``ref`` is the matching :func:`fp32_attention_rows` result.
+    """
+    o = out if rows is None else out.index_select(2, rows.to(out.device))
+    o = o.float().reshape(-1)
+    r = ref.reshape(-1)
+    finite = bool(torch.isfinite(o).all())
+    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
+    rel_l1 = ((o - r).abs().sum() / r.abs().sum().clamp_min(1e-30)).item()
+    return {"cos": cos, "rel_l1": rel_l1, "finite": finite}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Reporting
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """A fixed-width text table. ``columns``: ``(key, header, format spec)``; missing values print ``-``."""
+    cells = [[header for _, header, _ in columns]]
+    for row in rows:
+        cells.append([_fmt(row.get(key), spec) for key, _, spec in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = []
+    for j, r in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if j and i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+
+
+def environment() -> dict:
+    env: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+        env["capability"] = list(torch.cuda.get_device_capability())
+        env["torch_cudnn"] = torch.backends.cudnn.version()
+    for mod in ("triton", "flashinfer", "cudnn", "sageattention"):
+        try:
+            m = __import__(mod)
+            env[mod] = getattr(m, "__version__", "?")
+            if mod == "cudnn":
+                env["cudnn_backend"] = m.backend_version()
+        except Exception as exc:  # noqa: BLE001 — informational
+            env[mod] = f"unavailable ({type(exc).__name__})"
+    return env
+
+
+def plot_speed_accuracy(rows: Iterable[dict], path: str, *, x: str = "speedup", y: str = "rel_l1",
+                        label: str = "method", group: str = "shape") -> bool:
+    """Scatter of speedup (x) against relative L1 error (y, log scale), one marker per method; False without
+    matplotlib."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except Exception:  # noqa: BLE001 — optional
+        return False
+    rows = [r for r in rows if r.get(x) is not None and r.get(y) is not None and r.get(y) > 0]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    methods = list(dict.fromkeys(r[label] for r in rows))
+    markers = "os^Dv<>pP*Xh"
+    for i, m in enumerate(methods):
+        pts = [r for r in rows if r[label] == m]
+        ax.scatter([r[x] for r in pts], [r[y] for r in pts], label=m, marker=markers[i % len(markers)], s=40)
+        for r in pts:
+            ax.annotate(str(r.get(group, "")), (r[x], r[y]), fontsize=6, alpha=0.6)
+    ax.set_yscale("log")
+    ax.set_xlabel("speedup vs torch SDPA cuDNN bf16 (kernel incl. quantization)")
+    ax.set_ylabel("relative L1 vs fp32 attention")
+    ax.axvline(1.0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return True

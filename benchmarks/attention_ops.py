@@ -1,0 +1,447 @@
+"""Attention-op benchmark: torch SDPA (bf16) against qattn_fx's quantized kernels, speed and accuracy side by side.
+
+Run on a CUDA machine from the repository root (``PYTHONPATH`` must reach ``qattn_fx`` and the GPU libraries)::
+
+    python benchmarks/attention_ops.py                                  # every preset shape, every available method
+    python benchmarks/attention_ops.py --shapes flux-1024,cross-512 --only cudnn_fp8,triton_sage
+    python benchmarks/attention_ops.py --shape mine:2:24:4096:4096:128 --shapes none --outliers
+    python benchmarks/attention_ops.py --list                           # shapes and methods, then exit
+
+It prints progress lines while it runs and ONE table at the end, writes JSON (``--out``, default
+``bench_out/attention_ops.json``) and, when matplotlib is importable, a speed-vs-accuracy PNG beside it.
+
+Preset shapes (``--shapes``; those of ``/work/shared/reference/h200-baselines.md``, all D=128 unless stated):
+flux-1024 B1 H24 S4608; wan1.3b-480p B1 H12 S32760; wan14b-720p B1 H40 S75600; cross-512 B1 H40 Sq32760 Skv512;
+d64 B2 H16 S16384 D64. ``--shape name:B:H:Sq:Skv:D`` adds more (repeatable; ``--shapes none`` drops the presets).
+
+Methods (``--only`` / ``--skip`` take comma-separated substrings of these names; the cuDNN bf16 baseline always runs
+because every speedup is relative to it). A method that cannot run here (library missing, wrong GPU, head dim) is
+listed as skipped with the reason:
+
+* ``sdpa_cudnn_bf16`` / ``sdpa_flash_bf16``: ``F.scaled_dot_product_attention`` on bf16 BSHD-strided views, with
+  ``sdpa_kernel`` pinned to the cuDNN / flash backend.
+* ``cudnn_fp8``: ``Recipe("fp8", "fp8")`` (per-tensor FP8 Q/K/V, smoothed K) on kernel ``cudnn_fp8``.
+* ``flashinfer_fa3_fp8``: ``Recipe("fp8", "fp8", scale_scope="head")`` on kernel ``flashinfer_fa3_fp8`` (the first
+  call per head dim JIT-compiles FlashInfer's FA3 kernels, ~100 s; it is outside the timings).
+* ``triton_sage/int8-1-16-1``, ``triton_sage/fp8-1-16-1``: SageAttention recipes (per-token Q, 16-token K blocks,
+  per-channel fp8 V, smoothed K) on kernel ``triton_sage``; ``triton_sage/bf16qk-fp8v``: bf16 Q/K with per-channel
+  fp8 V (``Recipe("bf16", "fp8", 0, 0, 1)``).
+* ``sageattention_1.0.6``: ``sageattention.sageattn`` (Triton, INT8 Q·K, fp16 P·V) on fp16 NHD copies, when importable.
+
+Every qattn_fx method is measured twice: (a) **kernel** — the attention op alone on pre-quantized inputs (captured by
+running ``qattn_fx.ops.quantized_attention`` with an emitter that executes the quantize ops and returns the attention
+op's arguments); (b) **total** — ``torch.compile(fullgraph=True)`` of a function calling
+``qattn_fx.ops.quantized_attention``, so smooth-K and the quantize nodes are fused by Inductor (compile time is
+reported, not timed).
+
+Columns:
+
+* ``kernel ms`` — median ms of (a) (for SDPA / sageattention: of the call itself); CUDA events unless ``--timer
+  do_bench``; the number of timed calls adapts to ``--budget-ms``.
+* ``total ms`` — median ms of (b), quantization included (same as ``kernel ms`` for SDPA / sageattention).
+* ``TFLOP/s`` — ``4·B·H·Sq·Skv·D / kernel time`` (every method counts the same FLOPs).
+* ``spd kern`` / ``spd total`` — ``sdpa_cudnn_bf16 ms / kernel ms`` and ``/ total ms``.
+* ``cos`` / ``rel L1`` — cosine similarity and Σ|o−r|/Σ|r| of the method's output (the compiled one for qattn_fx)
+  against fp32 attention of the same bf16 inputs. The fp32 reference is computed in query chunks; for shapes with more
+  than ``--acc-rows`` query rows (default 4096) it and the metrics use a fixed random subset of rows (the ``acc rows``
+  column says how many).
+* ``quant %`` — quantization overhead ``(total − kernel) / kernel · 100``.
+* ``note`` — ``compile N s`` for the compiled path, or why a method was skipped / failed.
+
+``--outliers`` replaces the Gaussian inputs by DiT-like channel outliers: a per-(head, channel) bias shared by all
+tokens, ×10 on K and ×3 on Q (as ``probes/outlier_accuracy.py``), to compare accuracy. ``--max-seconds`` (default
+330) stops starting new measurements once exceeded, so a run inside a 6-minute device window still prints its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `qattn_fx` and `_common` importable
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import _common as common  # type: ignore[no-redef]
+else:
+    from . import _common as common
+
+from qattn_fx.ops import attention as _attention_ops  # noqa: E402
+from qattn_fx.ops import quantized_attention  # noqa: E402
+from qattn_fx.recipes import Recipe  # noqa: E402
+
+SHAPES: dict[str, tuple[int, int, int, int, int]] = {  # name: (B, H, Sq, Skv, D)
+    "flux-1024": (1, 24, 4608, 4608, 128),
+    "wan1.3b-480p": (1, 12, 32760, 32760, 128),
+    "wan14b-720p": (1, 40, 75600, 75600, 128),
+    "cross-512": (1, 40, 32760, 512, 128),
+    "d64": (2, 16, 16384, 16384, 64),
+}
+
+BASELINE = "sdpa_cudnn_bf16"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: str  # "sdpa" | "qattn" | "sageattn"
+    kernel: str | None = None
+    recipe: Recipe | None = None
+    sdpa_backend: str | None = None
+    note: str = ""
+
+
+METHODS: tuple[Method, ...] = (
+    Method(BASELINE, "sdpa", sdpa_backend="CUDNN_ATTENTION"),
+    Method("sdpa_flash_bf16", "sdpa", sdpa_backend="FLASH_ATTENTION"),
+    Method("cudnn_fp8", "qattn", "cudnn_fp8", Recipe("fp8", "fp8")),
+    Method("flashinfer_fa3_fp8", "qattn", "flashinfer_fa3_fp8", Recipe("fp8", "fp8", scale_scope="head")),
+    Method("triton_sage/int8-1-16-1", "qattn", "triton_sage", Recipe("int8", "fp8", 1, 16, 1)),
+    Method("triton_sage/fp8-1-16-1", "qattn", "triton_sage", Recipe("fp8", "fp8", 1, 16, 1)),
+    Method("triton_sage/bf16qk-fp8v", "qattn", "triton_sage", Recipe("bf16", "fp8", 0, 0, 1)),
+    Method("sageattention_1.0.6", "sageattn"),
+)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Selection and availability
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def parse_shape(spec: str) -> tuple[str, tuple[int, int, int, int, int]]:
+    """``name:B:H:Sq:Skv:D`` → ``(name, (B, H, Sq, Skv, D))``."""
+    parts = spec.split(":")
+    if len(parts) != 6:
+        raise ValueError(f"--shape {spec!r} is invalid; valid: name:B:H:Sq:Skv:D, e.g. mine:1:24:4608:4608:128")
+    try:
+        dims = tuple(int(p) for p in parts[1:])
+    except ValueError:
+        raise ValueError(f"--shape {spec!r}: B, H, Sq, Skv, D must be integers") from None
+    if any(x <= 0 for x in dims):
+        raise ValueError(f"--shape {spec!r}: every dimension must be >= 1")
+    return parts[0], dims  # type: ignore[return-value]
+
+
+def select_shapes(shapes_arg: str, extra: list[str]) -> list[tuple[str, tuple[int, int, int, int, int]]]:
+    chosen = []
+    if shapes_arg not in ("", "none"):
+        names = list(SHAPES) if shapes_arg == "all" else [s.strip() for s in shapes_arg.split(",") if s.strip()]
+        for name in names:
+            if name not in SHAPES:
+                raise ValueError(f"--shapes: {name!r} is unknown; valid: {', '.join(SHAPES)}, all, none")
+            chosen.append((name, SHAPES[name]))
+    chosen += [parse_shape(s) for s in extra]
+    if not chosen:
+        raise ValueError("no shape selected: use --shapes and/or --shape")
+    return chosen
+
+
+def select_methods(only: str, skip: str) -> list[Method]:
+    def tokens(s: str) -> list[str]:
+        return [t.strip() for t in s.split(",") if t.strip()]
+
+    only_t, skip_t = tokens(only), tokens(skip)
+    for t in only_t + skip_t:
+        if not any(t in m.name for m in METHODS):
+            raise ValueError(f"--only/--skip: {t!r} matches no method; valid: {', '.join(m.name for m in METHODS)}")
+    out = []
+    for m in METHODS:
+        keep = (not only_t or any(t in m.name for t in only_t)) and not any(t in m.name for t in skip_t)
+        if keep or m.name == BASELINE:
+            out.append(m)
+    return out
+
+
+def _importable(module: str) -> str | None:
+    """None when ``module`` imports, else the reason."""
+    try:
+        importlib.import_module(module)
+        return None
+    except Exception as exc:  # noqa: BLE001 — reported as a skip reason
+        return f"{module} not importable ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+def unavailable(method: Method, cap: tuple[int, int] | None, d: int) -> str | None:
+    """Why ``method`` cannot run on this machine for head dim ``d`` (None: it can)."""
+    if cap is None:
+        return "no CUDA device"
+    if method.kind == "sdpa":
+        return None
+    if method.kind == "sageattn":
+        return None if d in (64, 96, 128) and _importable("sageattention") is None else (
+            _importable("sageattention") or f"head_dim {d} not in 64/96/128")
+    kernel = method.kernel
+    if kernel == "cudnn_fp8":
+        from qattn_fx.kernels import cudnn as kc  # noqa: PLC0415
+
+        if cap not in kc.FP8_ARCHS:
+            return f"sm_{cap[0]}{cap[1]} not in {kc.FP8_ARCHS}"
+        return _importable("cudnn")
+    if kernel == "flashinfer_fa3_fp8":
+        if cap != (9, 0):
+            return f"FA3 FP8 needs sm_90, this is sm_{cap[0]}{cap[1]}"
+        if d not in (64, 128, 256):
+            return f"head_dim {d} not in 64/128/256"
+        return _importable("flashinfer")
+    if kernel == "triton_sage":
+        if cap not in ((8, 9), (9, 0)):
+            return f"triton_sage targets sm_89/sm_90, this is sm_{cap[0]}{cap[1]}"
+        if importlib.util.find_spec("qattn_fx.kernels.triton_sage") is None:
+            return "qattn_fx.kernels.triton_sage does not exist yet"
+        return _importable("qattn_fx.kernels.triton_sage")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Inputs and callables
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def make_inputs(b: int, h: int, sq: int, skv: int, d: int, outliers: bool, seed: int = 0):
+    """bf16 ``(B, H, S, D)`` views of ``(B, S, H, D)`` buffers (diffusers' layout). ``outliers``: per-(head, channel)
+    bias shared by all tokens, ×10 on K and ×3 on Q."""
+    torch.manual_seed(seed)
+    dev = "cuda"
+    q = torch.randn(b, sq, h, d, device=dev)
+    k = torch.randn(b, skv, h, d, device=dev)
+    v = torch.randn(b, skv, h, d, device=dev)
+    if outliers:
+        q += 3.0 * torch.randn(1, 1, h, d, device=dev)
+        k += 10.0 * torch.randn(1, 1, h, d, device=dev)
+    return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
+
+
+def capture_attention_call(q, k, v, recipe: Recipe, kernel: str) -> tuple[Callable, tuple]:
+    """Run ``quantized_attention`` eagerly up to the attention op and return ``(op, args)`` — the pre-quantized call."""
+    box: dict[str, Any] = {}
+
+    def emit(target, args, name):
+        if target in _attention_ops.ATTENTION_OPS:
+            box["call"] = (target, args)
+            return None
+        return target(*args)
+
+    quantized_attention(q, k, v, recipe, kernel=kernel, emit=emit)
+    return box["call"]
+
+
+def compiled_recipe(recipe: Recipe, kernel: str) -> Callable:
+    """``torch.compile(fullgraph=True)`` of ``quantized_attention`` for one recipe and kernel (static shapes)."""
+    torch._dynamo.reset()  # a fresh cache per (method, shape): no recompile-limit surprises
+
+    def attend(q, k, v):
+        return quantized_attention(q, k, v, recipe, kernel=kernel)
+
+    return torch.compile(attend, fullgraph=True, dynamic=False)
+
+
+def sdpa_callable(q, k, v, backend_name: str) -> Callable:
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    backend = getattr(SDPBackend, backend_name)
+    gqa = q.shape[1] != k.shape[1]
+
+    kwargs = {"enable_gqa": True} if gqa else {}
+
+    def run():
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Measurement
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    acc_rows: int = 4096
+    iters: int = 20
+    budget_ms: float = 1500.0
+    timer: str = "events"
+    compile: bool = True
+    max_seconds: float = 330.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def out_of_time(self) -> bool:
+        return self.max_seconds > 0 and time.perf_counter() - self.started > self.max_seconds
+
+
+def _ms(fn: Callable, s: Settings) -> float:
+    return common.time_ms(fn, iters=s.iters, budget_ms=s.budget_ms, method=s.timer)
+
+
+def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> dict:
+    row: dict[str, Any] = {"method": m.name, "kernel": m.kernel, "recipe": m.recipe.name if m.recipe else None}
+    if m.kind == "sdpa":
+        fn = sdpa_callable(q, k, v, m.sdpa_backend)
+        row.update(common.accuracy(fn(), ref, rows))
+        row["ms_kernel"] = row["ms_total"] = _ms(fn, s)
+        return row
+    if m.kind == "sageattn":
+        from sageattention import sageattn  # noqa: PLC0415
+
+        # fp16 NHD copies as in the baseline probe; sageattn smooths K in place, so it gets its own K.
+        qh, kh, vh = (x.transpose(1, 2).to(torch.float16).contiguous() for x in (q, k, v))
+        out = sageattn(qh, kh.clone(), vh, tensor_layout="NHD", is_causal=False)
+        row.update(common.accuracy(out.transpose(1, 2), ref, rows))
+        del out
+        row["ms_kernel"] = row["ms_total"] = _ms(lambda: sageattn(qh, kh, vh, tensor_layout="NHD", is_causal=False), s)
+        return row
+    # qattn_fx: (a) kernel only on pre-quantized inputs
+    op, args = capture_attention_call(q, k, v, m.recipe, m.kernel)
+    out_a = op(*args)  # first call: builds graphs / JIT
+    torch.cuda.synchronize()
+    row["ms_kernel"] = _ms(lambda: op(*args), s)
+    eager_acc = common.accuracy(out_a, ref, rows)
+    del out_a, args
+    # (b) Inductor-compiled quantize + kernel
+    if not s.compile:
+        row.update(eager_acc)
+        row["note"] = "eager accuracy; --no-compile"
+        return row
+    try:
+        fn = compiled_recipe(m.recipe, m.kernel)
+        t0 = time.perf_counter()
+        out_b = fn(q, k, v)
+        torch.cuda.synchronize()
+        row["compile_s"] = time.perf_counter() - t0
+        row.update(common.accuracy(out_b, ref, rows))
+        del out_b
+        row["ms_total"] = _ms(lambda: fn(q, k, v), s)
+        row["note"] = f"compile {row['compile_s']:.0f} s"
+    except Exception as exc:  # noqa: BLE001 — the kernel-only number still stands
+        row.update(eager_acc)
+        row["note"] = f"compile failed: {type(exc).__name__}: {str(exc)[:120]}"
+    return row
+
+
+def run_shape(name: str, dims, methods: list[Method], cap, s: Settings, outliers: bool) -> list[dict]:
+    b, h, sq, skv, d = dims
+    flops = common.attention_flops(b, h, sq, skv, d)
+    common.log(f"[{name}] B{b} H{h} Sq{sq} Skv{skv} D{d}: {flops / 1e12:.1f} TFLOP per call")
+    q, k, v = make_inputs(b, h, sq, skv, d, outliers)
+    rows_idx = common.reference_rows(sq, s.acc_rows, device=q.device)
+    t0 = time.perf_counter()
+    ref = common.fp32_attention_rows(q, k, v, rows_idx)
+    n_rows = sq if rows_idx is None else len(rows_idx)
+    common.log(f"  fp32 reference on {n_rows}/{sq} query rows: {time.perf_counter() - t0:.1f} s")
+    results = []
+    for m in methods:
+        base = {"shape": name, "B": b, "H": h, "Sq": sq, "Skv": skv, "D": d, "acc_rows": n_rows,
+                "inputs": "outliers" if outliers else "gaussian", "method": m.name, "kernel": m.kernel,
+                "recipe": m.recipe.name if m.recipe else None}
+        why = unavailable(m, cap, d)
+        if why is None and s.out_of_time() and m.name != BASELINE:
+            why = f"--max-seconds {s.max_seconds:.0f} reached"
+        if why is not None:
+            results.append({**base, "note": f"skipped: {why}"})
+            common.log(f"  {m.name}: skipped ({why})")
+            continue
+        if m.kernel == "flashinfer_fa3_fp8":
+            common.log(f"  {m.name}: first use per head dim may JIT-compile (~100 s) ...")
+        t1 = time.perf_counter()
+        try:
+            row = {**base, **measure_method(m, q, k, v, ref, rows_idx, s)}
+        except Exception as exc:  # noqa: BLE001 — keep going; the table shows the failure
+            row = {**base, "note": f"failed: {type(exc).__name__}: {str(exc)[:160]}"}
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+        row["tflops"] = common.tflops(flops, row.get("ms_kernel"))
+        results.append(row)
+        common.log(f"  {m.name}: kernel {_f(row.get('ms_kernel'))} ms, total {_f(row.get('ms_total'))} ms, "
+                   f"cos {_f(row.get('cos'), '.5f')}, rel L1 {_f(row.get('rel_l1'), '.4f')} "
+                   f"({time.perf_counter() - t1:.0f} s){'; ' + row['note'] if row.get('note') else ''}")
+    base_ms = next((r.get("ms_kernel") for r in results if r["method"] == BASELINE), None)
+    for r in results:
+        if base_ms and r.get("ms_kernel"):
+            r["speedup_kernel"] = base_ms / r["ms_kernel"]
+        if base_ms and r.get("ms_total"):
+            r["speedup"] = base_ms / r["ms_total"]
+        if r.get("ms_total") and r.get("ms_kernel") and r.get("kernel"):
+            r["quant_pct"] = (r["ms_total"] - r["ms_kernel"]) / r["ms_kernel"] * 100.0
+    del q, k, v, ref
+    gc.collect()
+    torch.cuda.empty_cache()
+    return results
+
+
+def _f(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+COLUMNS = [
+    ("shape", "shape", ""), ("method", "method", ""), ("ms_kernel", "kernel ms", ".3f"),
+    ("ms_total", "total ms", ".3f"), ("tflops", "TFLOP/s", ".0f"), ("speedup_kernel", "spd kern", ".2f"),
+    ("speedup", "spd total", ".2f"), ("cos", "cos", ".5f"), ("rel_l1", "rel L1", ".4f"),
+    ("quant_pct", "quant %", ".1f"), ("acc_rows", "acc rows", "d"), ("note", "note", ""),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="all", help="comma-separated preset names, 'all' or 'none' (default all)")
+    p.add_argument("--shape", action="append", default=[], help="extra shape name:B:H:Sq:Skv:D (repeatable)")
+    p.add_argument("--only", default="", help="comma-separated substrings of method names to run")
+    p.add_argument("--skip", default="", help="comma-separated substrings of method names to leave out")
+    p.add_argument("--outliers", action="store_true", help="K bias x10, Q bias x3 per (head, channel)")
+    p.add_argument("--acc-rows", type=int, default=4096, help="query rows for accuracy on long shapes (default 4096)")
+    p.add_argument("--iters", type=int, default=20, help="max timed calls per measurement (default 20)")
+    p.add_argument("--budget-ms", type=float, default=1500.0, help="timed-call budget per measurement (ms)")
+    p.add_argument("--timer", choices=("events", "do_bench"), default="events")
+    p.add_argument("--no-compile", action="store_true", help="skip (b), the Inductor-compiled path")
+    p.add_argument("--max-seconds", type=float, default=330.0, help="start no new measurement after this (0: no limit)")
+    p.add_argument("--out", default="bench_out/attention_ops.json", help="JSON output path")
+    p.add_argument("--png", default=None, help="PNG path (default: next to --out)")
+    p.add_argument("--list", action="store_true", help="print shapes and methods, then exit")
+    a = p.parse_args(argv)
+
+    shapes = select_shapes(a.shapes, a.shape)
+    methods = select_methods(a.only, a.skip)
+    if a.list:
+        for name, dims in shapes:
+            print(f"shape  {name:14s} B{dims[0]} H{dims[1]} Sq{dims[2]} Skv{dims[3]} D{dims[4]}")
+        for m in methods:
+            print(f"method {m.name:26s} {m.kind:8s} {m.kernel or ''} {m.recipe.name if m.recipe else ''}")
+        return 0
+    if not torch.cuda.is_available():
+        print("attention_ops.py needs a CUDA device", file=sys.stderr)
+        return 2
+    cap = tuple(torch.cuda.get_device_capability())
+    s = Settings(a.acc_rows, a.iters, a.budget_ms, a.timer, not a.no_compile, a.max_seconds)
+    env = common.environment()
+    common.log(f"attention_ops: {env.get('device')} sm_{cap[0]}{cap[1]}, torch {env['torch']}, "
+               f"{len(shapes)} shape(s), {len(methods)} method(s), inputs {'outliers' if a.outliers else 'gaussian'}")
+    results: list[dict] = []
+    for name, dims in shapes:
+        results += run_shape(name, dims, methods, cap, s, a.outliers)
+    print()
+    print(f"attention_ops ({'outlier' if a.outliers else 'Gaussian'} inputs; accuracy vs fp32 attention; "
+          f"speedups vs {BASELINE}; total = Inductor-compiled quantize + kernel)")
+    print(common.format_table(results, COLUMNS), flush=True)
+    out_dir = os.path.dirname(a.out)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    common.write_json(a.out, {"env": env, "settings": vars(a), "rows": results})
+    png = a.png or os.path.splitext(a.out)[0] + ".png"
+    if common.plot_speed_accuracy(results, png):
+        print(f"wrote {a.out} and {png}")
+    else:
+        print(f"wrote {a.out} (no PNG: matplotlib not importable or nothing to plot)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
