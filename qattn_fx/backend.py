@@ -54,13 +54,14 @@ class Backend:
         self.debug_dir = debug_dir
         self.hardware = hardware
         self.report = Report()
-        self.graphs = 0
+        #: Every graph module this backend rewrote, in compile order (inspect them with ``qattn_fx.fx.printer``).
+        self.graph_modules: list[fx.GraphModule] = []
 
     # -- the pass ----------------------------------------------------------------------------------------------
     def rewrite(self, gm: fx.GraphModule, example_inputs=None) -> Report:
         """Rewrite ``gm`` in place; return (and append to ``self.report``) the sites of this graph."""
-        graph = self.graphs
-        self.graphs += 1
+        graph = len(self.graph_modules)
+        self.graph_modules.append(gm)
         dump = debug_dir(self.debug_dir)
         before = readable(gm)
         training = is_training_graph(example_inputs if example_inputs is not None else _placeholder_values(gm))

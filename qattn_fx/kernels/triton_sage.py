@@ -174,9 +174,9 @@ def _seq_bucket(n: int) -> int:
 
 
 def _sage_tile(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
-               QK_KIND: "tl.constexpr", K_BLOCK: "tl.constexpr", BLOCK_N: "tl.constexpr",
-               PV_FP16: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr",
-               MASK_KV: "tl.constexpr"):
+               QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+               PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+               MASK_KV: tl.constexpr):
     """One K/V tile of the online softmax: returns the updated ``(acc, l, m)``.
 
     ``k_base + k_offs``: (D, BLOCK_N) pointers to this tile of Kᵀ; ``v_base + v_offs``: (BLOCK_N, Dv) pointers to
@@ -265,10 +265,10 @@ def _sage_fwd(
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV,
     SQ_BUCKET, SKV_BUCKET,
-    HEAD_DIM: "tl.constexpr", HEAD_DIM_V: "tl.constexpr", QK_KIND: "tl.constexpr",
-    Q_BLOCK: "tl.constexpr", K_BLOCK: "tl.constexpr", V_SEQ_MAJOR: "tl.constexpr",
-    RETURN_LSE: "tl.constexpr", PV_SPLIT: "tl.constexpr", INTERPRET: "tl.constexpr", V_ALIGN: "tl.constexpr",
-    BLOCK_M: "tl.constexpr", BLOCK_N: "tl.constexpr",
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
+    Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
+    RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, V_ALIGN: tl.constexpr,
+    INTERP_N_FULL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
     pid_m = tl.program_id(0)
@@ -320,13 +320,15 @@ def _sage_fwd(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=tl.float32)
-    n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
-    for start_n in range(0, n_full, BLOCK_N):
+    # Under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4 refuses to turn
+    # into a Python int for range(): there the host passes the bound as a constexpr (compiled kernels ignore it).
+    for start_n in range(0, INTERP_N_FULL if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
         acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs,
                                        start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT,
                                        INTERPRET, False)
         k_base += k_step
         v_base += v_step
+    n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
     if n_full < SEQ_KV:
         acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs,
                                        n_full, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT,
@@ -348,7 +350,7 @@ def _sage_fwd(
 # ------------------------------------------------------------------------------------------------------------------
 
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
-                 "SQ_BUCKET", "SKV_BUCKET"]
+                 "PV_SPLIT", "SQ_BUCKET", "SKV_BUCKET"]
 
 
 class _Built:
@@ -368,9 +370,15 @@ def interpreter_active() -> bool:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs whose tile is larger than the problem needs (keeps at least one)."""
+    """Drop configs that spill or oversize the problem (keeps at least one).
+
+    ``PV_SPLIT`` is set off sm_90 (Ada's mma.sync path): there BLOCK_N = 128 tiles spill registers (ptxas,
+    Triton 3.6), so only BLOCK_N = 64 is tried.
+    """
     sq = named_args.get("SEQ_Q", 1 << 30)
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(sq))]
+    ada = kwargs.get("PV_SPLIT", named_args.get("PV_SPLIT", False))
+    kept = [c for c in configs
+            if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(sq)) and not (ada and c.kwargs["BLOCK_N"] > 64)]
     return kept or list(configs)
 
 
@@ -457,30 +465,16 @@ def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
         raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
 
 
-def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
-              out_dtype: torch.dtype, *, return_lse: bool = False):
-    """``qattn::scaled_attention`` on this kernel; with ``return_lse`` also the LSE ``(B, Hq, Sq)`` fp32.
-
-    Layouts and dtypes: see the module docstring. The LSE is ``ln Σ_j exp(s_ij)`` of the dequantized, scaled
-    logits ``s = q·kᵀ·sm_scale`` (natural log).
-    """
-    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
-    cap = _check_device(q)
-    built = _build()
+def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret):
+    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
-    if sq == 0 or bsz == 0 or hq == 0:
-        return (out, lse) if return_lse else out
-    kind = _QK_KIND[q.dtype]
     # seq-major unless D is the unit-stride axis (both are unit only when Skv == 1: then D-major is exact too)
     v_seq_major = v.stride(-2) == 1 and v.stride(-1) != 1
-    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16 (never read)
+    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
     ks = k_scale if k_scale is not None else v_scale
-    # sm_90 FP8 dots default to max_num_imprecise_acc = 2^30, which keeps Triton from folding `acc + dot` into the
-    # MMA; on sm_89 the default is 0, so the kernel passes BLOCK_N to keep the per-tile accumulator separate.
-    pv_split = cap is not None and cap != (9, 0)
     args = [
         q, k, v, qs, ks, v_scale, out, lse,
         float(sm_scale) * LOG2E,
@@ -492,22 +486,129 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         hq, hq // hkv, sq, skv,
         _seq_bucket(sq), _seq_bucket(skv),
     ]
-    meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, QK_KIND=kind, Q_BLOCK=q_block if q_scale is not None else 0,
-                K_BLOCK=k_block if k_scale is not None else 0, V_SEQ_MAJOR=v_seq_major,
-                RETURN_LSE=return_lse, PV_SPLIT=pv_split, INTERPRET=built.mode,
-                V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16)
+    meta = dict(
+        HEAD_DIM=d, HEAD_DIM_V=dv, QK_KIND=_QK_KIND[q.dtype],
+        Q_BLOCK=q_block if q_scale is not None else 0, K_BLOCK=k_block if k_scale is not None else 0,
+        V_SEQ_MAJOR=v_seq_major, RETURN_LSE=return_lse,
+        # sm_90 FP8 dots default to max_num_imprecise_acc = 2^30, which keeps Triton from folding `acc + dot` into
+        # the MMA; elsewhere the default is 0, so the kernel passes BLOCK_N to keep the per-tile accumulator apart.
+        PV_SPLIT=cap is not None and cap != (9, 0),
+        INTERPRET=interpret,
+        V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
+    )
+    return out, lse, args, meta
+
+
+def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
+              out_dtype: torch.dtype, *, return_lse: bool = False):
+    """``qattn::scaled_attention`` on this kernel; with ``return_lse`` also the LSE ``(B, Hq, Sq)`` fp32.
+
+    Layouts and dtypes: see the module docstring. The LSE is ``ln Σ_j exp(s_ij)`` of the dequantized, scaled
+    logits ``s = q·kᵀ·sm_scale`` (natural log). Launches on the current stream, never synchronizes.
+    """
+    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    cap = _check_device(q)
+    built = _build()
+    out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
+                                   return_lse, cap, built.mode)
+    bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
+    skv = k.shape[2]
+    if sq == 0 or bsz == 0 or hq == 0:
+        return (out, lse) if return_lse else out
     config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         if config is not None:
             grid = (triton.cdiv(sq, config.block_m), bsz * hq)
-            built.kernel[grid](*args, **meta, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            n_full = (skv // config.block_n) * config.block_n if built.mode else 0
+            built.kernel[grid](*args, **meta, INTERP_N_FULL=n_full, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                                num_warps=config.num_warps, num_stages=config.num_stages)
         else:
             grid = lambda meta_: (triton.cdiv(sq, meta_["BLOCK_M"]), bsz * hq)  # noqa: E731
-            built.tuned[grid](*args, **meta)
+            built.tuned[grid](*args, **meta, INTERP_N_FULL=0)
     return (out, lse) if return_lse else out
 
 
 def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
     """Kernel entry for ``qattn::scaled_attention`` (``kernel="triton_sage"``)."""
     return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Offline compilation (no GPU needed): what a launch would compile, for CI checks and register/spill reports
+# ------------------------------------------------------------------------------------------------------------------
+
+_TRITON_TYPES = {torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float16: "fp16",
+                 torch.float32: "fp32"}
+
+
+def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k, k_scale, v, v_scale,
+                q_block: int, k_block: int, sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16,
+                *, return_lse: bool = False):
+    """Compile (not run) the kernel a CUDA launch with these inputs would use, for ``capability`` and ``config``.
+
+    Inputs may live on the ``meta`` device (only dtypes, shapes and strides are read); data pointers are assumed
+    16-byte aligned and ints are specialized like a real launch (== 1 → constant, % 16 == 0 → divisibility).
+    Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata.shared``). Needs only
+    Triton's bundled ptxas, not a GPU.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if _Built.mode:
+        _Built.mode = None  # rebuild in compiled mode even if the interpreter was used before
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        built = _build()
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
+                               return_lse, tuple(capability), False)
+    meta.update(INTERP_N_FULL=0, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+    kernel = built.kernel
+    names = [p.name for p in kernel.params]
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in meta:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = meta[name]
+            continue
+        value = args[i]
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value == 1:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = 1
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
+                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+
+
+def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
+    """Registers and spill bytes of a :func:`compile_for` result, from Triton's bundled ``ptxas -v``."""
+    import re
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    arch = f"sm_{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(compiled.asm["ptx"])
+        f.flush()
+        res = subprocess.run([ptxas, "-v", f"-arch={arch}", f.name, "-o", os.devnull], capture_output=True, text=True)
+    text = res.stderr + res.stdout
+    regs = re.search(r"Used (\d+) registers", text)
+    spill_st = re.search(r"(\d+) bytes spill stores", text)
+    spill_ld = re.search(r"(\d+) bytes spill loads", text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_stores": int(spill_st.group(1)) if spill_st else None,
+            "spill_loads": int(spill_ld.group(1)) if spill_ld else None,
+            "shared_bytes": compiled.metadata.shared, "ptxas_ok": res.returncode == 0}

@@ -1,0 +1,180 @@
+"""Golden graphs: the full rewritten graph of a small attention block, one per recipe family.
+
+The graphs are printed with :func:`qattn_fx.fx.printer.format_graph`, which renames Dynamo's nodes canonically
+(``in0``, ``v0``) and keeps qattn_fx's explicit node names, so the goldens are stable across runs and torch
+releases. Update them with ``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_golden_graphs.py``.
+"""
+
+import expecttest
+import torch
+import torch.nn.functional as F
+
+import qattn_fx
+from qattn_fx import AttentionSpec, Recipe, Spec
+from qattn_fx.fx.printer import format_graph
+
+
+class AttentionBlock(torch.nn.Module):
+    """qkv projection → (B, H, S, D) views → SDPA → output projection, as DiT attention blocks do."""
+
+    def __init__(self, dim: int = 64, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v)
+        return self.out(o.transpose(1, 2).reshape(b, s, d))
+
+
+def rewritten_graph(spec: Spec) -> str:
+    torch.manual_seed(0)
+    block = AttentionBlock().eval()
+    backend = qattn_fx.backend(spec, emulate=True, compiler="eager")
+    with torch.no_grad():
+        torch.compile(block, backend=backend, fullgraph=True)(torch.randn(1, 8, 64))
+    assert len(backend.graph_modules) == 1
+    return format_graph(backend.graph_modules[0])
+
+
+def spec_for(recipe: Recipe, backend: str) -> Spec:
+    return Spec(default=AttentionSpec(backend=backend, recipe=recipe))
+
+
+class TestGoldenGraphs(expecttest.TestCase):
+    def test_sage_int8_per_block(self):
+        self.assertExpectedInline(rewritten_graph(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRTLLM")), """\
+in0: f32[1,8,64]
+in1: f32[192,64]
+in2: f32[192]
+in3: f32[64,64]
+in4: f32[64]
+v0 = linear(in0, in1, in2)  # f32[1,8,192]
+v1 = .view(v0, 1, 8, 3, 2, 32)  # f32[1,8,3,2,32]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
+v3 = getitem(v2, 0)  # f32[1,2,8,32]
+v4 = getitem(v2, 1)  # f32[1,2,8,32]
+v5 = getitem(v2, 2)  # f32[1,2,8,32]
+qattn0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+qattn0_q_quant = qattn.quantize_per_block(v3, 1, torch.int8)  # (i8[1,2,8,32], f32[1,2,8])
+qattn0_q_data = getitem(qattn0_q_quant, 0)  # i8[1,2,8,32]
+qattn0_q_scale = getitem(qattn0_q_quant, 1)  # f32[1,2,8]
+qattn0_k_quant = qattn.quantize_per_block(qattn0_k_smooth, 16, torch.int8)  # (i8[1,2,8,32], f32[1,2,1])
+qattn0_k_data = getitem(qattn0_k_quant, 0)  # i8[1,2,8,32]
+qattn0_k_scale = getitem(qattn0_k_quant, 1)  # f32[1,2,1]
+qattn0_v_quant = qattn.quantize_per_channel(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,2,32])
+qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f32[1,2,32]
+qattn0_attention = qattn.scaled_attention(qattn0_q_data, qattn0_q_scale, qattn0_k_data, qattn0_k_scale, qattn0_v_data, qattn0_v_scale, 1, 16, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
+v8 = linear(v7, in3, in4)  # f32[1,8,64]
+return (v8,)""")
+
+    def test_fp8_per_tensor(self):
+        self.assertExpectedInline(rewritten_graph(spec_for(Recipe("fp8", "fp8"), "CUDNN")), """\
+in0: f32[1,8,64]
+in1: f32[192,64]
+in2: f32[192]
+in3: f32[64,64]
+in4: f32[64]
+v0 = linear(in0, in1, in2)  # f32[1,8,192]
+v1 = .view(v0, 1, 8, 3, 2, 32)  # f32[1,8,3,2,32]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
+v3 = getitem(v2, 0)  # f32[1,2,8,32]
+v4 = getitem(v2, 1)  # f32[1,2,8,32]
+v5 = getitem(v2, 2)  # f32[1,2,8,32]
+qattn0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+qattn0_q_quant = qattn.quantize_per_tensor(v3, torch.float8_e4m3fn)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+qattn0_q_data = getitem(qattn0_q_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_q_scale = getitem(qattn0_q_quant, 1)  # f32[1,1,1]
+qattn0_k_quant = qattn.quantize_per_tensor(qattn0_k_smooth, torch.float8_e4m3fn)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+qattn0_k_data = getitem(qattn0_k_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_k_scale = getitem(qattn0_k_quant, 1)  # f32[1,1,1]
+qattn0_v_quant = qattn.quantize_per_tensor(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f32[1,1,1]
+qattn0_attention = qattn.scaled_attention(qattn0_q_data, qattn0_q_scale, qattn0_k_data, qattn0_k_scale, qattn0_v_data, qattn0_v_scale, 0, 0, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
+v8 = linear(v7, in3, in4)  # f32[1,8,64]
+return (v8,)""")
+
+    def test_mxfp8(self):
+        self.assertExpectedInline(rewritten_graph(spec_for(Recipe("mxfp8", "mxfp8"), "CUDNN")), """\
+in0: f32[1,8,64]
+in1: f32[192,64]
+in2: f32[192]
+in3: f32[64,64]
+in4: f32[64]
+v0 = linear(in0, in1, in2)  # f32[1,8,192]
+v1 = .view(v0, 1, 8, 3, 2, 32)  # f32[1,8,3,2,32]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
+v3 = getitem(v2, 0)  # f32[1,2,8,32]
+v4 = getitem(v2, 1)  # f32[1,2,8,32]
+v5 = getitem(v2, 2)  # f32[1,2,8,32]
+qattn0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+qattn0_q_quant = qattn.quantize_mxfp8(v3, -1)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,8,1])
+qattn0_q_data = getitem(qattn0_q_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_q_scale = getitem(qattn0_q_quant, 1)  # f8e8m0[1,2,8,1]
+qattn0_k_quant = qattn.quantize_mxfp8(qattn0_k_smooth, -1)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,8,1])
+qattn0_k_data = getitem(qattn0_k_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_k_scale = getitem(qattn0_k_quant, 1)  # f8e8m0[1,2,8,1]
+qattn0_v_quant = qattn.quantize_mxfp8(v5, -2)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,1,32])
+qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f8e8m0[1,2,1,32]
+qattn0_attention = qattn.block_scaled_attention(qattn0_q_data, qattn0_q_scale, None, qattn0_k_data, qattn0_k_scale, None, qattn0_v_data, qattn0_v_scale, None, 'mxfp8', 'mxfp8', 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
+v8 = linear(v7, in3, in4)  # f32[1,8,64]
+return (v8,)""")
+
+    def test_qk16pv8(self):
+        self.assertExpectedInline(rewritten_graph(spec_for(Recipe("bf16", "fp8"), "CUTEDSL")), """\
+in0: f32[1,8,64]
+in1: f32[192,64]
+in2: f32[192]
+in3: f32[64,64]
+in4: f32[64]
+v0 = linear(in0, in1, in2)  # f32[1,8,192]
+v1 = .view(v0, 1, 8, 3, 2, 32)  # f32[1,8,3,2,32]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
+v3 = getitem(v2, 0)  # f32[1,2,8,32]
+v4 = getitem(v2, 1)  # f32[1,2,8,32]
+v5 = getitem(v2, 2)  # f32[1,2,8,32]
+qattn0_v_quant = qattn.quantize_per_tensor(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
+qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f32[1,1,1]
+qattn0_attention = qattn.scaled_attention(v3, None, v4, None, qattn0_v_data, qattn0_v_scale, 0, 0, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
+v8 = linear(v7, in3, in4)  # f32[1,8,64]
+return (v8,)""")
+
+    def test_dense(self):
+        self.assertExpectedInline(rewritten_graph(Spec(default="dense")), """\
+in0: f32[1,8,64]
+in1: f32[192,64]
+in2: f32[192]
+in3: f32[64,64]
+in4: f32[64]
+v0 = linear(in0, in1, in2)  # f32[1,8,192]
+v1 = .view(v0, 1, 8, 3, 2, 32)  # f32[1,8,3,2,32]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
+v3 = getitem(v2, 0)  # f32[1,2,8,32]
+v4 = getitem(v2, 1)  # f32[1,2,8,32]
+v5 = getitem(v2, 2)  # f32[1,2,8,32]
+v6 = scaled_dot_product_attention(v3, v4, v5)  # f32[1,2,8,32]
+v7 = .transpose(v6, 1, 2)  # f32[1,8,2,32]
+v8 = .reshape(v7, 1, 8, 64)  # f32[1,8,64]
+v9 = linear(v8, in3, in4)  # f32[1,8,64]
+return (v9,)""")
+
+
+if __name__ == "__main__":
+    import unittest
+
+    unittest.main()
