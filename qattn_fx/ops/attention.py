@@ -64,6 +64,7 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_seq: int) 
 
 
 def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype) -> None:
+    _check_4d(q, k, v)
     _check_heads(q, k, v, v.shape[2])
     _check_out_dtype(out_dtype)
     if q.shape[-1] != k.shape[-1]:
@@ -139,6 +140,7 @@ def check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_fo
     if v_format not in V_FORMATS:
         _fail(f"v_format={v_format!r} is invalid; valid: {', '.join(V_FORMATS)}")
     _check_out_dtype(out_dtype)
+    _check_4d(q, k, v)
     skv, _ = _v_dims(v, v_format)
     if v_format == "nvfp4":
         if skv < k.shape[2] or skv - k.shape[2] >= 16:
@@ -160,6 +162,39 @@ def check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_fo
         _fail(f"fp8 v needs float8_e4m3fn data and float32 scales; got {v.dtype}, {v_sf.dtype}")
     if (v_format == "nvfp4") != (v_gs is not None):
         _fail("v_gs (tensor scale) is required for nvfp4 V and must be None otherwise")
+    if q.shape[-1] != k.shape[-1]:
+        _fail(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
+    # scale shapes (see the module docstring); a wrong one would otherwise fail deep inside a kernel, or broadcast
+    for name, x, sf, gs in (("q", q, q_sf, q_gs), ("k", k, k_sf, k_gs)):
+        d = x.shape[-1] * (2 if qk_format == "nvfp4" else 1)
+        block = 32 if qk_format == "mxfp8" else 16
+        _check_sf_shape(f"{name}_sf", sf, (*x.shape[:3], -(-d // block)))
+        if gs is not None:
+            _check_tensor_scale(f"{name}_gs", gs)
+    b, h = v.shape[0], v.shape[1]
+    if v_format == "fp8":
+        _check_scale("v_sf", v_sf, (b, h, v.shape[3]), "(B|1, H|1, Dv|1)")
+    elif v_format == "mxfp8":
+        _check_sf_shape("v_sf", v_sf, (b, h, -(-v.shape[2] // 32), v.shape[3]))
+    else:
+        _check_sf_shape("v_sf", v_sf, (b, h, v.shape[2], v.shape[3] * 2 // 16))
+        _check_tensor_scale("v_gs", v_gs)
+
+
+def _check_4d(*tensors: torch.Tensor) -> None:
+    for name, t in zip(("q", "k", "v"), tensors):
+        if t.dim() != 4:
+            _fail(f"{name} must be 4-D (B, H, S, D); got shape {tuple(t.shape)}")
+
+
+def _check_sf_shape(name: str, sf: torch.Tensor, shape: tuple) -> None:
+    if tuple(sf.shape) != tuple(shape):
+        _fail(f"{name} must have shape {tuple(shape)}; got {tuple(sf.shape)}")
+
+
+def _check_tensor_scale(name: str, gs: torch.Tensor) -> None:
+    if gs.dtype != torch.float32 or gs.numel() != 1:
+        _fail(f"{name} must be a float32 scalar tensor; got {gs.dtype} of shape {tuple(gs.shape)}")
 
 
 @torch.library.custom_op("qattn::block_scaled_attention", mutates_args=())
