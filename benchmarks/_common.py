@@ -157,9 +157,11 @@ def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) 
     for row in rows:
         cells.append([_fmt(row.get(key), spec) for key, _, spec in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    numeric = [bool(spec) for _, _, spec in columns]  # formatted columns are right-aligned, text left-aligned
     lines = []
     for j, r in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if j and i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(c.rjust(w) if j and numeric[i] else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -267,7 +267,7 @@ def sdpa_callable(q, k, v, backend_name: str) -> Callable:
 class Settings:
     acc_rows: int = 4096
     iters: int = 20
-    budget_ms: float = 1500.0
+    budget_ms: float = 1000.0
     timer: str = "events"
     compile: bool = True
     max_seconds: float = 330.0
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outliers", action="store_true", help="K bias x10, Q bias x3 per (head, channel)")
     p.add_argument("--acc-rows", type=int, default=4096, help="query rows for accuracy on long shapes (default 4096)")
     p.add_argument("--iters", type=int, default=20, help="max timed calls per measurement (default 20)")
-    p.add_argument("--budget-ms", type=float, default=1500.0, help="timed-call budget per measurement (ms)")
+    p.add_argument("--budget-ms", type=float, default=1000.0, help="timed-call budget per measurement (ms)")
     p.add_argument("--timer", choices=("events", "do_bench"), default="events")
     p.add_argument("--no-compile", action="store_true", help="skip (b), the Inductor-compiled path")
     p.add_argument("--max-seconds", type=float, default=330.0, help="start no new measurement after this (0: no limit)")
