@@ -1,0 +1,215 @@
+"""The compile backend's behaviour around the rewrite: delegation, caching, nesting, dumps, logging, errors."""
+
+import json
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import qattn_fx
+from qattn_fx import AttentionSpec, Recipe, Spec, tiny_models
+from qattn_fx.backend import inductor_config_patches
+from test_golden_graphs import AttentionBlock
+
+
+def assert_close_to_dense(out, dense):
+    """One quantized attention layer read straight out (no residual): with random projections the softmax is
+    nearly uniform over the keys, so P·448 lands in e4m3's [256, 448] binade (step 32, ≤ 3.6 % per element) and
+    V in e4m3 (≤ 6 %), averaged over the keys. Measured here: relative L2 error 0.8-1.5 %, cosine ≥ 0.9998."""
+    rel = (out - dense).norm() / dense.norm()
+    cos = F.cosine_similarity(out.flatten(), dense.flatten(), dim=0)
+    assert rel < 3e-2 and cos > 0.999, (rel, cos)
+
+
+def run(module, x, backend):
+    torch._dynamo.reset()
+    with torch.no_grad():
+        return torch.compile(module, backend=backend, fullgraph=True)(x)
+
+
+def test_inductor_output_matches_dense_and_quantize_nodes_reach_inductor():
+    torch.manual_seed(0)
+    block, x = AttentionBlock().eval(), torch.randn(2, 40, 64)
+    backend = qattn_fx.backend(emulate=True)
+    out = run(block, x, backend)
+    with torch.no_grad():
+        dense = block(x)
+    assert_close_to_dense(out, dense)
+    code = backend.graph_modules[0].code
+    assert "torch.ops.qattn.quantize_per_block.default" in code and "scaled_dot_product_attention" not in code
+
+
+def test_second_compile_hits_inductor_fx_graph_cache():
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    block, x = AttentionBlock().eval(), torch.randn(1, 24, 64)
+    run(block, x, qattn_fx.backend(emulate=True))
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    run(block, x, qattn_fx.backend(emulate=True))  # fresh Dynamo state, same rewrite → same FX graph
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+
+
+def test_mode_and_options_become_inductor_config_patches():
+    assert inductor_config_patches(None, None) == {}
+    assert inductor_config_patches("default", {"max_autotune": False}) == {"max_autotune": False}
+    patches = inductor_config_patches("max-autotune-no-cudagraphs", {"epilogue_fusion": False})
+    assert patches["max_autotune"] is True and patches["epilogue_fusion"] is False
+    torch.manual_seed(0)
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(block, backend=qattn_fx.backend(emulate=True), options={"epilogue_fusion": False})(x)
+
+
+def test_unknown_compiler_and_spec_types_are_rejected():
+    with pytest.raises(ValueError, match="compiler='tvm' is invalid; valid: inductor, aot_eager, eager"):
+        qattn_fx.backend(compiler="tvm")
+    with pytest.raises(TypeError, match="spec must be a Spec"):
+        qattn_fx.backend(spec=42)
+
+
+def test_explicit_backend_that_cannot_run_here_fails_the_compile_with_the_reason():
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    spec = Spec(default=AttentionSpec("TRTLLM", Recipe("int8", "fp8", 1, 16, 1)))
+    with pytest.raises(Exception, match="backend 'TRTLLM' cannot serve site .* on cpu: TRTLLM: needs sm_100"):
+        run(block, x, qattn_fx.backend(spec))
+
+
+def test_summary_is_logged(caplog):
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    with caplog.at_level(logging.INFO, logger="qattn_fx"):
+        run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
+    assert "qattn_fx: 1/1 attention sites quantized, 0 dense (graph 0)" in caplog.text
+
+
+def test_debug_dump_files(tmp_path, monkeypatch):
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    monkeypatch.setenv("QATTN_FX_DEBUG", str(tmp_path / "from_env"))
+    run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
+    run(block, x, qattn_fx.backend(emulate=True, compiler="eager", debug_dir=tmp_path / "explicit"))
+    for folder in ("from_env", "explicit"):
+        d = tmp_path / folder
+        assert sorted(p.name for p in d.iterdir()) == [
+            "graph_0_after.py", "graph_0_before.py", "graph_0_sites.json", "graph_0_sites.md", "spec.json"]
+        assert "scaled_dot_product_attention" in (d / "graph_0_before.py").read_text()
+        after = (d / "graph_0_after.py").read_text()
+        assert "qattn0_attention" in after and "_nn.scaled_dot_product_attention(" not in after
+        sites = json.loads((d / "graph_0_sites.json").read_text())["sites"]
+        assert [s["kernel"] for s in sites] == ["reference"]
+        context = json.loads((d / "spec.json").read_text())
+        assert context["emulate"] is True and context["hardware"]["arch"] == "cpu"
+        assert "| module |" in (d / "graph_0_sites.md").read_text()
+
+
+def test_trace_artifacts_for_tlparse(monkeypatch):
+    import torch._logging
+
+    seen = []
+
+    def fake_trace_structured(kind, metadata_fn=None, payload_fn=None, **kwargs):
+        if kind == "artifact" and metadata_fn is not None and metadata_fn()["name"].startswith("qattn_fx"):
+            seen.append((kind, metadata_fn()["name"], payload_fn()))
+
+    monkeypatch.setattr(torch._logging, "trace_structured", fake_trace_structured)
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
+    names = [name for kind, name, _ in seen if kind == "artifact"]
+    assert names == ["qattn_fx_before_rewrite", "qattn_fx_after_rewrite", "qattn_fx_sites"]
+    assert seen[2][2]["sites"][0]["rewritten"] is True
+
+
+def test_report_dict_has_the_documented_keys():
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    run(block, x, backend)
+    (site,) = backend.report.to_dict()["sites"]
+    for key in ("site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe", "kernel",
+                "reason"):
+        assert key in site
+    assert site["q_shape"] == [1, 2, 8, 32] and site["dtype"] == "float32" and site["role"] == "self"
+
+
+def test_pre_grad_pass_for_stacks_that_own_torch_compile():
+    torch.manual_seed(0)
+    block, x = AttentionBlock().eval(), torch.randn(1, 16, 64)
+    qpass = qattn_fx.pre_grad_pass(emulate=True)
+    assert isinstance(qpass.uuid(), bytes) and qpass.uuid() == qattn_fx.pre_grad_pass(emulate=True).uuid()
+    assert qpass.uuid() != qattn_fx.pre_grad_pass(emulate=False).uuid()
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+        out = torch.compile(block, fullgraph=True)(x)
+        dense = block(x)
+    assert qpass.report.quantized == 1
+    assert_close_to_dense(out, dense)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = AttentionBlock(dim=32)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return x + self.attn(x)
+
+
+class CheckpointedNet(torch.nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(n))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+
+def test_sites_in_nested_subgraphs_are_rewritten_and_shared_graphs_refuse_per_layer_rules():
+    torch.manual_seed(0)
+    net, x = CheckpointedNet().eval(), torch.randn(1, 32, 32)
+    spec = Spec.from_dict({"default": {"backend": "auto"}, "rules": [{"match": {"layers": [0]}, "use": "dense"}]})
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    out = run(net, x, backend)
+    with torch.no_grad():
+        dense = net(x)
+    (site,) = backend.report.sites  # one subgraph, shared by the three checkpointed layers
+    assert site.site.startswith("wrap_body_0.subgraph_0.")
+    assert site.rewritten and site.layer is None
+    assert "rule 1 (layers=0) cannot be honoured" in site.notes[0]
+    assert_close_to_dense(out, dense)
+
+
+def test_regional_compilation_of_repeated_blocks():
+    model, inputs = tiny_models.wan()
+    spec = Spec.from_dict({"default": {"backend": "auto"}, "rules": [{"match": {"layers": ["-1:"]}, "use": "dense"},
+                                                                      {"match": {"role": "cross"}, "use": "dense"}]})
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    torch._dynamo.reset()
+    model.compile_repeated_blocks(backend=backend, fullgraph=True)
+    with torch.no_grad():
+        model(**inputs)
+    assert [(s.module, s.layer, s.role, s.rewritten) for s in backend.report.sites] == [
+        ("attn1", None, "self", True), ("attn2", None, "cross", False)]
+    assert "cannot be honoured" in backend.report.sites[0].notes[0]
+    assert backend.report.sites[1].reason == "dense: rule 2 (role=cross)"
+
+
+def test_dropout_and_causal_sites_stay_exactly_as_they_were():
+    class Odd(torch.nn.Module):
+        def forward(self, q, k, v):
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            b = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(8, 8))
+            return a + b
+
+    q = k = v = torch.randn(1, 2, 8, 16)
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Odd(), backend=backend, fullgraph=True)(q, k, v)
+    assert [s.reason for s in backend.report.sites] == [
+        "dense: is_causal=True; qattn_fx's quantized attention ops are non-causal",
+        "dense: attn_mask is a float bias, no kernel supports it"]
+    assert backend.graph_modules[0].code.count("scaled_dot_product_attention") == 2
