@@ -394,6 +394,78 @@ def test_fp8_graph_key():
         0, 2, 16, 16, 4, 4, 128, 128, torch.bfloat16, 0.1)
 
 
+class _FakeNotSupported(Exception):
+    pass
+
+
+class _FakeTensor:
+    def __init__(self, name="", stride=None):
+        self.name, self.stride = name, stride
+
+    def set_output(self, value):
+        return self
+
+    def set_dim(self, value):
+        return self
+
+    def set_stride(self, value):
+        return self
+
+    def set_data_type(self, value):
+        return self
+
+
+def _fake_cudnn(accept):
+    """A stand-in for the cudnn module: ``accept(strides_by_name, generate_stats)`` decides what builds."""
+    from types import SimpleNamespace
+
+    class Graph:
+        def __init__(self, **kwargs):
+            self.inputs = {}
+            self.generate_stats = None
+
+        def tensor(self, name, dim, stride, data_type, reordering_type=None):
+            self.inputs[name] = tuple(stride)
+            return _FakeTensor(name, stride)
+
+        def sdpa_fp8(self, *args, attn_scale, generate_stats, use_causal_mask):
+            self.generate_stats = generate_stats
+            return [_FakeTensor("o"), _FakeTensor("stats"), _FakeTensor("amax_s"), _FakeTensor("amax_o")]
+
+        def build(self, modes):
+            if not accept({n: self.inputs[n] for n in ("q", "k", "v")}, self.generate_stats):
+                raise _FakeNotSupported("no engine")
+
+        def get_workspace_size(self):
+            return 256
+
+    types = SimpleNamespace(FP8_E4M3="e4m3", FLOAT="f32", BFLOAT16="bf16", HALF="f16")
+    return SimpleNamespace(data_type=types, pygraph=Graph, cudnnGraphNotSupportedError=_FakeNotSupported,
+                           heur_mode=SimpleNamespace(A="A", FALLBACK="FALLBACK"), backend_version=lambda: 91900)
+
+
+def test_fp8_graph_build_retries_bshd_and_stats():
+    b, h, s, d = 1, 2, 64, 64
+    bshd = _fp8((b, s, h, d)).transpose(1, 2)
+    bhsd = _fp8((b, h, s, d))
+    o_shape, o_stride = (b, h, s, d), kc.bshd_strides((b, h, s, d))
+    bshd_only = _fake_cudnn(lambda strides, stats: all(st == kc.bshd_strides((b, h, s, d)) for st in strides.values()))
+    entry = kc._build_fp8_graph(bshd_only, None, bshd, bshd, bshd, o_shape, o_stride, 0.1, FP8_OUT, "fp8_out")
+    assert not entry.copy_to_bshd and not entry.generate_stats and entry.workspace_size == 256
+    entry = kc._build_fp8_graph(bshd_only, None, bhsd, bhsd, bhsd, o_shape, o_stride, 0.1, FP8_OUT, "fp8_out")
+    assert entry.copy_to_bshd  # BHSD had no engine: built for BSHD copies
+    stats_only = _fake_cudnn(lambda strides, stats: stats)
+    entry = kc._build_fp8_graph(stats_only, None, bshd, bshd, bshd, o_shape, o_stride, 0.1, FP8_OUT, "fp8_out")
+    assert entry.generate_stats and "stats" in entry.tensors
+    nothing = _fake_cudnn(lambda strides, stats: False)
+    with pytest.raises(RuntimeError, match=r"cuDNN 9\.19\.0 has no FP8 SDPA engine.*generate_stats=True"):
+        kc._build_fp8_graph(nothing, None, bhsd, bhsd, bhsd, o_shape, o_stride, 0.1, FP8_OUT, "fp8_out")
+    assert kc.is_bshd(bshd) and not kc.is_bshd(bhsd)
+
+
+FP8_OUT = torch.float8_e4m3fn
+
+
 def test_fifo_cache_builds_once_counts_and_evicts():
     cache = cu.FifoCache(maxsize=3)
     builds = []

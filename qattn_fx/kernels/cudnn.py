@@ -13,9 +13,12 @@ The calls follow the cudnn-frontend 1.32 Python API (``cudnn.pygraph``, ``graph.
 handle=...)``), as verified on an H200 with cuDNN 9.19 (``/work/shared/reference/probes/cudnn_fp8.py``).
 
 Layouts: Q/K/V arrive as logical ``(B, H, S, D)`` of any strides with a unit stride on D (usually BSHD-physical views
-of diffusers' ``(B, S, H, D)`` buffers) and are described to cuDNN with their real strides, never copied; the only
-exception is an fp8 V stored sequence-fastest (unit stride on S), which cuDNN cannot read (it needs ``stride[3] == 1``)
-and which is copied to BSHD once. The output is ``(B, Hq, Sq, Dv)`` stored BSHD.
+of diffusers' ``(B, S, H, D)`` buffers) and are described to cuDNN with their real strides, never copied. Two
+exceptions, both logged or documented: an fp8 V stored sequence-fastest (unit stride on S), which cuDNN cannot read (it
+needs ``stride[3] == 1``), is copied to BSHD; and when cuDNN has no FP8 engine for the inputs' own strides (cuDNN < 9.21
+serves FP8 attention for BSHD/SBHD-like strides only, per Transformer Engine's gate) but has one for BSHD, the graph is
+built for BSHD and the inputs are copied on every call (a WARNING is logged once; numerics are identical). The output
+is ``(B, Hq, Sq, Dv)`` stored BSHD.
 """
 
 from __future__ import annotations
@@ -259,6 +262,7 @@ class _Graph:
     workspace_size: int
     generate_stats: bool
     path: str
+    copy_to_bshd: bool = False  # the inputs' own strides had no engine: they are copied to BSHD on every call
 
 
 def _cudnn_out_type(cudnn, dtype: torch.dtype):
@@ -266,17 +270,27 @@ def _cudnn_out_type(cudnn, dtype: torch.dtype):
             torch.float8_e4m3fn: cudnn.data_type.FP8_E4M3}[dtype]
 
 
-def _build_fp8_graph(cudnn, handle, q, k, v, o_shape, o_stride, sm_scale, o_dtype, path) -> _Graph:
-    refuse_during_capture("building a cuDNN FP8 SDPA graph")
+def is_bshd(x: torch.Tensor) -> bool:
+    """Whether logical ``(B, H, S, D)`` ``x`` is stored BSHD (``x.transpose(1, 2)`` contiguous)."""
+    return x.transpose(1, 2).is_contiguous()
+
+
+def bshd_strides(shape) -> tuple[int, int, int, int]:
+    b, h, s, d = shape
+    return (s * h * d, d, h * d, 1)
+
+
+def _to_bshd(x: torch.Tensor) -> torch.Tensor:
+    return x if is_bshd(x) else x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _try_fp8_graph(cudnn, handle, operands, o_shape, o_stride, sm_scale, o_dtype, path, errors) -> _Graph | None:
+    """Build ``sdpa_fp8`` for ``operands`` (name → (shape, stride)); None when cuDNN has no engine for it."""
     e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
-    errors = []
     for generate_stats in (False, True):  # inference needs no stats; some engines exist only with stats
         g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
-        t = {
-            "q": g.tensor(name="q", dim=tuple(q.shape), stride=tuple(q.stride()), data_type=e4m3),
-            "k": g.tensor(name="k", dim=tuple(k.shape), stride=tuple(k.stride()), data_type=e4m3),
-            "v": g.tensor(name="v", dim=tuple(v.shape), stride=tuple(v.stride()), data_type=e4m3),
-        }
+        t = {name: g.tensor(name=name, dim=tuple(shape), stride=tuple(stride), data_type=e4m3)
+             for name, (shape, stride) in operands.items()}
         for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
             t[name] = g.tensor(name=name, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=f32)
         o, stats, _amax_s, amax_o = g.sdpa_fp8(
@@ -293,17 +307,38 @@ def _build_fp8_graph(cudnn, handle, q, k, v, o_shape, o_stride, sm_scale, o_dtyp
         try:
             g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         except cudnn.cudnnGraphNotSupportedError as exc:
-            errors.append(f"generate_stats={generate_stats}: {exc}")
+            strides = ", ".join(f"{n} {tuple(st)}" for n, (_, st) in operands.items())
+            errors.append(f"[strides {strides}; generate_stats={generate_stats}] {exc}")
             continue
         if generate_stats:
-            logger.debug("cudnn_fp8: no engine without softmax stats for q%s k%s; built with stats",
-                         tuple(q.shape), tuple(k.shape))
+            logger.debug("cudnn_fp8: no engine without softmax stats for %s; built with stats", operands)
         return _Graph(g, t, int(g.get_workspace_size()), generate_stats, path)
-    raise RuntimeError(
-        f"cudnn_fp8: cuDNN {format_version(backend_version(cudnn))} has no FP8 SDPA engine for q{tuple(q.shape)} "
-        f"strides {tuple(q.stride())}, k{tuple(k.shape)}, v{tuple(v.shape)}, output {o_dtype} ({path}): "
-        + " | ".join(errors)
-    )
+    return None
+
+
+def _build_fp8_graph(cudnn, handle, q, k, v, o_shape, o_stride, sm_scale, o_dtype, path) -> _Graph:
+    """The graph for the inputs' real strides; if cuDNN has no engine for them and some input is not BSHD (cuDNN
+    < 9.21 serves FP8 only for BSHD/SBHD-like strides, per Transformer Engine's gate), the graph for BSHD copies,
+    flagged so that every call copies (logged once: the copy costs a pass over Q/K/V, the numerics are identical)."""
+    refuse_during_capture("building a cuDNN FP8 SDPA graph")
+    errors: list[str] = []
+    native = {n: (tuple(x.shape), tuple(x.stride())) for n, x in (("q", q), ("k", k), ("v", v))}
+    entry = _try_fp8_graph(cudnn, handle, native, o_shape, o_stride, sm_scale, o_dtype, path, errors)
+    if entry is None and not all(is_bshd(x) for x in (q, k, v)):
+        bshd = {n: (shape, bshd_strides(shape)) for n, (shape, _) in native.items()}
+        entry = _try_fp8_graph(cudnn, handle, bshd, o_shape, o_stride, sm_scale, o_dtype, path, errors)
+        if entry is not None:
+            entry.copy_to_bshd = True
+            log_once(logger, ("cudnn-fp8-bshd-copy", native["q"][1], native["k"][1]), logging.WARNING,
+                     "cudnn_fp8: cuDNN %s has no FP8 SDPA engine for Q/K/V strides %s; copying them to BSHD on every "
+                     "call (store Q/K/V BSHD, as diffusers does, to avoid the copy)",
+                     format_version(backend_version(cudnn)), {n: st for n, (_, st) in native.items()})
+    if entry is None:
+        raise RuntimeError(
+            f"cudnn_fp8: cuDNN {format_version(backend_version(cudnn))} has no FP8 SDPA engine for q{tuple(q.shape)}, "
+            f"k{tuple(k.shape)}, v{tuple(v.shape)}, output {o_dtype} ({path}): " + " | ".join(errors)
+        )
+    return entry
 
 
 def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
@@ -328,6 +363,9 @@ def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale
       rounding of O, at most 2^-4 relative per element (about 2.5 % RMS), plus values below ``max|V| · margin · 2^-6``
       landing in e4m3's subnormal range (absolute error <= ``max|V| · margin · 2^-10``); it costs two elementwise passes
       over O (copy + scale).
+
+    Strides: described as they are; if cuDNN has no engine for them but has one for BSHD, Q/K/V are copied to BSHD on
+    every call (logged once, see the module docstring).
 
     Head dims: Hopper multiples of 16 up to 256; Blackwell multiples of 16 up to 128 (``ValueError`` otherwise).
     Architectures: sm_90, sm_100, sm_103 (``RuntimeError`` otherwise); cuDNN backend >= 9.1 (not 9.10.0).
@@ -362,6 +400,8 @@ def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale
         scale_o = torch.reciprocal(descale_o)
     else:
         descale_o, scale_o = None, consts.one
+    if entry.copy_to_bshd:
+        q, k, v = _to_bshd(q), _to_bshd(k), _to_bshd(v)
     t = entry.tensors
     pack = {
         t["q"]: q, t["k"]: k, t["v"]: v, t["o"]: o_buf,

@@ -15,6 +15,7 @@ are views, not copies. Where a copy is unavoidable the code says why. Outputs ar
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import inspect
 import logging
@@ -250,10 +251,11 @@ def to_ragged_block_scales(scale: torch.Tensor, seq_len: int, block: int, batch:
     if scale.dim() != 3 or scale.shape[2] != nb or scale.shape[0] not in (1, batch) or scale.shape[1] not in (1, heads):
         raise ValueError(f"scale must have shape (B|1, H|1, ceil(S/{block})) = ({batch}|1, {heads}|1, {nb}); "
                          f"got {tuple(scale.shape)}")
-    starts, slots = ragged_scale_slots([seq_len] * batch, block)
+    _, slots = ragged_scale_slots([seq_len] * batch, block)
     full = scale.float().expand(batch, heads, nb)
-    index = (torch.tensor(starts, dtype=torch.long, device=scale.device)[:, None]
-             + torch.arange(nb, dtype=torch.long, device=scale.device)[None, :]).reshape(-1)
+    seq = torch.arange(batch, dtype=torch.long, device=scale.device)
+    starts = seq * seq_len // block + seq  # cum_seq_lens[b] // block + b, computed on the device (no host copy)
+    index = (starts[:, None] + torch.arange(nb, dtype=torch.long, device=scale.device)[None, :]).reshape(-1)
     out = torch.zeros(heads, slots, dtype=torch.float32, device=scale.device)
     out[:, index] = full.permute(1, 0, 2).reshape(heads, batch * nb)
     return out
@@ -287,6 +289,11 @@ def _check_sage_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out
                          + ", ".join(str(t).replace("torch.", "") for t in valid_out))
     if k.shape[2] == 0:
         raise ValueError(f"{kernel}: k has zero tokens (Skv=0); attention over an empty key set is refused")
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(fn, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
 
 
 def sage_archs(qk_dtype: torch.dtype) -> tuple:
@@ -346,7 +353,7 @@ def trtllm_sage_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
     check_flashinfer_version(kernel, flashinfer_version(flashinfer), SAGE_MIN_FLASHINFER)
     from flashinfer.prefill import trtllm_ragged_attention_deepseek  # noqa: PLC0415
 
-    accepts_row_check = "skip_all_rows_active_check" in inspect.signature(trtllm_ragged_attention_deepseek).parameters
+    accepts_row_check = _accepts(trtllm_ragged_attention_deepseek, "skip_all_rows_active_check")
     v = _v_nhd(v)
     out = empty_bshd(b, hq, sq, dv, out_dtype, device)
     workspace = _WORKSPACES.get(device)
