@@ -383,10 +383,10 @@ class SkipSoftmax:
 def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
     if value is None:
         return
+    bound = f"[{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} is invalid; valid: a finite number in [{lo}, {hi}]")
+        raise ValueError(f"{name}={value!r} is invalid; valid: a finite number, {bound}")
     if not lo <= value <= hi:
-        bound = f"[{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
         raise ValueError(f"{name}={value!r} is out of range; valid: finite, {bound}")
 
 
