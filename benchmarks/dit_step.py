@@ -1,0 +1,181 @@
+"""One denoising forward of a diffusers Wan transformer under torch.compile: dense vs each qattn_fx kernel.
+
+    python benchmarks/dit_step.py --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
+    python benchmarks/dit_step.py --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
+
+The model is ``WanTransformer3DModel`` at the published Wan2.1 config (random weights, bf16, built on the GPU), fed
+480p-sized latents (``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames) and a 512-token text
+embedding. Blocks are compiled with diffusers' regional compilation (``compile_repeated_blocks``: one block graph
+reused by every layer), so the full-depth model compiles in seconds per variant; the same rewrite applies to every
+layer. Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SDPA returns its query: the
+step time without attention, giving attention's share), and qattn_fx with each kernel that runs here. For each:
+median step time (CUDA events), speedup over compiled dense, output cosine and relative L2 vs dense, compile time,
+and the site summary. Prints one table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import qattn_fx  # noqa: E402
+from qattn_fx import AttentionSpec, Recipe, Rule, Match, Spec  # noqa: E402
+from qattn_fx.fx import match  # noqa: E402
+
+CONFIGS = {
+    "1.3b": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
+    "14b": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40),
+}
+SAGE = Recipe("int8", "fp8", 1, 16, 1)
+VARIANTS = {
+    "qattn triton_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE)),
+    "qattn triton_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE),
+                                           rules=(Rule(Match(role=("cross",)), "dense"),)),
+    "qattn cudnn_fp8 per-tensor": Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8"))),
+    "qattn flashinfer_fa3_fp8 per-head": Spec(default=AttentionSpec("FLASHINFER", Recipe("fp8", "fp8",
+                                                                                         scale_scope="head"))),
+}
+
+
+def build(config: str, blocks: int | None, frames: int, device: str):
+    from diffusers import WanTransformer3DModel
+
+    cfg = dict(CONFIGS[config])
+    if blocks:
+        cfg["num_layers"] = blocks
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = WanTransformer3DModel(
+            patch_size=(1, 2, 2), in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
+            cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **cfg,
+        ).to(torch.bfloat16).eval()
+    latent_frames = 1 + (frames - 1) // 4
+    inputs = dict(
+        hidden_states=torch.randn(1, 16, latent_frames, 60, 104, device=device, dtype=torch.bfloat16),
+        timestep=torch.tensor([500], device=device),
+        encoder_hidden_states=torch.randn(1, 512, 4096, device=device, dtype=torch.bfloat16),
+        return_dict=False,
+    )
+    tokens = latent_frames * 30 * 52
+    return model, inputs, cfg, tokens
+
+
+def no_attention_backend(gm, example_inputs, **kwargs):
+    """Inductor on the graph with every SDPA replaced by its query (the step without attention)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    for call in match.find_sdpa(gm):
+        call.node.replace_all_uses_with(call.q)
+        call.graph.erase_node(call.node)
+    gm.recompile()
+    return compile_fx(gm, example_inputs)
+
+
+def time_step(fn, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_variant(name, model, inputs, backend, dense_out, iters, warmup):
+    torch._dynamo.reset()
+    model.compile_repeated_blocks(backend=backend, fullgraph=True)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model(**inputs)[0]
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        ms = time_step(lambda: model(**inputs), iters, warmup)
+    row = {"variant": name, "step_ms": ms, "compile_s": compile_s}
+    if dense_out is not None:
+        a, b = out.float().flatten(), dense_out.float().flatten()
+        row["cos_vs_dense"] = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+        row["rel_l2_vs_dense"] = ((a - b).norm() / b.norm()).item()
+    report = getattr(backend, "report", None)
+    if report is not None:
+        row["sites"] = report.summary()
+    for module in model.modules():  # undo regional compilation (nn.Module.compile) for the next variant
+        module._compiled_call_impl = None
+    return row, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b")
+    parser.add_argument("--blocks", type=int, help="transformer blocks (default: all of the config)")
+    parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="substrings of variant names to run")
+    parser.add_argument("--out", default="bench_out/dit_step.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("dit_step.py needs a CUDA GPU")
+
+    model, inputs, cfg, tokens = build(args.config, args.blocks, args.frames, "cuda")
+    hw = qattn_fx.detect("cuda")
+    header = (f"Wan2.1-{args.config} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {args.frames} frames 480p = {tokens} tokens, text 512, bf16, "
+              f"{torch.cuda.get_device_name()} ({hw.arch}), torch {torch.__version__}")
+    print(header, flush=True)
+    rows = []
+    with torch.no_grad():
+        torch._dynamo.reset()
+        dense_row, dense_out = run_variant("compiled dense (torch SDPA)", model, inputs, "inductor", None,
+                                           args.iters, args.warmup)
+        rows.append(dense_row)
+        print(json.dumps(dense_row), flush=True)
+        row, _ = run_variant("compiled, no attention", model, inputs, no_attention_backend, None, args.iters,
+                             args.warmup)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        for name, spec in VARIANTS.items():
+            if args.only and not any(s in name for s in args.only):
+                continue
+            try:
+                row, _ = run_variant(name, model, inputs, qattn_fx.backend(spec), dense_out, args.iters,
+                                     args.warmup)
+            except Exception as e:  # noqa: BLE001 - report and go on to the next kernel
+                row = {"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    dense_ms = rows[0]["step_ms"]
+    no_attn = rows[1]["step_ms"]
+    share = (dense_ms - no_attn) / dense_ms
+    print(f"\n{header}\nattention share of the compiled dense step: {share:.1%}")
+    print(f"{'variant':38} {'step ms':>9} {'speedup':>8} {'cos':>9} {'rel L2':>8} {'compile s':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['variant']:38} error: {r['error']}")
+            continue
+        cos = f"{r['cos_vs_dense']:.5f}" if "cos_vs_dense" in r else "-"
+        rel = f"{r['rel_l2_vs_dense']:.4f}" if "rel_l2_vs_dense" in r else "-"
+        print(f"{r['variant']:38} {r['step_ms']:9.1f} {dense_ms / r['step_ms']:7.2f}x {cos:>9} {rel:>8} "
+              f"{r['compile_s']:9.1f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"header": header, "attention_share": share, "rows": rows,
+                               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
