@@ -20,9 +20,11 @@ Algorithm (one program = ``BLOCK_M`` query rows of one (batch, head)):
 1. Q's tile is loaded once. Its per-row scale ``q_scale · sm_scale · log2(e)`` (times K's scale when K has one
    scale per head/tensor) is a ``BLOCK_M`` vector ``rs``.
 2. For each ``BLOCK_N`` tile of K/V: ``S = dot(q, kᵀ)`` (int32 for int8, fp32 for fp8/bf16). INT8 accumulators
-   are converted exactly with the ``2^23 · 1.5`` magic number (integer add + fp add instead of a slow I2F;
-   exact because ``|S| <= 128³ < 2^22``). K scales with ``k_block < BLOCK_N`` (or not dividing it) multiply the
-   columns; coarser K scales are uniform over the tile and fold into ``rs``. Logits in log2 units are
+   are converted exactly with the ``2^23 · 1.5`` magic number (an integer add that Triton folds into the MMA's
+   initial accumulator, then one fp op, instead of a slow I2F; exact because ``|S| <= 128³ < 2^22``). K scales
+   with ``k_block < BLOCK_N`` (or not dividing it) multiply the columns, fused with that conversion into one
+   correctly rounded fma (K scales used with 22 significant bits there, a relative change < 2e-7); coarser K
+   scales are uniform over the tile and fold into ``rs``. Logits in log2 units are
    ``z = t · rs`` with ``t`` the K-scaled accumulator; because scales are >= 0 the row max is ``max(t) · rs``.
 3. Online softmax in fp32 with exp2: ``P448 = exp2(z - m + log2(448))`` = ``448 · exp2(z - m)`` where ``m`` is
    the running row max, so the e4m3 operand is just ``P448`` rounded (RNE, saturating: the reference's
@@ -210,10 +212,17 @@ def _sage_tile(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_
         else:
             ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn)
     if QK_KIND == 0:
-        t = (s + 0x4B400000).to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly
+        t = (s + 0x4B400000).to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
         if PER_COL:
-            # one fma: S·ks up to one rounding of the per-column constant 1.5·2^23·ks (< 1 unit of S·ks)
-            t = t * ks[None, :] - (ks * 12582912.0)[None, :]
+            # t = round(S · ks) in one fma: with ks cut to 22 significant bits (relative change < 2e-7) the
+            # constant 1.5·2^23·ks = 3·2^22·ks is exact in fp32, so fma(S + 1.5·2^23, ks, -1.5·2^23·ks) rounds
+            # the exact product S·ks once; the interpreter (no fma) gets the same bits from (t - 1.5·2^23)·ks.
+            ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+            if INTERPRET:
+                t = (t - 12582912.0) * ks[None, :]
+            else:
+                t = tl.fma(t, tl.broadcast_to(ks[None, :], t.shape),
+                           tl.broadcast_to(-(ks * 12582912.0)[None, :], t.shape))
         else:
             t = t - 12582912.0
     else:
@@ -225,15 +234,22 @@ def _sage_tile(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_
 
     # ---- online softmax (log2 units, scales >= 0 so max(t·rs) = max(t)·rs) --------------------------------------
     if MASK_KV:
-        t_max = tl.max(tl.where(n_valid[None, :], t, float("-inf")), 1)
+        t_for_max = tl.where(n_valid[None, :], t, float("-inf"))
     else:
-        t_max = tl.max(t, 1)
+        t_for_max = t
+    if INTERPRET:  # tl.max/tl.sum are @jit functions, compiled-mode objects if triton was imported before
+        t_max = tl.reduce(t_for_max, 1, tl.standard._elementwise_max)  # TRITON_INTERPRET=1; the interpreter
+    else:  # runs tl.reduce with these combine functions natively
+        t_max = tl.max(t_for_max, 1)
     m_new = tl.maximum(m_i, t_max * rs)
     p = tl.math.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
     if MASK_KV:
         p = tl.where(n_valid[None, :], p, 0.0)
     alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if INTERPRET:
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
 
     # ---- P·V in FP8 (fresh accumulator per tile, added in fp32) ------------------------------------------------
     if INTERPRET:
@@ -293,11 +309,11 @@ def _sage_fwd(
         q = tl.load(q_ptrs, mask=m_valid[:, None], other=0.0)
     ks_ptr = KS + b * stride_ksb + hk * stride_ksh
     if QK_KIND == 2:
-        rs = tl.zeros([BLOCK_M], dtype=tl.float32) + qk_scale
+        rs = tl.full([BLOCK_M], 0.0, tl.float32) + qk_scale
     else:
         qs_ptr = QS + b * stride_qsb + h * stride_qsh
         if Q_BLOCK == 0:
-            rs = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(qs_ptr) * qk_scale
+            rs = tl.full([BLOCK_M], 0.0, tl.float32) + tl.load(qs_ptr) * qk_scale
         else:
             rs = tl.load(qs_ptr + (offs_m // Q_BLOCK) * stride_qsn, mask=m_valid, other=0.0) * qk_scale
         if K_BLOCK == 0:
@@ -317,9 +333,9 @@ def _sage_fwd(
         v_step = BLOCK_N * stride_vs
     k_step = BLOCK_N * stride_ks
 
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_V], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
     # Under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4 refuses to turn
     # into a Python int for range(): there the host passes the bound as a constexpr (compiled kernels ignore it).
     for start_n in range(0, INTERP_N_FULL if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):

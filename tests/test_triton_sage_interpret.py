@@ -1,0 +1,453 @@
+"""qattn_fx.kernels.triton_sage under the Triton interpreter (CPU), against the reference kernel.
+
+Every comparison feeds the *same* quantized tensors (made by the registered ``qattn::quantize_*`` ops) to the
+kernel and to :func:`qattn_fx.kernels.reference.scaled_attention`, so the only differences are the kernel's
+documented ones:
+
+* P rounding point. The reference rounds ``e4m3(448 · exp(s - rowmax))`` with the *global* row max; a flash
+  kernel rounds ``e4m3(448 · exp2(z - m_j))`` against the running max ``m_j`` of the K tiles seen so far. Where the
+  row max is not in the first tile, earlier tiles' P land on a different e4m3 grid (3 mantissa bits, relative
+  spacing 1/8..1/16), so individual P differ by up to one e4m3 step, independently in each implementation. The
+  output error is then ~ (e4m3 step / 4) · sqrt(Σp²)/Σp · |v| — of the same order as the reference's own FP8-P
+  error against fp32 attention. On these short random sequences that is ~1 % of an output element; the bounds
+  below are the measured worst case over seeds with ~1.5x margin (see ``_TOL``).
+* INT8 with per-token K scales (``k_block`` < tile) folds the exact int32→fp32 magic-number conversion and the K
+  scale into one fma, so a logit can move by up to ~1 unit of the int32 accumulator (1e-2 of int8 quantization
+  noise); that only flips rare P roundings, covered by the same bounds.
+
+Two tighter checks pin the algorithm itself: (1) a torch emulation of the kernel's tile algorithm in the kernel's
+own fp32 operation order must match to ~1e-6; (2) inputs whose row max sits in the first K tile (so both
+implementations round P on the same grid) must match the reference to ~1e-5 on the exactly-converted paths.
+
+Shapes are small (the interpreter runs each program in numpy); the file runs in ~30 s on 2 CPU cores. A
+separate group compiles the kernel for sm_90 / sm_89 with Triton's bundled ptxas (no GPU) and checks that both
+dots are tensor-core MMAs, that P·V uses a fresh accumulator (two-level accumulation) and that nothing spills.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import types
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
+from qattn_fx.kernels import reference  # noqa: E402
+from qattn_fx.kernels import triton_sage as ts  # noqa: E402
+from qattn_fx.ops import formats  # noqa: E402
+
+ops = torch.ops.qattn
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    """Run every test of this file under the Triton interpreter (the kernel is jitted lazily, so this suffices)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv(ts.ENV_CONFIG, raising=False)
+    ts.set_config(None)
+    yield
+    ts.set_config(None)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Inputs
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def make_qkv(b=2, hq=4, hkv=2, sq=45, skv=77, d=64, dv=None, *, bshd=True, seed=0, k_bias=3.0, q_bias=1.0,
+             dtype=torch.bfloat16):
+    """Random Q/K/V with per-(head, channel) outliers; BSHD views (diffusers' buffers) or contiguous BHSD."""
+    g = torch.Generator().manual_seed(seed)
+    dv = dv or d
+
+    def rnd(s, h, dd, bias):
+        x = torch.randn(b, s, h, dd, generator=g)
+        if bias:
+            x = x + bias * torch.randn(1, 1, h, dd, generator=g)
+        x = x.to(dtype).transpose(1, 2)  # logical (B, H, S, D), BSHD storage
+        return x if bshd else x.contiguous()
+
+    return rnd(sq, hq, d, q_bias), rnd(skv, hkv, d, k_bias), rnd(skv, hkv, dv, 0.0)
+
+
+def quantize(q, k, v, qk="int8", q_block=1, k_block=16, *, v_scale="channel", v_seq_major=True, scope="tensor",
+             smooth=True):
+    """The op-level arguments ``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` of one recipe."""
+    if qk in ("bf16", "fp16"):
+        qd, qs, kd, ks = q, None, k, None
+        q_block = k_block = 0
+    else:
+        dtype = formats.torch_dtype(qk)
+        if smooth:
+            k = ops.smooth_k(k)
+        qd, qs = _quant_qk(q, q_block, dtype, scope)
+        kd, ks = _quant_qk(k, k_block, dtype, scope)
+    if v_scale == "channel":
+        vd, vs = ops.quantize_per_channel(v, FP8, v_seq_major)
+    elif v_scale == "head":
+        vd, vs = ops.quantize_per_head(v, FP8, v_seq_major)
+    else:
+        vd, vs = ops.quantize_per_tensor(v, FP8, v_seq_major)
+    return qd, qs, kd, ks, vd, vs, q_block, k_block
+
+
+def _quant_qk(x, block, dtype, scope):
+    if block:
+        return ops.quantize_per_block(x, block, dtype)
+    if scope == "head":
+        return ops.quantize_per_head(x, dtype)
+    return ops.quantize_per_tensor(x, dtype)
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max |err| / max |ref|, mean |err| / mean |ref|)."""
+    err = (out.double() - ref.double()).abs()
+    return (err.max() / ref.double().abs().max()).item(), (err.mean() / ref.double().abs().mean()).item()
+
+
+def run_both(args, sm_scale=None, out_dtype=torch.float32):
+    d = args[0].shape[-1]
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    full = (*args, sm_scale, out_dtype)
+    return ts.scaled_attention(*full), reference.scaled_attention(*full)
+
+
+#: Measured worst case over seeds 0-4 of (max-rel, mean-rel) against the reference on these shapes, times ~1.5.
+#: max-rel: largest element error over the largest output element; mean-rel: mean error over mean |output|.
+_TOL = dict(max_rel=3.5e-2, mean_rel=2.0e-2)
+
+
+def assert_close_to_reference(out, ref, tol=_TOL):
+    max_rel, mean_rel = errors(out, ref)
+    assert max_rel <= tol["max_rel"] and mean_rel <= tol["mean_rel"], (max_rel, mean_rel)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Against the reference
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qk", ["int8", "fp8"])
+@pytest.mark.parametrize("blocks", [(1, 16), (4, 4), (16, 1), (0, 0), (1, 64)], ids=lambda b: f"q{b[0]}k{b[1]}")
+def test_quantized_qk_matches_reference(qk, blocks):
+    """B=2, GQA 4/2, Sq=45 ≠ Skv=77 (tails on both), BSHD-strided Q/K/V, per-channel seq-major V, d=64."""
+    args = quantize(*make_qkv(), qk, *blocks)
+    out, ref = run_both(args)
+    assert out.shape == ref.shape == (2, 4, 45, 64)
+    assert_close_to_reference(out, ref)
+
+
+@pytest.mark.parametrize("scope", ["tensor", "head"])
+def test_block0_scopes(scope):
+    """Block 0: one scale per tensor (1,1,1) or per head (1,H,1), broadcast through zero strides."""
+    args = quantize(*make_qkv(hkv=4), "int8", 0, 0, scope=scope, v_scale="head" if scope == "head" else "tensor")
+    assert args[1].shape == ((1, 4, 1) if scope == "head" else (1, 1, 1))
+    assert_close_to_reference(*run_both(args))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_unquantized_qk(dtype):
+    """QK16PV8: bf16/fp16 Q/K without scales, fp8 V."""
+    args = quantize(*make_qkv(dtype=dtype), "bf16")
+    assert args[1] is None and args[3] is None
+    assert_close_to_reference(*run_both(args))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(d=128, bshd=False),  # head_dim 128, contiguous BHSD
+        dict(v_seq_major=False),  # D-major V (fp16 P·V path)
+        dict(v_scale="tensor"),  # per-tensor V scale
+        dict(sq=70, skv=20),  # q_len > kv_len, Skv < one tile (tail only)
+        dict(sq=32, skv=64, b=1, hq=2, hkv=2),  # exact multiples of the tile: no tails
+        dict(hq=6, hkv=2, b=1),  # GQA group of 3
+        dict(sq=1, skv=5, b=1),  # single query, few keys
+    ],
+    ids=["d128-bhsd", "v-dmajor", "v-tensor", "sq>skv", "no-tails", "gqa3", "tiny"],
+)
+def test_shapes_and_layouts(case):
+    case = dict(case)
+    quant_kw = {k: case.pop(k) for k in ("v_seq_major", "v_scale") if k in case}
+    args = quantize(*make_qkv(**case), "int8", 1, 16, **quant_kw)
+    if quant_kw.get("v_seq_major") is False:
+        assert args[4].stride(-1) == 1
+    else:
+        assert args[4].stride(-2) == 1
+    assert_close_to_reference(*run_both(args))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_out_dtype_and_layout(out_dtype):
+    """Output is (B, Hq, Sq, Dv) stored BSHD: strides (Sq·Hq·Dv, Dv, Hq·Dv, 1), as the op's fake kernel promises."""
+    args = quantize(*make_qkv(), "fp8", 1, 16)
+    out, ref = run_both(args, out_dtype=out_dtype)
+    b, h, s, d = out.shape
+    assert out.dtype == out_dtype
+    assert out.stride() == (s * h * d, d, h * d, 1)
+    assert_close_to_reference(out.float(), ref.float())
+
+
+def test_sm_scale_is_applied():
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    out, ref = run_both(args, sm_scale=0.37)
+    assert_close_to_reference(out, ref)
+
+
+def test_inputs_not_mutated():
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_both(args)
+    for a, b in zip(args, before):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a.view(torch.uint8) if a.dtype == FP8 else a, b.view(torch.uint8) if b.dtype == FP8 else b)
+
+
+def test_through_the_registered_op():
+    """``qattn::scaled_attention(..., kernel="triton_sage")`` dispatches here and returns the promised layout."""
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    out = torch.ops.qattn.scaled_attention(*args, 0.125, torch.bfloat16, "triton_sage")
+    ref = reference.scaled_attention(*args, 0.125, torch.bfloat16)
+    assert out.stride() == ref.stride()
+    assert_close_to_reference(out.float(), ref.float())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The algorithm itself, tightly
+# ------------------------------------------------------------------------------------------------------------------
+
+_MAGIC = 12582912.0  # 1.5 · 2^23
+
+
+def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n):
+    """The kernel's tile loop in torch, in the kernel's fp32 operation order (interpreter: no fused multiply-add).
+
+    Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
+    log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``.
+    """
+    b, hq, sq, _ = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kk = k.repeat_interleave(g, 1)
+    v8 = v.double().repeat_interleave(g, 1)
+    qk_scale = torch.tensor(sm_scale * ts.LOG2E, dtype=torch.float32)
+    if q_scale is None:
+        s_all = q.double() @ kk.double().transpose(-1, -2)  # exact: bf16/fp16 products, few terms
+        s_all = s_all.float()
+        rs = torch.full((b, hq, sq), qk_scale.item())
+    else:
+        s_all = q.double() @ kk.double().transpose(-1, -2)  # exact integer / e4m3 sums
+        s_all = s_all.to(torch.int32) if q.dtype == torch.int8 else s_all.float()
+        qsv = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float()
+        rs = qsv.expand(b, hq, sq) * qk_scale
+        if k_block == 0:
+            rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
+    per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
+    m = torch.full((b, hq, sq), -math.inf)
+    l = torch.zeros(b, hq, sq)
+    acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64)
+    for s0 in range(0, skv, block_n):
+        n = torch.arange(s0, min(s0 + block_n, skv))
+        s = s_all[..., n]
+        if k_scale is not None and k_block > 0:
+            ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]  # (B, Hq, n)
+        if q.dtype == torch.int8:
+            t = (s + 0x4B400000).view(torch.float32)
+            if per_col:  # K scale cut to 22 significant bits, then one rounding of S·ks
+                ks22 = (ks.view(torch.int32) & -4).view(torch.float32)
+                t = (t - _MAGIC) * ks22[:, :, None, :]
+            else:
+                t = t - _MAGIC
+        else:
+            t = s * ks[:, :, None, :] if per_col else s
+        r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
+        m_new = torch.maximum(m, t.amax(-1) * r)
+        p = torch.exp2(t * r[..., None] - (m_new - ts.LOG2_448)[..., None])
+        alpha = torch.exp2(m - m_new)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
+        m = m_new
+    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
+    return acc / l[..., None].double() * vs
+
+
+@pytest.mark.parametrize(
+    "qk,blocks,config",
+    [
+        ("int8", (1, 16), "32,32,4,1"),  # per-column K scale (k_block < tile)
+        ("int8", (4, 4), "16,16,4,1"),
+        ("int8", (16, 32), "32,32,4,1"),  # K scale uniform per tile (k_block == tile)
+        ("int8", (1, 64), "16,32,4,1"),  # K scale uniform per tile (k_block multiple of tile)
+        ("int8", (0, 0), "32,64,4,1"),  # per tensor: folded into the row scale
+        ("fp8", (1, 16), "32,16,4,1"),  # k_block == tile
+        ("fp8", (1, 4), "32,32,4,1"),
+        ("bf16", (0, 0), "32,32,4,1"),
+    ],
+)
+def test_matches_emulation(qk, blocks, config):
+    """The kernel computes exactly its documented algorithm (fp32 rounding order included): 1e-5, not 1e-2."""
+    cfg = ts.KernelConfig.parse(config)
+    args = quantize(*make_qkv(), qk, *blocks)
+    with ts.use_config(cfg):
+        out = ts.scaled_attention(*args, 0.125, torch.float32)
+    emu = emulate(*args, 0.125, cfg.block_n)
+    max_rel, mean_rel = errors(out, emu)
+    assert max_rel < 1e-5 and mean_rel < 1e-6, (max_rel, mean_rel)
+
+
+def _first_tile_max_inputs(qk, q_block, k_block):
+    """Inputs whose row max logit is key 0 (first K tile) for every query, with the other P still non-negligible.
+
+    Queries are ``u + 0.3·noise`` for one random direction ``u``; key 0 is ``0.6·u`` (logit ≈ 4.8 at d=64,
+    sm_scale 1/8) while the other keys are N(0, 1) (logits ≈ N(0, 1.1), max over 76 keys ≈ 2.7).
+    """
+    g = torch.Generator().manual_seed(7)
+    q, k, v = make_qkv(k_bias=0.0, q_bias=0.0, dtype=torch.float32)
+    u = torch.randn(q.shape[-1], generator=g)
+    q = u + 0.3 * q
+    k = k.clone()
+    k[:, :, 0] = 0.6 * u
+    to = torch.bfloat16
+    return quantize(q.to(to), k.to(to), v.to(to), qk, q_block, k_block, smooth=False)
+
+
+@pytest.mark.parametrize("qk,blocks", [("fp8", (1, 16)), ("fp8", (4, 4)), ("int8", (1, 16)), ("int8", (1, 32)),
+                                       ("int8", (0, 0)), ("bf16", (0, 0))])
+def test_exact_when_row_max_is_in_first_tile(qk, blocks):
+    """With the global row max in tile 0 both implementations round P on the same grid: fp32-level agreement.
+
+    Measured: max error ~1e-6 of max|ref| in every case except where an fp32-level difference in a logit lands on
+    an e4m3 rounding boundary (fp8 1/16 here: one P flips, moving part of one output row by ~6e-4). So: mean
+    error < 1e-5 (the general case is ~1e-2), at most 1 % of elements above 1e-5, and max < 5e-3 (a few flips).
+    """
+    args = _first_tile_max_inputs(qk, *blocks)
+    out, ref = run_both(args)
+    err = (out.double() - ref.double()).abs() / ref.double().abs().max()
+    assert err.mean().item() < 1e-5, err.mean().item()
+    assert (err > 1e-5).double().mean().item() < 0.01
+    assert err.max().item() < 5e-3
+
+
+def test_lse():
+    """``return_lse``: natural-log logsumexp of the dequantized scaled logits, (B, Hq, Sq) fp32."""
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    out, lse = ts.attention(*args, 0.125, torch.float32, return_lse=True)
+    q, qs, k, ks, _, _, qb, kb = args
+    qf = formats.dequantize_scaled(q, qs, qb).double()
+    kf = formats.dequantize_scaled(k, ks, kb).double().repeat_interleave(2, 1)
+    expect = torch.logsumexp(qf @ kf.transpose(-1, -2) * 0.125, dim=-1)
+    assert lse.shape == (2, 4, 45) and lse.dtype == torch.float32
+    # fp32 logits and exp2/log2: a few ulps of |lse| ~ 10
+    assert (lse.double() - expect).abs().max().item() < 1e-4
+    assert_close_to_reference(out, reference.scaled_attention(*args, 0.125, torch.float32))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Errors and configuration
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_head_dim_96_is_refused():
+    args = quantize(*make_qkv(d=96), "int8", 1, 16)
+    with pytest.raises(ValueError, match=r"head_dim=96.*valid: 64, 128"):
+        ts.scaled_attention(*args, 0.125, torch.float32)
+
+
+def test_wrong_capability_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    fake = types.SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match=r"sm_80.*valid: sm_89, sm_90"):
+        ts._check_device(fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert ts._check_device(fake) == (9, 0)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        ts.scaled_attention(*args, 0.125, torch.float32)
+
+
+def test_config_forcing(monkeypatch):
+    assert ts.KernelConfig.parse("128,64,8,3") == ts.KernelConfig(128, 64, 8, 3)
+    assert ts.KernelConfig.parse("BM128_BN64_w8_s3") == ts.KernelConfig(128, 64, 8, 3)
+    with pytest.raises(ValueError, match="BLOCK_M,BLOCK_N,num_warps,num_stages"):
+        ts.KernelConfig.parse("128,64")
+    assert ts.forced_config() is None
+    monkeypatch.setenv(ts.ENV_CONFIG, "64,32,4,2")
+    assert ts.forced_config() == ts.KernelConfig(64, 32, 4, 2)
+    with ts.use_config("16,16,4,1"):
+        assert ts.forced_config() == ts.KernelConfig(16, 16, 4, 1)
+    assert ts.forced_config() == ts.KernelConfig(64, 32, 4, 2)
+    # a forced config drives the launch (tiles of 16: many tiles and tails)
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    with ts.use_config(ts.KernelConfig(16, 16, 4, 1)):
+        assert_close_to_reference(*run_both(args))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Offline compilation for Hopper / Ada (Triton's bundled ptxas; no GPU)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _ptxas_available() -> bool:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    return os.path.exists(path) or shutil.which("ptxas") is not None
+
+
+def _meta_inputs(qk=torch.int8, q_block=1, k_block=16, s=32760, h=12, d=128, v_seq_major=True):
+    """wan-1.3b-like meta tensors: BSHD Q/K, seq-major V whose row stride (32760) is only 8-byte aligned."""
+    meta = torch.device("meta")
+    q = torch.empty(1, s, h, d, dtype=qk, device=meta).transpose(1, 2)
+    k = torch.empty(1, s, h, d, dtype=qk, device=meta).transpose(1, 2)
+    if v_seq_major:
+        v = torch.empty(1, h, d, s, dtype=FP8, device=meta).transpose(-1, -2)
+    else:
+        v = torch.empty(1, s, h, d, dtype=FP8, device=meta).transpose(1, 2)
+    if qk in (torch.bfloat16, torch.float16):
+        return q, None, k, None, v, torch.empty(1, h, d, device=meta), 0, 0
+    nb = lambda blk: 1 if blk == 0 else -(-s // blk)  # noqa: E731
+    qs = torch.empty(1, 1 if q_block == 0 else h, nb(q_block), device=meta)
+    ks = torch.empty(1, 1 if k_block == 0 else h, nb(k_block), device=meta)
+    return q, qs, k, ks, v, torch.empty(1, h, d, device=meta), q_block, k_block
+
+
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton's ptxas is not installed")
+@pytest.mark.parametrize(
+    "cap,qk,blocks,config",
+    [
+        ((9, 0), torch.int8, (1, 16), "128,128,8,3"),
+        ((9, 0), torch.int8, (1, 16), "128,64,8,3"),
+        ((9, 0), torch.float8_e4m3fn, (0, 0), "64,64,4,3"),
+        ((9, 0), torch.bfloat16, (0, 0), "128,64,8,3"),
+        ((8, 9), torch.int8, (1, 16), "128,64,8,3"),
+    ],
+    ids=["sm90-int8-128x128", "sm90-int8-128x64", "sm90-fp8-64x64", "sm90-bf16", "sm89-int8-128x64"],
+)
+def test_compiles_for_gpu(monkeypatch, cap, qk, blocks, config):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    compiled = ts.compile_for(cap, ts.KernelConfig.parse(config), *_meta_inputs(qk, *blocks))
+    ttgir = compiled.asm["ttgir"]
+    report = ts.ptxas_report(compiled, cap)
+    assert report["ptxas_ok"], report
+    assert report["spill_stores"] == 0, report
+    if cap == (9, 0):
+        # both dots are Hopper wgmma; P·V starts from a zero accumulator (two-level accumulation) and is then
+        # added in fp32 (not folded into the running accumulator)
+        assert ttgir.count("ttng.warp_group_dot ") >= 2
+        pv = [ln for ln in ttgir.splitlines() if "ttng.warp_group_dot " in ln and "f8E4M3FN" in ln.split("*")[0]]
+        assert pv and all("maxNumImpreciseAcc = 1073741824" in ln for ln in pv)
+        ptx = compiled.asm["ptx"]
+        assert "wgmma.mma_async.sync.aligned" in ptx and ".e4m3.e4m3" in ptx
+    else:
+        assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in compiled.asm["ptx"]
+    # V (8-byte aligned rows) and K are copied asynchronously into shared memory
+    assert ttgir.count("ttg.async_copy_global_to_local") >= 2
