@@ -116,6 +116,11 @@ def run_variant(name, model, inputs, backend, dense_out, iters, warmup):
     return row, out
 
 
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("dit_step.py needs a CUDA GPU")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b")
@@ -126,8 +131,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="substrings of variant names to run")
     parser.add_argument("--out", default="bench_out/dit_step.json")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("dit_step.py needs a CUDA GPU")
+    require_cuda()
 
     model, inputs, cfg, tokens = build(args.config, args.blocks, args.frames, "cuda")
     hw = qattn_fx.detect("cuda")
