@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Steps run on the lent H200 (see CONTRIBUTING.md). Usage: tools/device_session.sh STEP...
+# Installs the carried wheels (.whl-gpu) into /tmp/site once, then runs each STEP, logging to $OUT/<step>.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/qattn_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+if [ ! -e /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-gpu/*.whl && touch /tmp/site/.done
+fi
+if [ -d .fi-cache ] && [ ! -e ~/.cache/flashinfer/.restored ]; then  # FlashInfer JIT modules built on an earlier machine
+  mkdir -p ~/.cache && tar -C ~/.cache -xzf .fi-cache/flashinfer.tgz && touch ~/.cache/flashinfer/.restored
+fi
+step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -${TAIL:-40}; echo "=== $name rc=${PIPESTATUS[0]}"; }
+for s in "$@"; do
+  case $s in
+    env) step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c "import torch, triton, cudnn, flashinfer; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__, cudnn.__version__, cudnn.backend_version(), flashinfer.__version__)"' ;;
+    cpu-tests) step cpu-tests 240 python3 -m pytest -q -p no:cacheprovider -m "not gpu" --ignore=tests/gpu -x -n 8 tests ;;
+    lib-tests) TAIL=60 step lib-tests 330 python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py ;;
+    triton-tests) TAIL=60 step triton-tests 300 python3 -m pytest -q -rs --durations=8 tests/gpu/test_triton_sage.py ;;
+    triton-smoke) step triton-smoke 120 python3 tools/triton_smoke.py ;;
+    tune) step tune 240 python3 benchmarks/tune_triton_sage.py --out "$OUT/tune.json" ;;
+    ops) TAIL=70 step ops 560 python3 benchmarks/attention_ops.py --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
+    dit) TAIL=30 step dit 560 python3 benchmarks/dit_step.py --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
+    save-jit) tar -C ~/.cache -czf "$OUT/flashinfer.tgz" flashinfer 2>/dev/null; ls -la "$OUT/flashinfer.tgz" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
