@@ -288,6 +288,11 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         ("fp8", (1, 16), "32,16,4,1"),  # k_block == tile
         ("fp8", (1, 4), "32,32,4,1"),
         ("bf16", (0, 0), "32,32,4,1"),
+        # software-pipelined Q·Kᵀ (next tile's S issued before this tile's softmax)
+        ("int8", (1, 16), "32,32,4,1,pipe"),
+        ("int8", (1, 64), "16,32,4,1,pipe"),
+        ("fp8", (4, 4), "32,16,4,1,pipe"),
+        ("bf16", (0, 0), "16,64,4,1,pipe"),
     ],
 )
 def test_matches_emulation(qk, blocks, config):
@@ -379,6 +384,8 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
 def test_config_forcing(monkeypatch):
     assert ts.KernelConfig.parse("128,64,8,3") == ts.KernelConfig(128, 64, 8, 3)
     assert ts.KernelConfig.parse("BM128_BN64_w8_s3") == ts.KernelConfig(128, 64, 8, 3)
+    assert ts.KernelConfig.parse("128,64,8,3,pipe") == ts.KernelConfig(128, 64, 8, 3, True)
+    assert ts.KernelConfig.parse(str(ts.KernelConfig(64, 64, 4, 2, True))) == ts.KernelConfig(64, 64, 4, 2, True)
     with pytest.raises(ValueError, match="BLOCK_M,BLOCK_N,num_warps,num_stages"):
         ts.KernelConfig.parse("128,64")
     assert ts.forced_config() is None

@@ -96,27 +96,41 @@ _QK_KIND = {torch.int8: 0, torch.float8_e4m3fn: 1, torch.bfloat16: 2, torch.floa
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One launch configuration: query rows per program, keys per tile, warps, software-pipeline stages."""
+    """One launch configuration.
+
+    ``block_m`` query rows per program, ``block_n`` keys per tile, ``num_warps``, ``num_stages`` (cp.async
+    pipeline depth of the K/V loads), ``pipe_qk``: issue the next tile's Q·Kᵀ before this tile's softmax.
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    pipe_qk: bool = False
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}"
+        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}" + ("_pipe" if self.pipe_qk else "")
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """``"128,128,8,3"`` (or ``BM128_BN128_w8_s3``) → config."""
-        parts = [int("".join(c for c in p if c.isdigit())) for p in text.replace("_", ",").split(",") if p.strip()]
-        if len(parts) != 4:
-            raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages'")
-        return cls(*parts)
+        """``"128,128,8,3"`` / ``"128,128,8,3,pipe"`` (or ``str()`` of a config, ``BM128_BN128_w8_s3_pipe``)."""
+        fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip()]
+        pipe = len(fields) == 5 and fields[-1].lower() in ("pipe", "1", "true")
+        if len(fields) == 5 and (pipe or fields[-1].lower() in ("0", "false", "nopipe")):
+            fields = fields[:-1]
+        try:
+            numbers = [int("".join(c for c in f if c.isdigit())) for f in fields]
+        except ValueError:
+            numbers = []
+        if len(numbers) != 4:
+            raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]'")
+        return cls(*numbers, pipe_qk=pipe)
+
+    def meta(self) -> dict:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE_QK": self.pipe_qk}
 
     def to_triton(self):
-        return triton.Config({"BLOCK_M": self.block_m, "BLOCK_N": self.block_n},
-                             num_warps=self.num_warps, num_stages=self.num_stages)
+        return triton.Config(self.meta(), num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 #: The autotuned set (Hopper wgmma wants 4 warps per 64 query rows).
@@ -175,36 +189,51 @@ def _seq_bucket(n: int) -> int:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _sage_tile(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
-               QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-               PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-               MASK_KV: tl.constexpr):
-    """One K/V tile of the online softmax: returns the updated ``(acc, l, m)``.
+def _qk_tile(q, k_base, k_offs, start_n, SEQ_KV,
+             QK_KIND: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
+    """Raw ``S = Q·Kᵀ`` of the K tile starting at key ``start_n``: int32 (int8 Q/K) or fp32.
 
-    ``k_base + k_offs``: (D, BLOCK_N) pointers to this tile of Kᵀ; ``v_base + v_offs``: (BLOCK_N, Dv) pointers to
-    V (scalar 64-bit bases advanced per tile, loop-invariant int32 offsets: fewer registers than carried pointer
-    tiles); ``rs`` (BLOCK_M,) row scale; ``MASK_KV``: this tile may run past ``SEQ_KV`` (the tail tile).
+    ``k_base + k_offs``: (D, BLOCK_N) pointers to the tile of Kᵀ (a scalar 64-bit base advanced per tile plus
+    loop-invariant int32 offsets: fewer registers than carried pointer tiles). For int8 the accumulator starts at
+    ``0x4B400000`` (Triton folds the add into the MMA's initial value): read as fp32 that is ``S + 1.5·2^23``.
     """
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    k_ptrs = k_base + k_offs
-    v_ptrs = v_base + v_offs
     if MASK_KV:
-        n_valid = offs_n < SEQ_KV
+        n_valid = (start_n + tl.arange(0, BLOCK_N)) < SEQ_KV
         if INTERPRET:  # the interpreter zero-fills masked lanes and cannot cast `other` to fp8
-            kt = tl.load(k_ptrs, mask=n_valid[None, :])
-            v = tl.load(v_ptrs, mask=n_valid[:, None])
+            kt = tl.load(k_base + k_offs, mask=n_valid[None, :])
         else:
-            kt = tl.load(k_ptrs, mask=n_valid[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=n_valid[:, None], other=0.0)
+            kt = tl.load(k_base + k_offs, mask=n_valid[None, :], other=0.0)
     else:
-        kt = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-
-    # ---- S = Q·Kᵀ, then t = S with per-column K scales applied (exact int32 → fp32 for int8) -----------------
-    if QK_KIND == 2 and INTERPRET:
+        kt = tl.load(k_base + k_offs)
+    if QK_KIND == 2 and INTERPRET:  # the interpreter's bf16 dot is not exact; fp32 products of bf16 are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32))
     else:
         s = tl.dot(q, kt)
+    if QK_KIND == 0:
+        s = s + 0x4B400000
+    return s
+
+
+def _softmax_pv(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
+                QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+                MASK_KV: tl.constexpr):
+    """Online softmax and P·V for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
+
+    ``v_base + v_offs``: (BLOCK_N, Dv) pointers to V; ``rs`` (BLOCK_M,) row scale; ``MASK_KV``: the tile may run
+    past ``SEQ_KV``. Returns the updated ``(acc, l, m)``.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASK_KV:
+        n_valid = offs_n < SEQ_KV
+        if INTERPRET:
+            v = tl.load(v_base + v_offs, mask=n_valid[:, None])
+        else:
+            v = tl.load(v_base + v_offs, mask=n_valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_base + v_offs)
+
+    # ---- t = S with per-column K scales applied (exact int32 → fp32 for int8) ------------------------------
     PER_COL: tl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
     if PER_COL:
         if MASK_KV:
@@ -212,7 +241,7 @@ def _sage_tile(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_
         else:
             ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn)
     if QK_KIND == 0:
-        t = (s + 0x4B400000).to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
+        t = s.to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
         if PER_COL:
             # t = round(S · ks) in one fma: with ks cut to 22 significant bits (relative change < 2e-7) the
             # constant 1.5·2^23·ks = 3·2^22·ks is exact in fp32, so fma(S + 1.5·2^23, ks, -1.5·2^23·ks) rounds
@@ -284,7 +313,7 @@ def _sage_fwd(
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
     RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, V_ALIGN: tl.constexpr,
-    INTERP_N_FULL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE_QK: tl.constexpr,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
     pid_m = tl.program_id(0)
@@ -336,19 +365,36 @@ def _sage_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
-    # Under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4 refuses to turn
-    # into a Python int for range(): there the host passes the bound as a constexpr (compiled kernels ignore it).
-    for start_n in range(0, INTERP_N_FULL if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
-        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs,
-                                       start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT,
-                                       INTERPRET, False)
-        k_base += k_step
-        v_base += v_step
-    n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
-    if n_full < SEQ_KV:
-        acc, l_i, m_i = _sage_tile_jit(acc, l_i, m_i, q, k_base, k_offs, v_base, v_offs, ks_ptr, stride_ksn, rs,
-                                       n_full, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, not V_SEQ_MAJOR, PV_SPLIT,
-                                       INTERPRET, True)
+    PV_FP16: tl.constexpr = not V_SEQ_MAJOR
+    # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
+    # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr.
+    if PIPE_QK:
+        # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
+        # work while the exp2s of tile j run. The last tile (full or tail) is finished after the loop, masked.
+        s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+        for start_n in range(0, INTERP_LOOP_END if INTERPRET else ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, BLOCK_N):
+            k_base += k_step
+            s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n,
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+            v_base += v_step
+            s = s_next
+        acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs,
+                                        ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
+                                        PV_FP16, PV_SPLIT, INTERPRET, True)
+    else:
+        # Full tiles without masks, then the tail tile (if any) with masks.
+        for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
+            s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n,
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+            k_base += k_step
+            v_base += v_step
+        n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
+        if n_full < SEQ_KV:
+            s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, n_full,
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
@@ -404,8 +450,9 @@ def _build():
         raise RuntimeError(f"triton_sage needs triton: {_TRITON_ERROR}")
     mode = interpreter_active()
     if _Built.mode is not mode or _Built.kernel is None:
-        # _sage_fwd calls the helper by this global name; bind it before jitting so both modes resolve it.
-        globals()["_sage_tile_jit"] = triton.jit(_sage_tile)
+        # _sage_fwd calls the helpers by these global names; bind them before jitting so both modes resolve them.
+        globals()["_qk_tile_jit"] = triton.jit(_qk_tile)
+        globals()["_softmax_pv_jit"] = triton.jit(_softmax_pv)
         kernel = triton.jit(_sage_fwd)
         _Built.kernel = kernel
         _Built.tuned = None if mode else triton.autotune(
@@ -515,6 +562,15 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
     return out, lse, args, meta
 
 
+def _loop_end(config: KernelConfig, skv: int, interpret: bool) -> int:
+    """The main loop's end (a constexpr only under the interpreter; compiled kernels compute it themselves)."""
+    if not interpret:
+        return 0
+    if config.pipe_qk:
+        return ((skv - 1) // config.block_n) * config.block_n
+    return (skv // config.block_n) * config.block_n
+
+
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
               out_dtype: torch.dtype, *, return_lse: bool = False):
     """``qattn::scaled_attention`` on this kernel; with ``return_lse`` also the LSE ``(B, Hq, Sq)`` fp32.
@@ -535,12 +591,11 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         if config is not None:
             grid = (triton.cdiv(sq, config.block_m), bsz * hq)
-            n_full = (skv // config.block_n) * config.block_n if built.mode else 0
-            built.kernel[grid](*args, **meta, INTERP_N_FULL=n_full, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            built.kernel[grid](*args, **meta, **config.meta(), INTERP_LOOP_END=_loop_end(config, skv, built.mode),
                                num_warps=config.num_warps, num_stages=config.num_stages)
         else:
             grid = lambda meta_: (triton.cdiv(sq, meta_["BLOCK_M"]), bsz * hq)  # noqa: E731
-            built.tuned[grid](*args, **meta, INTERP_N_FULL=0)
+            built.tuned[grid](*args, **meta, INTERP_LOOP_END=0)
     return (out, lse) if return_lse else out
 
 
@@ -581,7 +636,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
                                return_lse, tuple(capability), False)
-    meta.update(INTERP_N_FULL=0, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+    meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
     names = [p.name for p in kernel.params]
     signature, constexprs, attrs = {}, {}, {}
