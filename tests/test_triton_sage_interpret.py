@@ -435,9 +435,10 @@ def _meta_inputs(qk=torch.int8, q_block=1, k_block=16, s=32760, h=12, d=128, v_s
         ((9, 0), torch.int8, (1, 16), "128,64,8,3"),
         ((9, 0), torch.float8_e4m3fn, (0, 0), "64,64,4,3"),
         ((9, 0), torch.bfloat16, (0, 0), "128,64,8,3"),
+        ((9, 0), torch.int8, (1, 16), "128,64,8,3,pipe"),
         ((8, 9), torch.int8, (1, 16), "128,64,8,3"),
     ],
-    ids=["sm90-int8-128x128", "sm90-int8-128x64", "sm90-fp8-64x64", "sm90-bf16", "sm89-int8-128x64"],
+    ids=["sm90-int8-128x128", "sm90-int8-128x64", "sm90-fp8-64x64", "sm90-bf16", "sm90-int8-pipe", "sm89-int8-128x64"],
 )
 def test_compiles_for_gpu(monkeypatch, cap, qk, blocks, config):
     monkeypatch.delenv("TRITON_INTERPRET")

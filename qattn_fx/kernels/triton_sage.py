@@ -133,16 +133,21 @@ class KernelConfig:
         return triton.Config(self.meta(), num_warps=self.num_warps, num_stages=self.num_stages)
 
 
-#: The autotuned set (Hopper wgmma wants 4 warps per 64 query rows).
+#: The autotuned set. Hopper wgmma wants 4 warps per 64 query rows; every entry compiles without register spills
+#: for int8/fp8 Q/K at head_dim 128 on sm_90 (Triton 3.6, checked offline with ptxas, see compile_for).
+#: ``pipe`` entries issue the next tile's Q·Kᵀ before this tile's softmax (exp2s overlap the MMA).
 CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(128, 128, 8, 2),
     KernelConfig(128, 128, 8, 3),
     KernelConfig(128, 64, 8, 3),
     KernelConfig(128, 64, 8, 4),
-    KernelConfig(64, 128, 4, 2),
-    KernelConfig(64, 128, 4, 3),
     KernelConfig(64, 64, 4, 3),
     KernelConfig(64, 64, 4, 4),
+    KernelConfig(128, 64, 8, 3, pipe_qk=True),
+    KernelConfig(128, 64, 8, 4, pipe_qk=True),
+    KernelConfig(64, 64, 4, 3, pipe_qk=True),
+    KernelConfig(64, 64, 4, 4, pipe_qk=True),
+    KernelConfig(128, 128, 8, 3, pipe_qk=True),  # head_dim 64 only (spills at 128)
 )
 #: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
 INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
@@ -214,39 +219,63 @@ def _qk_tile(q, k_base, k_offs, start_n, SEQ_KV,
     return s
 
 
-def _softmax_pv(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n, SEQ_KV,
-                QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-                MASK_KV: tl.constexpr):
-    """Online softmax and P·V for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
-
-    ``v_base + v_offs``: (BLOCK_N, Dv) pointers to V; ``rs`` (BLOCK_M,) row scale; ``MASK_KV``: the tile may run
-    past ``SEQ_KV``. Returns the updated ``(acc, l, m)``.
-    """
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+def _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
+    """The (BLOCK_N, Dv) V tile at key ``start_n`` (rows past ``SEQ_KV`` read as 0 when ``MASK_KV``)."""
     if MASK_KV:
-        n_valid = offs_n < SEQ_KV
+        n_valid = (start_n + tl.arange(0, BLOCK_N)) < SEQ_KV
         if INTERPRET:
             v = tl.load(v_base + v_offs, mask=n_valid[:, None])
         else:
             v = tl.load(v_base + v_offs, mask=n_valid[:, None], other=0.0)
     else:
         v = tl.load(v_base + v_offs)
+    return v
+
+
+def _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+             MASK_KV: tl.constexpr):
+    """K scales of the tile at ``start_n``: a (BLOCK_N,) column vector when ``k_block`` splits the tile, else one
+    scalar (``k_block`` a multiple of BLOCK_N), else 1 (``k_block == 0``: already folded into the row scale).
+
+    Loaded before the tile's Q·Kᵀ is issued so that, when Q·Kᵀ runs ahead (``PIPE_QK``), nothing the softmax
+    needs waits behind the asynchronous MMA.
+    """
+    if K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASK_KV:
+            ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=offs_n < SEQ_KV, other=0.0)
+        else:
+            ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn)
+        # cut to 22 significant bits (relative change < 2e-7): then 1.5·2^23·ks is exact in fp32 (see _softmax_pv)
+        ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+    elif K_BLOCK > 0:
+        ks = tl.load(ks_ptr + (start_n // K_BLOCK) * stride_ksn)
+    else:
+        ks = 1.0
+    return ks
+
+
+def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
+                QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+                MASK_KV: tl.constexpr):
+    """Online softmax and P·V for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
+
+    ``v``: the (BLOCK_N, Dv) V tile (:func:`_load_v`); ``ks``: its K scales (:func:`_load_ks`); ``rs``
+    (BLOCK_M,) row scale; ``MASK_KV``: the tile may run past ``SEQ_KV``. Returns the updated ``(acc, l, m)``.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASK_KV:
+        n_valid = offs_n < SEQ_KV
 
     # ---- t = S with per-column K scales applied (exact int32 → fp32 for int8) ------------------------------
     PER_COL: tl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
-    if PER_COL:
-        if MASK_KV:
-            ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=n_valid, other=0.0)
-        else:
-            ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn)
     if QK_KIND == 0:
         t = s.to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
         if PER_COL:
-            # t = round(S · ks) in one fma: with ks cut to 22 significant bits (relative change < 2e-7) the
-            # constant 1.5·2^23·ks = 3·2^22·ks is exact in fp32, so fma(S + 1.5·2^23, ks, -1.5·2^23·ks) rounds
-            # the exact product S·ks once; the interpreter (no fma) gets the same bits from (t - 1.5·2^23)·ks.
-            ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+            # t = round(S · ks) in one fma: ks has 22 significant bits, so the constant 1.5·2^23·ks = 3·2^22·ks
+            # is exact in fp32 and fma(S + 1.5·2^23, ks, -1.5·2^23·ks) rounds the exact product S·ks once; the
+            # interpreter (no fma) gets the same bits from (t - 1.5·2^23)·ks.
             if INTERPRET:
                 t = (t - 12582912.0) * ks[None, :]
             else:
@@ -259,7 +288,7 @@ def _softmax_pv(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_
         if PER_COL:
             t = t * ks[None, :]
     if K_BLOCK > 0 and not PER_COL:  # one K scale for the whole tile
-        rs = rs * tl.load(ks_ptr + (start_n // K_BLOCK) * stride_ksn)
+        rs = rs * ks
 
     # ---- online softmax (log2 units, scales >= 0 so max(t·rs) = max(t)·rs) --------------------------------------
     if MASK_KV:
@@ -373,27 +402,35 @@ def _sage_fwd(
         # work while the exp2s of tile j run. The last tile (full or tail) is finished after the loop, masked.
         s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, BLOCK_N):
+            ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
             k_base += k_step
             s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n,
+            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
                                             SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
             v_base += v_step
             s = s_next
-        acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs,
-                                        ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
-                                        PV_FP16, PV_SPLIT, INTERPRET, True)
+        last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
+        v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
+        ks = _load_ks_jit(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
+        acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, last, SEQ_KV, QK_KIND,
+                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
     else:
         # Full tiles without masks, then the tail tile (if any) with masks.
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
+            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+            ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
             s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
-            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, start_n,
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
                                             SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
             k_base += k_step
             v_base += v_step
         n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
         if n_full < SEQ_KV:
+            v = _load_v_jit(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True)
+            ks = _load_ks_jit(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
             s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v_base, v_offs, ks_ptr, stride_ksn, rs, n_full,
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, n_full,
                                             SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
@@ -432,15 +469,23 @@ def interpreter_active() -> bool:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs that spill or oversize the problem (keeps at least one).
+    """Drop configs that spill registers (ptxas, Triton 3.6) or oversize the problem; keeps at least one.
 
-    ``PV_SPLIT`` is set off sm_90 (Ada's mma.sync path): there BLOCK_N = 128 tiles spill registers (ptxas,
-    Triton 3.6), so only BLOCK_N = 64 is tried.
+    ``PV_SPLIT`` is set off sm_90 (Ada's mma.sync path).
     """
     sq = named_args.get("SEQ_Q", 1 << 30)
     ada = kwargs.get("PV_SPLIT", named_args.get("PV_SPLIT", False))
-    kept = [c for c in configs
-            if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(sq)) and not (ada and c.kwargs["BLOCK_N"] > 64)]
+    d = kwargs.get("HEAD_DIM", 128)
+    kept = []
+    for c in configs:
+        bm, bn, pipe = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("PIPE_QK", False)
+        if bm > max(64, triton.next_power_of_2(sq)):
+            continue  # short query sequences: smaller row blocks fill the GPU
+        if ada and bn > 64:
+            continue  # sm_89 mma.sync path spills with 128-key tiles
+        if d > 64 and pipe and bn > 64:
+            continue  # two S tiles of 128 keys + two accumulators do not fit at head_dim 128
+        kept.append(c)
     return kept or list(configs)
 
 
@@ -453,6 +498,8 @@ def _build():
         # _sage_fwd calls the helpers by these global names; bind them before jitting so both modes resolve them.
         globals()["_qk_tile_jit"] = triton.jit(_qk_tile)
         globals()["_softmax_pv_jit"] = triton.jit(_softmax_pv)
+        globals()["_load_v_jit"] = triton.jit(_load_v)
+        globals()["_load_ks_jit"] = triton.jit(_load_ks)
         kernel = triton.jit(_sage_fwd)
         _Built.kernel = kernel
         _Built.tuned = None if mode else triton.autotune(
