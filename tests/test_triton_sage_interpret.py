@@ -282,8 +282,11 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
 @pytest.mark.parametrize(
     "qk,blocks,config",
     [
-        ("int8", (1, 16), "32,32,4,1"),  # per-column K scale (k_block < tile)
+        ("int8", (1, 16), "32,32,4,1"),  # K scale per group of 16 columns (k_block divides the tile)
         ("int8", (4, 4), "16,16,4,1"),
+        ("int8", (1, 1), "32,32,4,1"),  # per-column K scale (k_block = 1)
+        ("int8", (1, 24), "32,32,4,1"),  # per-column K scale (k_block neither divides nor is a multiple of the tile)
+        ("fp8", (2, 48), "16,32,4,1,pipe"),
         ("int8", (16, 32), "32,32,4,1"),  # K scale uniform per tile (k_block == tile)
         ("int8", (1, 64), "16,32,4,1"),  # K scale uniform per tile (k_block multiple of tile)
         ("int8", (0, 0), "32,64,4,1"),  # per tensor: folded into the row scale

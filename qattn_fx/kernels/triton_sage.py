@@ -22,9 +22,11 @@ Algorithm (one program = ``BLOCK_M`` query rows of one (batch, head)):
 2. For each ``BLOCK_N`` tile of K/V: ``S = dot(q, kᵀ)`` (int32 for int8, fp32 for fp8/bf16). INT8 accumulators
    are converted exactly with the ``2^23 · 1.5`` magic number (an integer add that Triton folds into the MMA's
    initial accumulator, then one fp op, instead of a slow I2F; exact because ``|S| <= 128³ < 2^22``). K scales
-   with ``k_block < BLOCK_N`` (or not dividing it) multiply the columns, fused with that conversion into one
-   correctly rounded fma (K scales used with 22 significant bits there, a relative change < 2e-7); coarser K
-   scales are uniform over the tile and fold into ``rs``. Logits in log2 units are
+   with ``k_block < BLOCK_N`` multiply the columns, fused with that conversion into one correctly rounded fma
+   (K scales used with 22 significant bits there, a relative change < 2e-7); when ``k_block`` divides the tile
+   only ``BLOCK_N / k_block`` scales are loaded and applied through a (BLOCK_M, groups, k_block) view of S (a
+   register relabeling, no data movement); coarser K scales are uniform over the tile and fold into ``rs``.
+   Logits in log2 units are
    ``z = t · rs`` with ``t`` the K-scaled accumulator; because scales are >= 0 the row max is ``max(t) · rs``.
 3. Online softmax in fp32 with exp2: ``P448 = exp2(z - m + log2(448))`` = ``448 · exp2(z - m)`` where ``m`` is
    the running row max, so the e4m3 operand is just ``P448`` rounded (RNE, saturating: the reference's
@@ -240,7 +242,15 @@ def _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N
     Loaded before the tile's Q·Kᵀ is issued so that, when Q·Kᵀ runs ahead (``PIPE_QK``), nothing the softmax
     needs waits behind the asynchronous MMA.
     """
-    if K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0:
+    if K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N:
+        # grouped: one scale per K_BLOCK columns, (BLOCK_N // K_BLOCK,) values (applied through a 3-D view of S)
+        offs_g = start_n // K_BLOCK + tl.arange(0, BLOCK_N // K_BLOCK)
+        if MASK_KV:
+            ks = tl.load(ks_ptr + offs_g * stride_ksn, mask=offs_g * K_BLOCK < SEQ_KV, other=0.0)
+        else:
+            ks = tl.load(ks_ptr + offs_g * stride_ksn)
+        ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+    elif K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASK_KV:
             ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=offs_n < SEQ_KV, other=0.0)
@@ -270,7 +280,21 @@ def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
 
     # ---- t = S with per-column K scales applied (exact int32 → fp32 for int8) ------------------------------
     PER_COL: tl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
-    if QK_KIND == 0:
+    GROUPED: tl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
+    if GROUPED:
+        # S viewed as (BLOCK_M, groups, K_BLOCK): the split of the key axis is a pure relabeling of registers
+        t3 = tl.reshape(s.to(tl.float32, bitcast=True) if QK_KIND == 0 else s,
+                        (s.shape[0], BLOCK_N // K_BLOCK, K_BLOCK))
+        if QK_KIND == 0:
+            if INTERPRET:
+                t3 = (t3 - 12582912.0) * ks[None, :, None]
+            else:
+                t3 = tl.fma(t3, tl.broadcast_to(ks[None, :, None], t3.shape),
+                            tl.broadcast_to(-(ks * 12582912.0)[None, :, None], t3.shape))
+        else:
+            t3 = t3 * ks[None, :, None]
+        t = tl.reshape(t3, (s.shape[0], BLOCK_N))
+    elif QK_KIND == 0:
         t = s.to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
         if PER_COL:
             # t = round(S · ks) in one fma: ks has 22 significant bits, so the constant 1.5·2^23·ks = 3·2^22·ks
@@ -481,8 +505,8 @@ def _prune(configs, named_args, **kwargs):
         bm, bn, pipe = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("PIPE_QK", False)
         if bm > max(64, triton.next_power_of_2(sq)):
             continue  # short query sequences: smaller row blocks fill the GPU
-        if ada and bn > 64:
-            continue  # sm_89 mma.sync path spills with 128-key tiles
+        if ada and (bn > 64 or c.num_warps < 8 or pipe):
+            continue  # sm_89 mma.sync path: only 128x64 tiles with 8 warps compile without spills
         if d > 64 and pipe and bn > 64:
             continue  # two S tiles of 128 keys + two accumulators do not fit at head_dim 128
         kept.append(c)
