@@ -406,6 +406,16 @@ def test_config_forcing(monkeypatch):
         assert_close_to_reference(*run_both(args))
 
 
+def test_autotune_pruning():
+    configs = [c.to_triton() for c in ts.CONFIGS]
+    hopper = ts._prune(configs, {"SEQ_Q": 32760}, PV_SPLIT=False, HEAD_DIM=128)
+    assert len(hopper) == len(configs)
+    ada = ts._prune(configs, {"SEQ_Q": 32760}, PV_SPLIT=True, HEAD_DIM=128)
+    assert ada and all(c.kwargs["BLOCK_N"] == 64 and c.num_warps == 8 and not c.kwargs["PIPE_QK"] for c in ada)
+    short = ts._prune(configs, {"SEQ_Q": 40}, PV_SPLIT=False, HEAD_DIM=128)
+    assert short and all(c.kwargs["BLOCK_M"] == 64 for c in short)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Offline compilation for Hopper / Ada (Triton's bundled ptxas; no GPU)
 # ------------------------------------------------------------------------------------------------------------------
