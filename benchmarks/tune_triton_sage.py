@@ -29,6 +29,10 @@ DEFAULT_SHAPES = {
     "d64": (2, 16, 16384, 64),
 }
 
+#: Configs must agree with the first one to this max error (relative to max |output|): different tiles round P
+#: against different running maxima (~1-3 % element differences); a broken config is off by O(1).
+AGREE = 0.1
+
 RECIPES = {  # name: (qk dtype, q_block, k_block, v scale)
     "int8-1-16": ("int8", 1, 16, "channel"),
     "int8-1-1": ("int8", 1, 1, "channel"),
@@ -172,14 +176,14 @@ def main() -> int:
                                args.rep_ms)
                 row["ms"] = ms
                 row["tflops"] = flops / ms / 1e9
-                flag = "" if row["max_rel_vs_first"] < 5e-2 else "  <-- DIFFERS"
+                flag = "" if row["max_rel_vs_first"] < AGREE else "  <-- DIFFERS"
                 log(f"  {str(config):<26} {ms:9.3f} {row['tflops']:9.1f} {row['max_rel_vs_first']:16.2e}  "
                     f"{row['first_call_s']:.1f} s{flag}")
             except Exception as exc:
                 row["error"] = repr(exc)[:500]
                 log(f"  {str(config):<26} FAILED: {row['error'][:200]}")
             entry["results"].append(row)
-        ok = [r for r in entry["results"] if "ms" in r and r.get("max_rel_vs_first", 1.0) < 5e-2]
+        ok = [r for r in entry["results"] if "ms" in r and r.get("max_rel_vs_first", 1.0) < AGREE]
         if ok:
             best = min(ok, key=lambda r: r["ms"])
             entry["best"] = best
