@@ -122,7 +122,7 @@ def main() -> int:
     cap = tuple(torch.cuda.get_device_capability())
     configs = [ts.KernelConfig.parse(c) for c in args.configs.split(";")] if args.configs else list(ts.CONFIGS)
     if cap != (9, 0) and not args.configs:  # sm_89: the spill-free subset (see triton_sage._prune)
-        configs = [c for c in configs if c.block_n <= 64 and c.num_warps == 8 and not c.pipe_qk] or configs
+        configs = [c for c in configs if c.block_n <= 64 and c.num_warps == 8 and not c.pipe] or configs
     shapes = parse_shapes(args.shapes)
     t_start = time.time()
     report = {

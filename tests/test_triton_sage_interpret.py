@@ -390,8 +390,11 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
 def test_config_forcing(monkeypatch):
     assert ts.KernelConfig.parse("128,64,8,3") == ts.KernelConfig(128, 64, 8, 3)
     assert ts.KernelConfig.parse("BM128_BN64_w8_s3") == ts.KernelConfig(128, 64, 8, 3)
-    assert ts.KernelConfig.parse("128,64,8,3,pipe") == ts.KernelConfig(128, 64, 8, 3, True)
-    assert ts.KernelConfig.parse(str(ts.KernelConfig(64, 64, 4, 2, True))) == ts.KernelConfig(64, 64, 4, 2, True)
+    assert ts.KernelConfig.parse("128,64,8,3,pipe") == ts.KernelConfig(128, 64, 8, 3, 1)
+    for c in ts.CONFIGS:
+        assert ts.KernelConfig.parse(str(c)) == c
+    with pytest.raises(ValueError, match="pipe"):
+        ts.KernelConfig(128, 64, 8, 3, 2)
     with pytest.raises(ValueError, match="BLOCK_M,BLOCK_N,num_warps,num_stages"):
         ts.KernelConfig.parse("128,64")
     assert ts.forced_config() is None
@@ -411,7 +414,7 @@ def test_autotune_pruning():
     hopper = ts._prune(configs, {"SEQ_Q": 32760}, PV_SPLIT=False, HEAD_DIM=128)
     assert len(hopper) == len(configs)
     ada = ts._prune(configs, {"SEQ_Q": 32760}, PV_SPLIT=True, HEAD_DIM=128)
-    assert ada and all(c.kwargs["BLOCK_N"] == 64 and c.num_warps == 8 and not c.kwargs["PIPE_QK"] for c in ada)
+    assert ada and all(c.kwargs["BLOCK_N"] == 64 and c.num_warps == 8 and not c.kwargs["PIPE"] for c in ada)
     short = ts._prune(configs, {"SEQ_Q": 40}, PV_SPLIT=False, HEAD_DIM=128)
     assert short and all(c.kwargs["BLOCK_M"] == 64 for c in short)
 

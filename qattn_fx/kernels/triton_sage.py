@@ -27,7 +27,7 @@ Algorithm (one program = ``BLOCK_M`` query rows of one (batch, head)):
    only ``BLOCK_N / k_block`` scales are loaded and applied through a (BLOCK_M, groups, k_block) view of S (a
    register relabeling, no data movement); coarser K scales are uniform over the tile and fold into ``rs``.
    Logits in log2 units are ``z = t · rs`` with ``t`` the K-scaled accumulator; because scales are >= 0 the row
-   max is ``max(t) · rs``. With ``pipe_qk`` configs the next tile's ``S`` is issued (async wgmma) before this
+   max is ``max(t) · rs``. With ``pipe`` configs the next tile's ``S`` is issued (async wgmma) before this
    tile's softmax, so the exp2s run while the tensor cores compute it.
 3. Online softmax in fp32 with exp2: ``P448 = exp2(z - m + log2(448))`` = ``448 · exp2(z - m)`` where ``m`` is
    the running row max, so the e4m3 operand is just ``P448`` rounded (RNE, saturating: the reference's
@@ -103,35 +103,45 @@ class KernelConfig:
     """One launch configuration.
 
     ``block_m`` query rows per program, ``block_n`` keys per tile, ``num_warps``, ``num_stages`` (cp.async
-    pipeline depth of the K/V loads), ``pipe_qk``: issue the next tile's Q·Kᵀ before this tile's softmax.
+    pipeline depth of the K/V loads), ``pipe``: software pipelining across tiles — 0: none; 1: the next tile's
+    Q·Kᵀ is issued (async wgmma) before this tile's softmax. (A depth-2 variant that also keeps the previous
+    tile's P·V in flight was tried: Triton 3.6 waits on that wgmma right after issuing it, so it only added
+    shared-memory traffic for P.)
     """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    pipe_qk: bool = False
+    pipe: int = 0
+
+    def __post_init__(self) -> None:
+        if int(self.pipe) not in (0, 1):
+            raise ValueError(f"pipe={self.pipe!r} is invalid; valid: 0, 1")
+        object.__setattr__(self, "pipe", int(self.pipe))
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}" + ("_pipe" if self.pipe_qk else "")
+        suffix = "_pipe" if self.pipe else ""
+        return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{suffix}"
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """``"128,128,8,3"`` / ``"128,128,8,3,pipe"`` (or ``str()`` of a config, ``BM128_BN128_w8_s3_pipe``)."""
-        fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip()]
-        pipe = len(fields) == 5 and fields[-1].lower() in ("pipe", "1", "true")
-        if len(fields) == 5 and (pipe or fields[-1].lower() in ("0", "false", "nopipe")):
+        """``"128,128,8,3"``, ``"128,64,8,3,pipe"`` (or ``str()`` of a config, ``BM128_BN64_w8_s3_pipe``)."""
+        fields = [f.strip().lower() for f in text.replace("_", ",").split(",") if f.strip()]
+        pipe = 0
+        if len(fields) == 5:
+            pipe = {"pipe": 1, "pipe1": 1, "1": 1, "0": 0, "nopipe": 0}.get(fields[-1], -1)
             fields = fields[:-1]
         try:
             numbers = [int("".join(c for c in f if c.isdigit())) for f in fields]
         except ValueError:
             numbers = []
-        if len(numbers) != 4:
+        if len(numbers) != 4 or pipe < 0:
             raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]'")
-        return cls(*numbers, pipe_qk=pipe)
+        return cls(*numbers, pipe=pipe)
 
     def meta(self) -> dict:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE_QK": self.pipe_qk}
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe}
 
     def to_triton(self):
         return triton.Config(self.meta(), num_warps=self.num_warps, num_stages=self.num_stages)
@@ -148,11 +158,11 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(128, 64, 8, 4),
     KernelConfig(64, 64, 4, 3),
     KernelConfig(64, 64, 4, 4),
-    KernelConfig(128, 64, 8, 3, pipe_qk=True),
-    KernelConfig(128, 64, 8, 4, pipe_qk=True),
-    KernelConfig(64, 64, 4, 3, pipe_qk=True),
-    KernelConfig(64, 64, 4, 4, pipe_qk=True),
-    KernelConfig(128, 128, 8, 3, pipe_qk=True),  # at head_dim 128: 255 registers, <= 16 B spilled for some strides
+    KernelConfig(128, 64, 8, 3, pipe=1),
+    KernelConfig(128, 64, 8, 4, pipe=1),
+    KernelConfig(64, 64, 4, 3, pipe=1),
+    KernelConfig(64, 64, 4, 4, pipe=1),
+    KernelConfig(128, 128, 8, 3, pipe=1),  # at head_dim 128: 255 registers, <= 16 B spilled for some strides
 )
 #: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
 INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
@@ -242,7 +252,7 @@ def _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N
     """K scales of the tile at ``start_n``: a (BLOCK_N,) column vector when ``k_block`` splits the tile, else one
     scalar (``k_block`` a multiple of BLOCK_N), else 1 (``k_block == 0``: already folded into the row scale).
 
-    Loaded before the tile's Q·Kᵀ is issued so that, when Q·Kᵀ runs ahead (``PIPE_QK``), nothing the softmax
+    Loaded before the tile's Q·Kᵀ is issued so that, when Q·Kᵀ runs ahead (``PIPE``), nothing the softmax
     needs waits behind the asynchronous MMA.
     """
     if K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N:
@@ -268,14 +278,14 @@ def _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N
     return ks
 
 
-def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
-                QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-                MASK_KV: tl.constexpr):
-    """Online softmax and P·V for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
+def _softmax(l_i, m_i, s, ks, rs, start_n, SEQ_KV,
+             QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+             MASK_KV: tl.constexpr):
+    """Online-softmax step for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
 
-    ``v``: the (BLOCK_N, Dv) V tile (:func:`_load_v`); ``ks``: its K scales (:func:`_load_ks`); ``rs``
-    (BLOCK_M,) row scale; ``MASK_KV``: the tile may run past ``SEQ_KV``. Returns the updated ``(acc, l, m)``.
+    ``ks``: the tile's K scales (:func:`_load_ks`); ``rs`` (BLOCK_M,) row scale; ``MASK_KV``: the tile may run
+    past ``SEQ_KV``. Returns ``(p8, alpha, l, m)``: the e4m3 ``P448`` tile, the factor rescaling earlier
+    accumulations, and the updated row sum / max.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASK_KV:
@@ -336,22 +346,36 @@ def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
     else:
         l_i = l_i * alpha + tl.sum(p, 1)
 
-    # ---- P·V in FP8 (fresh accumulator per tile, added in fp32) ------------------------------------------------
+    # ---- P448 in e4m3 (RNE, saturating) --------------------------------------------------------------------
     if INTERPRET:
         # Round P448 ∈ [0, 448] onto the e4m3 grid with RNE in fp32 (exact); the interpreter's own cast is not.
         e = tl.maximum((p.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)  # biased exponent, floor 2^-6
         ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
         inv_ulp = ((257 - e) << 23).to(tl.float32, bitcast=True)
         p = ((p * inv_ulp + 8388608.0) - 8388608.0) * ulp
-    p8 = p.to(tl.float8e4nv)
+    return p.to(tl.float8e4nv), alpha, l_i, m_new
+
+
+def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr):
+    """Two-level accumulation: ``acc · alpha + P8·V8``, the product in a fresh fp32 MMA accumulator."""
     if PV_FP16:  # D-major V: exact fp16 MMA (e4m3 values and their products are exact in fp16/fp32)
         pv = tl.dot(p8.to(tl.float16), v.to(tl.float16))
     elif PV_SPLIT:
         pv = tl.dot(p8, v, max_num_imprecise_acc=BLOCK_N)
     else:
         pv = tl.dot(p8, v)
-    acc = acc * alpha[:, None] + pv
-    return acc, l_i, m_new
+    return acc * alpha[:, None] + pv
+
+
+def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
+                QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+                MASK_KV: tl.constexpr):
+    """:func:`_softmax` then :func:`_pv` for one tile; returns the updated ``(acc, l, m)``."""
+    p8, alpha, l_i, m_i = _softmax_jit(l_i, m_i, s, ks, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
+                                       INTERPRET, MASK_KV)
+    acc = _pv_jit(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT)
+    return acc, l_i, m_i
 
 
 def _sage_fwd(
@@ -369,7 +393,7 @@ def _sage_fwd(
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
     RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, V_ALIGN: tl.constexpr,
-    INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE_QK: tl.constexpr,
+    INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
     pid_m = tl.program_id(0)
@@ -424,7 +448,7 @@ def _sage_fwd(
     PV_FP16: tl.constexpr = not V_SEQ_MAJOR
     # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
     # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr.
-    if PIPE_QK:
+    if PIPE == 1:
         # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
         # work while the exp2s of tile j run. The last tile (full or tail) is finished after the loop, masked.
         s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
@@ -504,7 +528,7 @@ def _prune(configs, named_args, **kwargs):
     ada = kwargs.get("PV_SPLIT", named_args.get("PV_SPLIT", False))
     kept = []
     for c in configs:
-        bm, bn, pipe = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("PIPE_QK", False)
+        bm, bn, pipe = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("PIPE", 0)
         if bm > max(64, triton.next_power_of_2(sq)):
             continue  # short query sequences: smaller row blocks fill the GPU
         if ada and (bn > 64 or c.num_warps < 8 or pipe):
@@ -521,6 +545,8 @@ def _build():
     if _Built.mode is not mode or _Built.kernel is None:
         # _sage_fwd calls the helpers by these global names; bind them before jitting so both modes resolve them.
         globals()["_qk_tile_jit"] = triton.jit(_qk_tile)
+        globals()["_softmax_jit"] = triton.jit(_softmax)
+        globals()["_pv_jit"] = triton.jit(_pv)
         globals()["_softmax_pv_jit"] = triton.jit(_softmax_pv)
         globals()["_load_v_jit"] = triton.jit(_load_v)
         globals()["_load_ks_jit"] = triton.jit(_load_ks)
@@ -540,7 +566,7 @@ def best_config() -> Optional[KernelConfig]:
     if cfg is None:
         return None
     return KernelConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages,
-                        bool(cfg.kwargs.get("PIPE_QK", False)))
+                        int(cfg.kwargs.get("PIPE", 0)))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -644,7 +670,7 @@ def _loop_end(config: KernelConfig, skv: int, interpret: bool) -> int:
     """The main loop's end (a constexpr only under the interpreter; compiled kernels compute it themselves)."""
     if not interpret:
         return 0
-    if config.pipe_qk:
+    if config.pipe:
         return ((skv - 1) // config.block_n) * config.block_n
     return (skv // config.block_n) * config.block_n
 

@@ -271,7 +271,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
 
 def _configs_for_this_gpu():
     ada = tuple(torch.cuda.get_device_capability()) != (9, 0) if torch.cuda.is_available() else False
-    return [c for c in ts.CONFIGS if not (ada and (c.block_n > 64 or c.num_warps < 8 or c.pipe_qk))]
+    return [c for c in ts.CONFIGS if not (ada and (c.block_n > 64 or c.num_warps < 8 or c.pipe))]
 
 
 @needs_sm89_90
