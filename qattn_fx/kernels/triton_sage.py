@@ -628,6 +628,9 @@ def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
     if q.shape[0] != k.shape[0] or k.shape[1] != v.shape[1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(f"triton_sage: heads must satisfy Hq % Hkv == 0 with equal batch sizes; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[0] * q.shape[1] > 65535:
+        raise ValueError(f"triton_sage: B·Hq = {q.shape[0] * q.shape[1]} exceeds the grid limit 65535; "
+                         "split the batch")
     if q_block < 0 or k_block < 0:
         raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
 
