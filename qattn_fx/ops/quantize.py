@@ -19,7 +19,7 @@ op                                                     returns
 
 Data keeps the memory order of the input (elementwise ops preserve a permuted BSHD view), so kernels read
 diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies. ``seq_major=True`` stores the data with the sequence axis fastest (physically ``(B, H, D, S)``), the layout an
-FP8 P·V on Hopper wants for V; the logical shape stays ``(B, H, S, D)``.
+FP8 P·V on Hopper wants for V, with each channel's row padded to 16 bytes; the logical shape stays ``(B, H, S, D)``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,19 @@ def _check_8bit(dtype: torch.dtype) -> None:
 
 
 def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
-    """Data keeps the input's memory order (a BSHD view stays BSHD) unless ``seq_major`` asks for S fastest."""
-    if seq_major:
-        return data.transpose(-1, -2).contiguous().transpose(-1, -2)
-    return data
+    """Data keeps the input's memory order (a BSHD view stays BSHD) unless ``seq_major`` asks for S fastest.
+
+    Sequence-major data is stored ``(B, H, D, S16)`` with the row length padded to a multiple of 16 elements
+    (16 bytes of fp8, what vectorized/asynchronous copies and TMA need) and viewed back as ``(B, H, S, D)``.
+    """
+    if not seq_major:
+        return data
+    s = data.shape[-2]
+    pad = (-s) % 16
+    rows = data.transpose(-1, -2)
+    if pad:
+        rows = torch.nn.functional.pad(rows, (0, pad))
+    return rows.contiguous()[..., :s].transpose(-1, -2)
 
 
 def smooth_k(k: torch.Tensor) -> torch.Tensor:
