@@ -16,12 +16,12 @@ for s in "$@"; do
   case $s in
     env) step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c "import torch, triton, cudnn, flashinfer; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__, cudnn.__version__, cudnn.backend_version(), flashinfer.__version__)"' ;;
     cpu-tests) TAIL=25 step cpu-tests 150 python3 -m pytest -q -rf -p no:cacheprovider -m "not gpu" -n 8 ${CPU_TESTS:-tests/test_golden_graphs.py tests/test_backend.py tests/test_diffusers_models.py tests/test_attention_ops.py} ;;
-    lib-tests) TAIL=60 step lib-tests 330 python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
-    triton-tests) TAIL=60 step triton-tests 300 python3 -m pytest -q -rs --durations=8 tests/gpu/test_triton_sage.py ;;
+    lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
+    triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
     triton-smoke) step triton-smoke 120 python3 tools/triton_smoke.py ;;
-    tune) step tune 240 python3 benchmarks/tune_triton_sage.py --out "$OUT/tune.json" ;;
+    tune) TAIL=30 step tune ${TUNE_S:-240} python3 benchmarks/tune_triton_sage.py --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
     ops) TAIL=70 step ops 560 python3 benchmarks/attention_ops.py --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
-    dit) TAIL=30 step dit 560 python3 benchmarks/dit_step.py --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
+    dit) TAIL=20 step dit ${DIT_S:-560} python3 benchmarks/dit_step.py --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
     save-jit) tar -C ~/.cache -czf "$OUT/flashinfer.tgz" flashinfer 2>/dev/null; ls -la "$OUT/flashinfer.tgz" ;;
     *) echo "unknown step $s" ;;
   esac
