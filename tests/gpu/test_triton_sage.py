@@ -127,13 +127,18 @@ def assert_close_to_reference(out, ref, what="", tol=None):
     assert max_rel <= tol["max_rel"] and mean_rel <= tol["mean_rel"], (what, max_rel, mean_rel)
 
 
-def assert_fp32_level(out, ref, what=""):
-    """Agreement up to rare P rounding flips (an fp32-level logit difference landing on an e4m3 boundary)."""
+def assert_fp32_level(out, ref, what="", fp8_qk=False):
+    """Agreement at the precision of Hopper's FP8 MMAs, not of fp32 CUDA cores.
+
+    FP8 wgmma accumulates each tile's products with ~22 bits (13 mantissa bits, relative 2^-14 ≈ 6e-5): every
+    tile's P·V sum carries that error, and with FP8 Q/K so does every logit (which then moves P). Measured on the
+    H200 (2026-11-29), errors relative to max|O|: int8/bf16 Q/K mean 3.5e-5, max 1.5e-3 (66 % of the elements
+    above 1e-5: the P·V accumulator, everywhere); FP8 Q/K mean 4.1e-4, max 4.3e-3. Under the Triton
+    interpreter (exact fp32) the same inputs agree to ~1e-6. Bounds: 3x the measured means, max < 2e-2."""
     err = (out.double() - ref.double()).abs() / ref.double().abs().max()
-    frac = (err > 1e-5).double().mean().item()
-    print(f"[triton_sage fp32-level] {what}: max={err.max().item():.2e} mean={err.mean().item():.2e} "
-          f"frac>1e-5={frac:.2e}")
-    assert err.mean().item() < 1e-5 and frac < 0.01 and err.max().item() < 2e-2, what
+    print(f"[triton_sage fp32-level] {what}: max={err.max().item():.2e} mean={err.mean().item():.2e}")
+    mean_bound = 1.5e-3 if fp8_qk else 1e-4
+    assert err.mean().item() < mean_bound and err.max().item() < 2e-2, what
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -300,7 +305,7 @@ def test_exact_when_row_max_is_in_first_tile(qk, blocks):
     k[:, :, 0] = 0.5 * u  # key 0 is every query's max (logit ≈ 5.7 vs others ≈ N(0, 1.1))
     args = quantize(q.bfloat16(), k.bfloat16(), v.bfloat16(), qk, *blocks, smooth=False)
     out, ref = run_both(args)
-    assert_fp32_level(out, ref, f"first-tile max {qk} {blocks}")
+    assert_fp32_level(out, ref, f"first-tile max {qk} {blocks}", fp8_qk=qk == "fp8")
 
 
 @needs_sm89_90
