@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
+from support import fp8_comparable_allclose
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -17,24 +17,6 @@ from qattn_fx.recipes import TABLE, Recipe
 
 ops = torch.ops.qattn
 I8, F8, E8M0 = torch.int8, torch.float8_e4m3fn, torch.float8_e8m0fnu
-
-
-@contextlib.contextmanager
-def fp8_comparable_allclose():
-    """opcheck's schema test compares inputs of every aten op with ``torch.allclose``, which has no CPU kernel for
-    float8 dtypes; compare those bitwise instead (torch test tooling, not the op under test)."""
-    original = torch.allclose
-
-    def allclose(a, b, *args, **kwargs):
-        if a.dtype in (F8, E8M0, torch.float8_e5m2):
-            return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        return original(a, b, *args, **kwargs)
-
-    torch.allclose = allclose
-    try:
-        yield
-    finally:
-        torch.allclose = original
 
 
 def bshd(b, h, s, d, dtype=torch.bfloat16):

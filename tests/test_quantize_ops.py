@@ -6,11 +6,11 @@ tests check the encoders against the format definitions, not against themselves.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
+from support import fp8_comparable_allclose
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,24 +27,6 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def fp8_comparable_allclose():
-    """opcheck's schema test compares every aten op's inputs before/after with ``torch.allclose``, which has no
-    CPU kernel for float8 dtypes; compare those bitwise instead (this is torch test tooling, not the op)."""
-    original = torch.allclose
-
-    def allclose(a, b, *args, **kwargs):
-        if a.dtype in (F8, E8M0, torch.float8_e5m2):
-            return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-        return original(a, b, *args, **kwargs)
-
-    torch.allclose = allclose
-    try:
-        yield
-    finally:
-        torch.allclose = original
 
 
 def bshd(b, h, s, d, dtype=torch.float32, scale=1.0):

@@ -41,6 +41,7 @@ import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
 from qattn_fx.ops import formats  # noqa: E402
+from support import errors, make_qkv, quantize  # noqa: E402
 
 ops = torch.ops.qattn
 FP8 = torch.float8_e4m3fn
@@ -59,57 +60,6 @@ def interpreter(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------------
 # Inputs
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def make_qkv(b=2, hq=4, hkv=2, sq=45, skv=77, d=64, dv=None, *, bshd=True, seed=0, k_bias=3.0, q_bias=1.0,
-             dtype=torch.bfloat16):
-    """Random Q/K/V with per-(head, channel) outliers; BSHD views (diffusers' buffers) or contiguous BHSD."""
-    g = torch.Generator().manual_seed(seed)
-    dv = dv or d
-
-    def rnd(s, h, dd, bias):
-        x = torch.randn(b, s, h, dd, generator=g)
-        if bias:
-            x = x + bias * torch.randn(1, 1, h, dd, generator=g)
-        x = x.to(dtype).transpose(1, 2)  # logical (B, H, S, D), BSHD storage
-        return x if bshd else x.contiguous()
-
-    return rnd(sq, hq, d, q_bias), rnd(skv, hkv, d, k_bias), rnd(skv, hkv, dv, 0.0)
-
-
-def quantize(q, k, v, qk="int8", q_block=1, k_block=16, *, v_scale="channel", v_seq_major=True, scope="tensor",
-             smooth=True):
-    """The op-level arguments ``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` of one recipe."""
-    if qk in ("bf16", "fp16"):
-        qd, qs, kd, ks = q, None, k, None
-        q_block = k_block = 0
-    else:
-        dtype = formats.torch_dtype(qk)
-        if smooth:
-            k = ops.smooth_k(k)
-        qd, qs = _quant_qk(q, q_block, dtype, scope)
-        kd, ks = _quant_qk(k, k_block, dtype, scope)
-    if v_scale == "channel":
-        vd, vs = ops.quantize_per_channel(v, FP8, v_seq_major)
-    elif v_scale == "head":
-        vd, vs = ops.quantize_per_head(v, FP8, v_seq_major)
-    else:
-        vd, vs = ops.quantize_per_tensor(v, FP8, v_seq_major)
-    return qd, qs, kd, ks, vd, vs, q_block, k_block
-
-
-def _quant_qk(x, block, dtype, scope):
-    if block:
-        return ops.quantize_per_block(x, block, dtype)
-    if scope == "head":
-        return ops.quantize_per_head(x, dtype)
-    return ops.quantize_per_tensor(x, dtype)
-
-
-def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    """(max |err| / max |ref|, mean |err| / mean |ref|)."""
-    err = (out.double() - ref.double()).abs()
-    return (err.max() / ref.double().abs().max()).item(), (err.mean() / ref.double().abs().mean()).item()
 
 
 def run_both(args, sm_scale=None, out_dtype=torch.float32):

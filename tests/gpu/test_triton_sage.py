@@ -16,10 +16,14 @@ Run: ``pytest -m gpu tests/gpu/test_triton_sage.py -v -s`` (``-s`` prints the me
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+
+import support
+from support import errors, quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -61,46 +65,7 @@ def _compiled_mode(monkeypatch):
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def make_qkv(b=2, hq=8, hkv=4, sq=1000, skv=1500, d=128, dv=None, *, bshd=True, seed=0, k_bias=3.0, q_bias=1.0,
-             dtype=torch.bfloat16):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    dv = dv or d
-
-    def rnd(s, h, dd, bias):
-        x = torch.randn(b, s, h, dd, generator=g, device=DEV)
-        if bias:
-            x = x + bias * torch.randn(1, 1, h, dd, generator=g, device=DEV)
-        x = x.to(dtype).transpose(1, 2)
-        return x if bshd else x.contiguous()
-
-    return rnd(sq, hq, d, q_bias), rnd(skv, hkv, d, k_bias), rnd(skv, hkv, dv, 0.0)
-
-
-def quantize(q, k, v, qk="int8", q_block=1, k_block=16, *, v_scale="channel", v_seq_major=True, scope="tensor",
-             smooth=True):
-    if qk in ("bf16", "fp16"):
-        qd, qs, kd, ks = q, None, k, None
-        q_block = k_block = 0
-    else:
-        dtype = formats.torch_dtype(qk)
-        if smooth:
-            k = ops.smooth_k(k)
-        qd, qs = _quant_qk(q, q_block, dtype, scope)
-        kd, ks = _quant_qk(k, k_block, dtype, scope)
-    quant_v = {"channel": ops.quantize_per_channel, "head": ops.quantize_per_head, "tensor": ops.quantize_per_tensor}
-    vd, vs = quant_v[v_scale](v, FP8, v_seq_major)
-    return qd, qs, kd, ks, vd, vs, q_block, k_block
-
-
-def _quant_qk(x, block, dtype, scope):
-    if block:
-        return ops.quantize_per_block(x, block, dtype)
-    return (ops.quantize_per_head if scope == "head" else ops.quantize_per_tensor)(x, dtype)
-
-
-def errors(out, ref):
-    err = (out.double() - ref.double()).abs()
-    return (err.max() / ref.double().abs().max()).item(), (err.mean() / ref.double().abs().mean()).item()
+make_qkv = functools.partial(support.make_qkv, hq=8, hkv=4, sq=1000, skv=1500, d=128, device=DEV)
 
 
 def run_both(args, sm_scale=None, out_dtype=torch.float32):
