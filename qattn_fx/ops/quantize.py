@@ -17,9 +17,11 @@ op                                                     returns
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
 =====================================================  ==========================================================
 
-Data keeps the memory order of the input (elementwise ops preserve a permuted BSHD view), so kernels read
-diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies. ``seq_major=True`` stores the data with the sequence axis fastest (physically ``(B, H, D, S)``), the layout an
-FP8 P·V on Hopper wants for V, with each channel's row padded to 16 bytes; the logical shape stays ``(B, H, S, D)``.
+The scaled int8/fp8 ops keep the memory order of the input (elementwise ops preserve a permuted BSHD view), so
+kernels read diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies; ``seq_major=True``
+stores the data with the sequence axis fastest (physically ``(B, H, D, S16)``, each channel's row padded to 16
+bytes), the layout an FP8 P·V on Hopper wants for V; the logical shape stays ``(B, H, S, D)``. The MXFP8 and
+NVFP4 ops return contiguous data and scales (their kernels re-pack scales into hardware layouts anyway).
 """
 
 from __future__ import annotations
