@@ -41,7 +41,7 @@ import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
 from qattn_fx.ops import formats  # noqa: E402
-from support import errors, make_qkv, quantize  # noqa: E402
+from support import emulate, errors, make_qkv, quantize  # noqa: E402
 
 ops = torch.ops.qattn
 FP8 = torch.float8_e4m3fn
@@ -173,61 +173,6 @@ def test_through_the_registered_op():
 # ------------------------------------------------------------------------------------------------------------------
 # The algorithm itself, tightly
 # ------------------------------------------------------------------------------------------------------------------
-
-_MAGIC = 12582912.0  # 1.5 · 2^23
-
-
-def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n):
-    """The kernel's tile loop in torch, in the kernel's fp32 operation order (interpreter: no fused multiply-add).
-
-    Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
-    log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``.
-    """
-    b, hq, sq, _ = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    g = hq // hkv
-    kk = k.repeat_interleave(g, 1)
-    v8 = v.double().repeat_interleave(g, 1)
-    qk_scale = torch.tensor(sm_scale * ts.LOG2E, dtype=torch.float32)
-    if q_scale is None:
-        s_all = q.double() @ kk.double().transpose(-1, -2)  # exact: bf16/fp16 products, few terms
-        s_all = s_all.float()
-        rs = torch.full((b, hq, sq), qk_scale.item())
-    else:
-        s_all = q.double() @ kk.double().transpose(-1, -2)  # exact integer / e4m3 sums
-        s_all = s_all.to(torch.int32) if q.dtype == torch.int8 else s_all.float()
-        qsv = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float()
-        rs = qsv.expand(b, hq, sq) * qk_scale
-        if k_block == 0:
-            rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
-    per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
-    m = torch.full((b, hq, sq), -math.inf)
-    l = torch.zeros(b, hq, sq)
-    acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64)
-    for s0 in range(0, skv, block_n):
-        n = torch.arange(s0, min(s0 + block_n, skv))
-        s = s_all[..., n]
-        if k_scale is not None and k_block > 0:
-            ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]  # (B, Hq, n)
-        if q.dtype == torch.int8:
-            t = (s + 0x4B400000).view(torch.float32)
-            if per_col:  # K scale cut to 22 significant bits, then one rounding of S·ks
-                ks22 = (ks.view(torch.int32) & -4).view(torch.float32)
-                t = (t - _MAGIC) * ks22[:, :, None, :]
-            else:
-                t = t - _MAGIC
-        else:
-            t = s * ks[:, :, None, :] if per_col else s
-        r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
-        m_new = torch.maximum(m, t.amax(-1) * r)
-        p = torch.exp2(t * r[..., None] - (m_new - ts.LOG2_448)[..., None])
-        alpha = torch.exp2(m - m_new)
-        l = l * alpha + p.sum(-1)
-        acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
-        m = m_new
-    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
-    return acc / l[..., None].double() * vs
-
 
 @pytest.mark.parametrize(
     "qk,blocks,config",

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import support
-from support import errors, quantize
+from support import emulate, errors, quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -192,51 +192,6 @@ def test_head_dim_96_is_refused():
 # ------------------------------------------------------------------------------------------------------------------
 # The algorithm, tightly; every config
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n):
-    """The kernel's tile loop in torch (fp32 operation order of the kernel; see the interpreter tests)."""
-    b, hq, sq, _ = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    g = hq // hkv
-    kk = k.repeat_interleave(g, 1)
-    v8 = v.double().repeat_interleave(g, 1)
-    qk_scale = torch.tensor(sm_scale * ts.LOG2E, dtype=torch.float32, device=q.device)
-    s_all = q.double() @ kk.double().transpose(-1, -2)
-    if q_scale is None:
-        s_all = s_all.float()
-        rs = torch.full((b, hq, sq), qk_scale.item(), device=q.device)
-    else:
-        s_all = s_all.to(torch.int32) if q.dtype == torch.int8 else s_all.float()
-        rs = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float().expand(b, hq, sq) * qk_scale
-        if k_block == 0:
-            rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
-    per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
-    m = torch.full((b, hq, sq), -math.inf, device=q.device)
-    l = torch.zeros(b, hq, sq, device=q.device)
-    acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64, device=q.device)
-    for s0 in range(0, skv, block_n):
-        n = torch.arange(s0, min(s0 + block_n, skv), device=q.device)
-        s = s_all[..., n]
-        if k_scale is not None and k_block > 0:
-            ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]
-        if q.dtype == torch.int8:
-            t = (s + 0x4B400000).view(torch.float32)
-            if per_col:
-                t = (t - 12582912.0) * (ks.view(torch.int32) & -4).view(torch.float32)[:, :, None, :]
-            else:
-                t = t - 12582912.0
-        else:
-            t = s * ks[:, :, None, :] if per_col else s
-        r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
-        m_new = torch.maximum(m, t.amax(-1) * r)
-        p = torch.exp2(t * r[..., None] - (m_new - ts.LOG2_448)[..., None])
-        alpha = torch.exp2(m - m_new)
-        l = l * alpha + p.sum(-1)
-        acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
-        m = m_new
-    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
-    return acc / l[..., None].double() * vs
 
 
 def _configs_for_this_gpu():
