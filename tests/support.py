@@ -127,3 +127,34 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         m = m_new
     vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
     return acc / l[..., None].double() * vs
+
+
+#: Flash kernels (triton_sage, gluon_sage_sm90) round P against the running max of the tiles seen so far instead of
+#: the global row max (see the interpreter tests), so P of tiles before a row's max tile land on a different e4m3 grid. The resulting
+#: difference grows with the number of such tiles towards the rms of one e4m3 rounding (~3 %): measured under
+#: the interpreter (int8 1/16, d64), mean_rel 1.5e-2 / 1.8e-2 / 2.4e-2 and max_rel 3.1e-2 / 2.4e-2 / 2.7e-2 for
+#: Skv = 150 / 1000 / 4097. Bounds: that plateau with margin. (The tight checks are the emulation and
+#: first-tile tests below.)
+REFERENCE_TOL = dict(max_rel=5.0e-2, mean_rel=3.5e-2)
+
+
+def assert_close_to_reference(out, ref, what="", tol=None, *, name="kernel"):
+    """Kernel vs reference within :data:`REFERENCE_TOL` (or ``tol``); prints the errors."""
+    tol = tol or REFERENCE_TOL
+    max_rel, mean_rel = errors(out, ref)
+    print(f"[{name} vs reference] {what}: max_rel={max_rel:.2e} mean_rel={mean_rel:.2e}")
+    assert max_rel <= tol["max_rel"] and mean_rel <= tol["mean_rel"], (what, max_rel, mean_rel)
+
+
+def assert_fp32_level(out, ref, what="", fp8_qk=False, *, name="kernel"):
+    """Agreement at the precision of Hopper's FP8 MMAs, not of fp32 CUDA cores.
+
+    FP8 wgmma accumulates each tile's products with ~22 bits (13 mantissa bits, relative 2^-14 ≈ 6e-5): every
+    tile's P·V sum carries that error, and with FP8 Q/K so does every logit (which then moves P). Measured on the
+    H200 (2026-11-29), errors relative to max|O|: int8/bf16 Q/K mean 3.5e-5, max 1.5e-3 (66 % of the elements
+    above 1e-5: the P·V accumulator, everywhere); FP8 Q/K mean 4.1e-4, max 4.3e-3. Under the Triton
+    interpreter (exact fp32) the same inputs agree to ~1e-6. Bounds: 3x the measured means, max < 2e-2."""
+    err = (out.double() - ref.double()).abs() / ref.double().abs().max()
+    print(f"[{name} fp32-level] {what}: max={err.max().item():.2e} mean={err.mean().item():.2e}")
+    mean_bound = 1.5e-3 if fp8_qk else 1e-4
+    assert err.mean().item() < mean_bound and err.max().item() < 2e-2, what
