@@ -106,7 +106,9 @@ class KernelConfig:
     pipeline depth of the K/V loads), ``pipe``: software pipelining across tiles — 0: none; 1: the next tile's
     Q·Kᵀ is issued (async wgmma) before this tile's softmax. (A depth-2 variant that also keeps the previous
     tile's P·V in flight was tried: Triton 3.6 waits on that wgmma right after issuing it, so it only added
-    shared-memory traffic for P.)
+    shared-memory traffic for P.) ``v16``: P·V as an fp16 MMA on V upcast to fp16 by the wrapper (exact: every
+    e4m3 value is an fp16 value, and fp16 MMAs accumulate in full fp32), accumulated in the MMA across tiles,
+    which lets Triton keep it in flight while the next tile's softmax runs (see :data:`V16_DEFAULT`).
     """
 
     block_m: int
@@ -114,31 +116,38 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pipe: int = 0
+    v16: int = 0
 
     def __post_init__(self) -> None:
         if int(self.pipe) not in (0, 1):
             raise ValueError(f"pipe={self.pipe!r} is invalid; valid: 0, 1")
+        if int(self.v16) not in (0, 1):
+            raise ValueError(f"v16={self.v16!r} is invalid; valid: 0, 1")
         object.__setattr__(self, "pipe", int(self.pipe))
+        object.__setattr__(self, "v16", int(self.v16))
 
     def __str__(self) -> str:
-        suffix = "_pipe" if self.pipe else ""
+        suffix = ("_pipe" if self.pipe else "") + ("_v16" if self.v16 else "")
         return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{suffix}"
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """``"128,128,8,3"``, ``"128,64,8,3,pipe"`` (or ``str()`` of a config, ``BM128_BN64_w8_s3_pipe``)."""
+        """``"128,128,8,3"``, ``"128,64,8,3,pipe"``, ``"128,128,8,2,pipe,v16"`` (or ``str()`` of a config)."""
         fields = [f.strip().lower() for f in text.replace("_", ",").split(",") if f.strip()]
-        pipe = 0
-        if len(fields) == 5:
-            pipe = {"pipe": 1, "pipe1": 1, "1": 1, "0": 0, "nopipe": 0}.get(fields[-1], -1)
-            fields = fields[:-1]
+        flags = {"pipe": 0, "v16": 0}
+        while len(fields) > 4:
+            flag = fields.pop()
+            if flag in ("pipe", "pipe1", "v16"):
+                flags[flag[:4] if flag.startswith("pipe") else flag] = 1
+            elif flag not in ("0", "nopipe"):
+                fields = []
         try:
             numbers = [int("".join(c for c in f if c.isdigit())) for f in fields]
         except ValueError:
             numbers = []
-        if len(numbers) != 4 or pipe < 0:
-            raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]'")
-        return cls(*numbers, pipe=pipe)
+        if len(numbers) != 4:
+            raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16]'")
+        return cls(*numbers, pipe=flags["pipe"], v16=flags["v16"])
 
     def meta(self) -> dict:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe}
@@ -164,6 +173,8 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(64, 64, 4, 4, pipe=1),
     KernelConfig(128, 128, 8, 3, pipe=1),  # at head_dim 128: 255 registers, <= 16 B spilled for some strides
 )
+#: Whether autotuned (unforced) calls use the ``v16`` P·V path, per compute capability.
+V16_DEFAULT: dict[tuple[int, int], int] = {}
 #: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
 INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
 
@@ -356,8 +367,12 @@ def _softmax(l_i, m_i, s, ks, rs, start_n, SEQ_KV,
     return p.to(tl.float8e4nv), alpha, l_i, m_new
 
 
-def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr):
-    """Two-level accumulation: ``acc · alpha + P8·V8``, the product in a fresh fp32 MMA accumulator."""
+def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr,
+        PV_ACC: tl.constexpr):
+    """Two-level accumulation: ``acc · alpha + P8·V8``, the product in a fresh fp32 MMA accumulator; with ``PV_ACC``
+    (fp16 V) the fp16 MMA accumulates into ``acc · alpha`` itself (full fp32 accumulation, kept asynchronous)."""
+    if PV_ACC:
+        return tl.dot(p8.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
     if PV_FP16:  # D-major V: exact fp16 MMA (e4m3 values and their products are exact in fp16/fp32)
         pv = tl.dot(p8.to(tl.float16), v.to(tl.float16))
     elif PV_SPLIT:
@@ -369,12 +384,12 @@ def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLI
 
 def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
                 QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, PV_ACC: tl.constexpr, INTERPRET: tl.constexpr,
                 MASK_KV: tl.constexpr):
     """:func:`_softmax` then :func:`_pv` for one tile; returns the updated ``(acc, l, m)``."""
     p8, alpha, l_i, m_i = _softmax_jit(l_i, m_i, s, ks, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
                                        INTERPRET, MASK_KV)
-    acc = _pv_jit(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT)
+    acc = _pv_jit(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC)
     return acc, l_i, m_i
 
 
@@ -392,7 +407,8 @@ def _sage_fwd(
     SQ_BUCKET, SKV_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
-    RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, V_ALIGN: tl.constexpr,
+    RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, PV_ACC: tl.constexpr, INTERPRET: tl.constexpr,
+    V_ALIGN: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
@@ -445,7 +461,7 @@ def _sage_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
-    PV_FP16: tl.constexpr = not V_SEQ_MAJOR
+    PV_FP16: tl.constexpr = (not V_SEQ_MAJOR) or PV_ACC
     # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
     # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr.
     if PIPE == 1:
@@ -458,14 +474,14 @@ def _sage_fwd(
             s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
             v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, False)
             v_base += v_step
             s = s_next
         last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
         v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
         ks = _load_ks_jit(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
         acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, last, SEQ_KV, QK_KIND,
-                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, True)
     else:
         # Full tiles without masks, then the tail tile (if any) with masks.
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
@@ -473,7 +489,7 @@ def _sage_fwd(
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
             s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, False)
             k_base += k_step
             v_base += v_step
         n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
@@ -482,7 +498,7 @@ def _sage_fwd(
             ks = _load_ks_jit(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
             s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, n_full,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, True)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
@@ -500,7 +516,7 @@ def _sage_fwd(
 # ------------------------------------------------------------------------------------------------------------------
 
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
-                 "PV_SPLIT", "SQ_BUCKET", "SKV_BUCKET"]
+                 "PV_SPLIT", "PV_ACC", "SQ_BUCKET", "SKV_BUCKET"]
 
 
 class _Built:
@@ -635,8 +651,13 @@ def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
         raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
 
 
-def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret):
-    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT)."""
+def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
+            v16=False):
+    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT).
+
+    ``v16``: V is upcast to a D-major fp16 copy here (exact) and P·V accumulates in an fp16 MMA (``PV_ACC``)."""
+    if v16:
+        v = v.to(torch.float16, memory_format=torch.contiguous_format)
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
@@ -663,6 +684,7 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         # sm_90 FP8 dots default to max_num_imprecise_acc = 2^30, which keeps Triton from folding `acc + dot` into
         # the MMA; elsewhere the default is 0, so the kernel passes BLOCK_N to keep the per-tile accumulator apart.
         PV_SPLIT=cap is not None and cap != (9, 0),
+        PV_ACC=bool(v16),
         INTERPRET=interpret,
         V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
     )
@@ -688,13 +710,14 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     cap = _check_device(q)
     built = _build()
+    config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
+    v16 = config.v16 if config is not None else V16_DEFAULT.get(cap, 0)
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, built.mode)
+                                   return_lse, cap, built.mode, v16)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
     skv = k.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
-    config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         if config is not None:
             grid = (triton.cdiv(sq, config.block_m), bsz * hq)
@@ -742,7 +765,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
             os.environ["TRITON_INTERPRET"] = saved
     _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False)
+                               return_lse, tuple(capability), False, config.v16)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
     names = [p.name for p in kernel.params]
