@@ -104,10 +104,7 @@ def main() -> int:
     parser.add_argument("--shapes", help="';'-separated name=B,H,S,D (or default names); default: the four "
                         "reference shapes")
     parser.add_argument("--recipe", default="int8-1-16", choices=sorted(RECIPES))
-    parser.add_argument("--kernel", default="triton", choices=["triton", "gluon"],
-                        help="triton: kernels/triton_sage.py; gluon: kernels/gluon_sage_sm90.py (sm_90 only)")
-    parser.add_argument("--configs", help="';'-separated configs, triton 'BM,BN,warps,stages[,pipe]', gluon "
-                        "'BN,stages' (default: the module's CONFIGS)")
+    parser.add_argument("--configs", help="';'-separated configs 'BM,BN,warps,stages[,pipe][,v16]' (default: CONFIGS)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
@@ -120,27 +117,21 @@ def main() -> int:
         return 2
     import triton
 
-    if args.kernel == "gluon":
-        from qattn_fx.kernels import gluon_sage_sm90 as ts
+    from qattn_fx.kernels import triton_sage as ts
 
-        parse = ts.GluonConfig.parse
-    else:
-        from qattn_fx.kernels import triton_sage as ts
-
-        parse = ts.KernelConfig.parse
     cap = tuple(torch.cuda.get_device_capability())
-    configs = [parse(c) for c in args.configs.split(";")] if args.configs else list(ts.CONFIGS)
-    if args.kernel == "triton" and cap != (9, 0) and not args.configs:  # sm_89: the spill-free subset
+    configs = [ts.KernelConfig.parse(c) for c in args.configs.split(";")] if args.configs else list(ts.CONFIGS)
+    if cap != (9, 0) and not args.configs:  # sm_89: the spill-free subset (see triton_sage._prune)
         configs = [c for c in configs if c.block_n <= 64 and c.num_warps == 8 and not c.pipe] or configs
     shapes = parse_shapes(args.shapes)
     t_start = time.time()
     report = {
         "device": torch.cuda.get_device_name(), "capability": f"sm_{cap[0]}{cap[1]}",
-        "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe, "kernel": args.kernel,
+        "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe,
         "flops": "4*B*H*Sq*Skv*D", "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
         "shapes": [],
     }
-    log(f"# {ts.__name__.rsplit('.', 1)[-1]} tuning on {report['device']} ({report['capability']}), torch {torch.__version__}, "
+    log(f"# triton_sage tuning on {report['device']} ({report['capability']}), torch {torch.__version__}, "
         f"triton {triton.__version__}, recipe {args.recipe}, {len(configs)} configs x {len(shapes)} shapes")
     stopped = False
     for name, shape in shapes.items():

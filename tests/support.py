@@ -158,3 +158,34 @@ def assert_fp32_level(out, ref, what="", fp8_qk=False, *, name="kernel"):
     print(f"[{name} fp32-level] {what}: max={err.max().item():.2e} mean={err.mean().item():.2e}")
     mean_bound = 1.5e-3 if fp8_qk else 1e-4
     assert err.mean().item() < mean_bound and err.max().item() < 2e-2, what
+
+
+def captured_attention_inputs(head_dim: int = 64, frames: int = 4, size: int = 32, device="cpu"):
+    """(role, q, k, v) of every attention call of a forward of the tiny Wan transformer (random weights).
+
+    ``wan(num_layers=2, head_dim)`` on a ``(1, 4, frames, size, size)`` latent: ``frames · (size/2)²`` tokens of
+    self-attention per layer (1024 by default) and cross-attention to the 12 text tokens. Captured by wrapping
+    ``F.scaled_dot_product_attention`` (the call diffusers' native backend makes), in fp32 on ``device``.
+    """
+    import torch.nn.functional as F
+
+    from qattn_fx import tiny_models
+
+    captured = []
+    original = F.scaled_dot_product_attention
+
+    def capture(*args, **kwargs):
+        q, k, v = (args + tuple(kwargs[n] for n in ("query", "key", "value") if n in kwargs))[:3]
+        captured.append(("self" if q.shape == k.shape else "cross", q.detach().clone(), k.detach().clone(),
+                         v.detach().clone()))
+        return original(*args, **kwargs)
+
+    model, inputs = tiny_models.wan(num_layers=2, head_dim=head_dim)
+    inputs["hidden_states"] = torch.randn(1, 4, frames, size, size, generator=torch.Generator().manual_seed(0))
+    F.scaled_dot_product_attention = capture
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        F.scaled_dot_product_attention = original
+    return [(role, q.to(device), k.to(device), v.to(device)) for role, q, k, v in captured]
