@@ -19,7 +19,9 @@ Canonical form (what :meth:`Spec.to_dict` returns)::
 * vLLM-Omni ``--diffusion-attention-config`` — ``{"default": {...}, "per_role": {"cross": {...}}}`` whose entries
   are a backend name or ``{"backend", "quant": {"dtype_qk", "q_block_size", "k_block_size"}, "skip_softmax"}``;
   per-role entries become role rules. Dense vLLM backends (TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN, FLASHINFER_ATTN)
-  and ``TRTLLM_ATTN`` without ``quant``/``skip_softmax`` mean dense.
+  and ``TRTLLM_ATTN`` without ``quant``/``skip_softmax`` mean dense. ``{"default": {"backend": "TRTLLM_ATTN"}}``
+  reads both ways (canonical: the default recipe on TRTLLM_ATTN); it is read as vLLM-Omni (dense) with a
+  :class:`SpecWarning` saying how to write the other meaning.
 
 Unknown keys anywhere are errors; every recipe is validated against its backend at construction.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -37,6 +40,10 @@ from .recipes import AUTO, Recipe, SkipSoftmax, _reject_unknown
 
 ROLES = ("self", "cross", "joint")
 DENSE = "dense"
+
+class SpecWarning(UserWarning):
+    """A spec was read in one of two plausible ways; the message says which and how to write the other."""
+
 
 #: SageAttention INT8 Q/K (1 token per Q scale, 16 per K scale), per-channel FP8 V, smoothed K: the VisualGen default.
 DEFAULT_RECIPE = Recipe("int8", "fp8", 1, 16, 1, smooth_k=True)
@@ -328,6 +335,7 @@ _VLLM_DTYPE_QK = {"int8": "int8", "fp8_e4m3": "fp8"}
 
 
 def _vllm_entry(entry: Any, where: str) -> Use:
+    ambiguous = isinstance(entry, dict) and "quant" not in entry  # a canonical entry could look the same
     if isinstance(entry, str):
         entry = {"backend": entry}
     _reject_unknown(entry, {"backend", "quant", "skip_softmax"}, where)
@@ -349,6 +357,12 @@ def _vllm_entry(entry: Any, where: str) -> Use:
         elif quant:
             raise ValueError(f"{where}.quant has block sizes but no dtype_qk (absent dtype_qk means dense)")
     if recipe is None and skip_softmax is None:
+        if ambiguous:
+            warnings.warn(
+                f"{where}: {entry!r} is read as a vLLM-Omni entry: TRTLLM_ATTN without quant is dense BF16 attention. "
+                "For qattn_fx's default SageAttention recipe on that backend write "
+                "{'backend': 'TRTLLM_ATTN', 'recipe': {...}} (canonical form) or add "
+                "'quant': {'dtype_qk': 'int8'} (vLLM-Omni form).", SpecWarning, stacklevel=4)
         return DENSE
     return AttentionSpec(backend=backend, recipe=recipe, skip_softmax=skip_softmax)
 

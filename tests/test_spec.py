@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
 from qattn_fx.recipes import Recipe, SkipSoftmax
-from qattn_fx.spec import DEFAULT_RECIPE, DENSE, AttentionSpec, Match, Rule, Spec, dense_spec, layer_selected
+from qattn_fx.spec import (DEFAULT_RECIPE, DENSE, AttentionSpec, Match, Rule, Spec, SpecWarning, dense_spec,
+                            layer_selected)
 
 RECIPE_KEYS = "['k_block_size', 'q_block_size', 'qk_dtype', 'scale_scope', 'smooth_k', 'v_block_size', 'v_dtype']"
 MATCH_KEYS = "['head_dim', 'layers', 'min_kv_len', 'min_q_len', 'module', 'role']"
@@ -337,7 +339,14 @@ def test_vllm_quant_defaults_and_dtype_names():
 @pytest.mark.parametrize("entry", ["TRTLLM_ATTN", {"backend": "TRTLLM_ATTN"}, {"backend": "TRTLLM_ATTN", "quant": {}},
                                    {"backend": "TRTLLM_ATTN", "quant": None}])
 def test_vllm_trtllm_attn_without_quant_is_dense(entry):
-    assert Spec.from_dict({"default": entry}) == dense_spec()
+    if not isinstance(entry, dict) or "quant" in entry:  # unmistakably vLLM-Omni: no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert Spec.from_dict({"default": entry}) == dense_spec()
+        return
+    # {"backend": "TRTLLM_ATTN"} could also be meant canonically (default recipe): read as vLLM-Omni, said aloud
+    with pytest.warns(SpecWarning, match=r"read as a vLLM-Omni entry: TRTLLM_ATTN without quant is dense BF16"):
+        assert Spec.from_dict({"default": entry}) == dense_spec()
 
 
 @pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASH_ATTN", "CUDNN_ATTN", "FLASHINFER_ATTN"])
