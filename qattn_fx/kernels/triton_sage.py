@@ -110,7 +110,9 @@ class KernelConfig:
     tile's P·V in flight was tried: Triton 3.6 waits on that wgmma right after issuing it, so it only added
     shared-memory traffic for P.) ``v16``: P·V as an fp16 MMA on V upcast to fp16 by the wrapper (exact: every
     e4m3 value is an fp16 value, and fp16 MMAs accumulate in full fp32), accumulated in the MMA across tiles,
-    which lets Triton keep it in flight while the next tile's softmax runs (see :data:`V16_DEFAULT`).
+    which lets Triton keep it in flight while the next tile's softmax runs (see :data:`V16_DEFAULT`). ``tma``: K
+    and V tiles are loaded by the TMA unit through host-built tensor descriptors (no per-thread address math; tail
+    rows arrive as zeros); needs 16-byte aligned bases and strides and sequence-major V (forced configs only).
     """
 
     block_m: int
@@ -119,27 +121,28 @@ class KernelConfig:
     num_stages: int
     pipe: int = 0
     v16: int = 0
+    tma: int = 0
 
     def __post_init__(self) -> None:
-        if int(self.pipe) not in (0, 1):
-            raise ValueError(f"pipe={self.pipe!r} is invalid; valid: 0, 1")
-        if int(self.v16) not in (0, 1):
-            raise ValueError(f"v16={self.v16!r} is invalid; valid: 0, 1")
-        object.__setattr__(self, "pipe", int(self.pipe))
-        object.__setattr__(self, "v16", int(self.v16))
+        for name in self.FLAGS:
+            if int(getattr(self, name)) not in (0, 1):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
+            object.__setattr__(self, name, int(getattr(self, name)))
+
+    FLAGS = ("pipe", "v16", "tma")
 
     def __str__(self) -> str:
-        suffix = ("_pipe" if self.pipe else "") + ("_v16" if self.v16 else "")
+        suffix = "".join(f"_{name}" for name in self.FLAGS if getattr(self, name))
         return f"BM{self.block_m}_BN{self.block_n}_w{self.num_warps}_s{self.num_stages}{suffix}"
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """``"128,128,8,3"``, ``"128,64,8,3,pipe"``, ``"128,128,8,2,pipe,v16"`` (or ``str()`` of a config)."""
+        """``"128,128,8,3"``, ``"128,64,8,3,pipe"``, ``"128,128,8,3,pipe,tma"`` (or ``str()`` of a config)."""
         fields = [f.strip().lower() for f in text.replace("_", ",").split(",") if f.strip()]
-        flags = {"pipe": 0, "v16": 0}
+        flags = dict.fromkeys(cls.FLAGS, 0)
         while len(fields) > 4:
             flag = fields.pop()
-            if flag in ("pipe", "pipe1", "v16"):
+            if flag in flags or flag == "pipe1":
                 flags[flag[:4] if flag.startswith("pipe") else flag] = 1
             elif flag not in ("0", "nopipe"):
                 fields = []
@@ -148,11 +151,12 @@ class KernelConfig:
         except ValueError:
             numbers = []
         if len(numbers) != 4:
-            raise ValueError(f"config {text!r} is invalid; valid: 'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16]'")
-        return cls(*numbers, pipe=flags["pipe"], v16=flags["v16"])
+            raise ValueError(f"config {text!r} is invalid; valid: "
+                             "'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16][,tma]'")
+        return cls(*numbers, **flags)
 
     def meta(self) -> dict:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe}
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe, "TMA": self.tma}
 
     def to_triton(self):
         return triton.Config(self.meta(), num_warps=self.num_warps, num_stages=self.num_stages)
@@ -223,14 +227,17 @@ def _seq_bucket(n: int) -> int:
 
 
 def _qk_tile(q, k_base, k_offs, start_n, SEQ_KV,
-             QK_KIND: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
+             QK_KIND: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
+             k_desc=None, b32=0, hk32=0, TMA: tl.constexpr = 0):
     """Raw ``S = Q·Kᵀ`` of the K tile starting at key ``start_n``: int32 (int8 Q/K) or fp32.
 
     ``k_base + k_offs``: (D, BLOCK_N) pointers to the tile of Kᵀ (a scalar 64-bit base advanced per tile plus
     loop-invariant int32 offsets: fewer registers than carried pointer tiles). For int8 the accumulator starts at
     ``0x4B400000`` (Triton folds the add into the MMA's initial value): read as fp32 that is ``S + 1.5·2^23``.
     """
-    if MASK_KV:
+    if TMA:  # (1, 1, BLOCK_N, D) box of the (B, Hkv, Skv, D) descriptor; rows past Skv arrive as zeros
+        kt = tl.trans(tl.reshape(k_desc.load([b32, hk32, start_n, 0]), (BLOCK_N, q.shape[1])))
+    elif MASK_KV:
         n_valid = (start_n + tl.arange(0, BLOCK_N)) < SEQ_KV
         if INTERPRET:  # the interpreter zero-fills masked lanes and cannot cast `other` to fp8
             kt = tl.load(k_base + k_offs, mask=n_valid[None, :])
@@ -247,8 +254,11 @@ def _qk_tile(q, k_base, k_offs, start_n, SEQ_KV,
     return s
 
 
-def _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
+def _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
+            v_desc=None, b32=0, hk32=0, TMA: tl.constexpr = 0, HEAD_DIM_V: tl.constexpr = 128):
     """The (BLOCK_N, Dv) V tile at key ``start_n`` (rows past ``SEQ_KV`` read as 0 when ``MASK_KV``)."""
+    if TMA:  # (1, 1, Dv, BLOCK_N) box of the sequence-major (B, Hkv, Dv, Skv) descriptor
+        return tl.trans(tl.reshape(v_desc.load([b32, hk32, 0, start_n]), (HEAD_DIM_V, BLOCK_N)))
     if MASK_KV:
         n_valid = (start_n + tl.arange(0, BLOCK_N)) < SEQ_KV
         if INTERPRET:
@@ -412,6 +422,7 @@ def _sage_fwd(
     RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, PV_ACC: tl.constexpr, INTERPRET: tl.constexpr,
     V_ALIGN: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
+    k_desc=None, v_desc=None, TMA: tl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
     pid_m = tl.program_id(0)
@@ -447,6 +458,8 @@ def _sage_fwd(
             rs = rs * tl.load(ks_ptr)
 
     # ---- K/V tiles ------------------------------------------------------------------------------------------
+    b32 = b.to(tl.int32)
+    hk32 = hk.to(tl.int32)
     k_base = K + b * stride_kb + hk * stride_kh
     k_offs = offs_d[:, None] + offs_n[None, :] * stride_ks
     v_base = V + b * stride_vb + hk * stride_vh
@@ -469,36 +482,36 @@ def _sage_fwd(
     if PIPE == 1:
         # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
         # work while the exp2s of tile j run. The last tile (full or tail) is finished after the loop, masked.
-        s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+        s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True, k_desc, b32, hk32, TMA)
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, BLOCK_N):
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
             k_base += k_step
-            s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+            s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True, k_desc, b32, hk32, TMA)
+            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False, v_desc, b32, hk32, TMA, HEAD_DIM_V)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
                                             SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, False)
             v_base += v_step
             s = s_next
         last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
-        v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
+        v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True, v_desc, b32, hk32, TMA, HEAD_DIM_V)
         ks = _load_ks_jit(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
         acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, last, SEQ_KV, QK_KIND,
                                         K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, True)
     else:
         # Full tiles without masks, then the tail tile (if any) with masks.
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
-            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False, v_desc, b32, hk32, TMA, HEAD_DIM_V)
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
-            s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
+            s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False, k_desc, b32, hk32, TMA)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
                                             SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, False)
             k_base += k_step
             v_base += v_step
         n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
         if n_full < SEQ_KV:
-            v = _load_v_jit(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True)
+            v = _load_v_jit(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True, v_desc, b32, hk32, TMA, HEAD_DIM_V)
             ks = _load_ks_jit(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
-            s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+            s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True, k_desc, b32, hk32, TMA)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, n_full,
                                             SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, True)
 
@@ -653,11 +666,30 @@ def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
         raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
 
 
+def _tma_descriptors(k, v, block_n: int) -> dict:
+    """Host TMA descriptors of K ``(B, Hkv, Skv, D)`` and sequence-major V (as ``(B, Hkv, Dv, Skv)``) for ``tma``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not (v.stride(-2) == 1 and v.stride(-1) != 1):
+        raise ValueError(f"triton_sage: tma configs need sequence-major V (stride(-2) == 1); got strides "
+                         f"{tuple(v.stride())}")
+    for name, x, dims in (("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
+        size = x.element_size()
+        if x.data_ptr() % 16 or any((x.stride(d) * size) % 16 for d in dims):
+            raise ValueError(f"triton_sage: tma configs need a 16-byte aligned {name} base and strides; got "
+                             f"strides {tuple(x.stride())}")
+    vt = v.transpose(2, 3)
+    return {"k_desc": TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, block_n, k.shape[-1]]),
+            "v_desc": TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [1, 1, vt.shape[2], block_n])}
+
+
 def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
-            v16=False):
+            v16=False, tma_block_n=0):
     """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT).
 
-    ``v16``: V is upcast to a D-major fp16 copy here (exact) and P·V accumulates in an fp16 MMA (``PV_ACC``)."""
+    ``v16``: V is upcast to a D-major fp16 copy here (exact) and P·V accumulates in an fp16 MMA (``PV_ACC``).
+    ``tma_block_n``: also build the TMA descriptors (``k_desc``/``v_desc`` in the returned meta) for that tile."""
+    descriptors = _tma_descriptors(k, v, tma_block_n) if tma_block_n else {}
     if v16:
         v = v.to(torch.float16, memory_format=torch.contiguous_format)
     bsz, hq, sq, d = q.shape
@@ -689,6 +721,7 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         PV_ACC=bool(v16),
         INTERPRET=interpret,
         V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
+        **descriptors,
     )
     return out, lse, args, meta
 
@@ -714,8 +747,9 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     built = _build()
     config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
     v16 = config.v16 if config is not None else V16_DEFAULT.get(cap, 0)
+    tma_block_n = config.block_n if config is not None and config.tma else 0
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, built.mode, v16)
+                                   return_lse, cap, built.mode, v16, tma_block_n)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
     skv = k.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
@@ -767,12 +801,24 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
             os.environ["TRITON_INTERPRET"] = saved
     _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False, config.v16)
+                               return_lse, tuple(capability), False, config.v16,
+                               config.block_n if config.tma else 0)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
     names = [p.name for p in kernel.params]
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(names):
+        if name in ("k_desc", "v_desc"):
+            value = meta.get(name)
+            if value is None:
+                signature[name] = "constexpr"
+                constexprs[(i,)] = None
+            else:
+                from triton._C.libtriton import native_specialize_impl
+                from triton.backends.compiler import BaseBackend
+
+                signature[name] = native_specialize_impl(BaseBackend, value, False, True, True)[0]
+            continue
         if name in meta:
             signature[name] = "constexpr"
             constexprs[(i,)] = meta[name]
