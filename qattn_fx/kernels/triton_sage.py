@@ -51,10 +51,11 @@ as one tile's span (``BLOCK_N · stride_s``, ``Dv · stride_d``) fits in int32.
 
 Configs: :data:`CONFIGS` are autotuned (``triton.autotune``) per (head_dim, dtypes, block sizes, V layout,
 sequence-length buckets). :func:`set_config` / :func:`use_config` or the environment variable
-``QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16]"`` force one (benchmarks sweep with
+``QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16][,tma]"`` force one (benchmarks sweep with
 them). ``v16`` configs run P·V as an exact fp16 MMA on an fp16 copy of V (made by the wrapper) accumulated in the
 MMA: measured 15 % slower than the FP8 P·V at Wan shapes on the H200 (BENCHMARKS.md), so autotuning never picks
-them (:data:`V16_DEFAULT` is empty). Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config.
+them (:data:`V16_DEFAULT` is empty). ``tma`` configs load K/V through host TMA descriptors: slower than the best
+pointer-load config on the H200 too (BENCHMARKS.md); both stay as forced-config options for re-measuring. Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config.
 
 The jitted kernel is built lazily on first use so that ``TRITON_INTERPRET=1`` set at any time before the first
 call runs it under the Triton interpreter (CPU tensors allowed there). The interpreter's fp32→fp8 cast and its
