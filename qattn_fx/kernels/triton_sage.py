@@ -54,7 +54,7 @@ sequence-length buckets). :func:`set_config` / :func:`use_config` or the environ
 ``QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16][,tma]"`` force one (benchmarks sweep with
 them). ``v16`` configs run P·V as an exact fp16 MMA on an fp16 copy of V (made by the wrapper) accumulated in the
 MMA: measured 15 % slower than the FP8 P·V at Wan shapes on the H200 (BENCHMARKS.md), so autotuning never picks
-them (:data:`V16_DEFAULT` is empty). ``tma`` configs load K/V through host TMA descriptors: slower than the best
+them. ``tma`` configs load K/V through host TMA descriptors: slower than the best
 pointer-load config on the H200 too (BENCHMARKS.md); both stay as forced-config options for re-measuring. Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config.
 
 The jitted kernel is built lazily on first use so that ``TRITON_INTERPRET=1`` set at any time before the first
@@ -111,9 +111,10 @@ class KernelConfig:
     tile's P·V in flight was tried: Triton 3.6 waits on that wgmma right after issuing it, so it only added
     shared-memory traffic for P.) ``v16``: P·V as an fp16 MMA on V upcast to fp16 by the wrapper (exact: every
     e4m3 value is an fp16 value, and fp16 MMAs accumulate in full fp32), accumulated in the MMA across tiles,
-    which lets Triton keep it in flight while the next tile's softmax runs (see :data:`V16_DEFAULT`). ``tma``: K
+    which lets Triton keep it in flight while the next tile's softmax runs (forced configs only). ``tma``: K
     and V tiles are loaded by the TMA unit through host-built tensor descriptors (no per-thread address math; tail
     rows arrive as zeros); needs 16-byte aligned bases and strides and sequence-major V (forced configs only).
+    ``v16`` and ``tma`` exclude each other (``tma`` loads the e4m3 V that ``v16`` replaces by an fp16 copy).
     """
 
     block_m: int
@@ -129,6 +130,8 @@ class KernelConfig:
             if int(getattr(self, name)) not in (0, 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
             object.__setattr__(self, name, int(getattr(self, name)))
+        if self.v16 and self.tma:
+            raise ValueError(f"config {self} is invalid: v16 and tma exclude each other; valid: one of them")
 
     FLAGS = ("pipe", "v16", "tma")
 
@@ -180,8 +183,6 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(64, 64, 4, 4, pipe=1),
     KernelConfig(128, 128, 8, 3, pipe=1),  # at head_dim 128: 255 registers, <= 16 B spilled for some strides
 )
-#: Whether autotuned (unforced) calls use the ``v16`` P·V path, per compute capability.
-V16_DEFAULT: dict[tuple[int, int], int] = {}
 #: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
 INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
 
@@ -667,11 +668,16 @@ def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
         raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
 
 
+def _seq_major(v: torch.Tensor) -> bool:
+    """V stored sequence-fastest (unit stride on S; when both S and D are unit, Skv == 1 and D-major is exact)."""
+    return v.stride(-2) == 1 and v.stride(-1) != 1
+
+
 def _tma_descriptors(k, v, block_n: int) -> dict:
     """Host TMA descriptors of K ``(B, Hkv, Skv, D)`` and sequence-major V (as ``(B, Hkv, Dv, Skv)``) for ``tma``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    if not (v.stride(-2) == 1 and v.stride(-1) != 1):
+    if not _seq_major(v):
         raise ValueError(f"triton_sage: tma configs need sequence-major V (stride(-2) == 1); got strides "
                          f"{tuple(v.stride())}")
     for name, x, dims in (("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
@@ -685,20 +691,20 @@ def _tma_descriptors(k, v, block_n: int) -> dict:
 
 
 def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
-            v16=False, tma_block_n=0):
+            config: Optional[KernelConfig] = None):
     """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT).
 
-    ``v16``: V is upcast to a D-major fp16 copy here (exact) and P·V accumulates in an fp16 MMA (``PV_ACC``).
-    ``tma_block_n``: also build the TMA descriptors (``k_desc``/``v_desc`` in the returned meta) for that tile."""
-    descriptors = _tma_descriptors(k, v, tma_block_n) if tma_block_n else {}
+    ``config`` (``None``: autotuned) with ``v16``: V is upcast to a D-major fp16 copy here (exact) and P·V
+    accumulates in an fp16 MMA (``PV_ACC``); with ``tma``: the TMA descriptors go into the returned meta."""
+    v16 = bool(config and config.v16)
+    descriptors = _tma_descriptors(k, v, config.block_n) if config and config.tma else {}
     if v16:
         v = v.to(torch.float16, memory_format=torch.contiguous_format)
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
-    # seq-major unless D is the unit-stride axis (both are unit only when Skv == 1: then D-major is exact too)
-    v_seq_major = v.stride(-2) == 1 and v.stride(-1) != 1
+    v_seq_major = _seq_major(v)
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
     ks = k_scale if k_scale is not None else v_scale
     args = [
@@ -719,7 +725,7 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         # sm_90 FP8 dots default to max_num_imprecise_acc = 2^30, which keeps Triton from folding `acc + dot` into
         # the MMA; elsewhere the default is 0, so the kernel passes BLOCK_N to keep the per-tile accumulator apart.
         PV_SPLIT=cap is not None and cap != (9, 0),
-        PV_ACC=bool(v16),
+        PV_ACC=v16,
         INTERPRET=interpret,
         V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
         **descriptors,
@@ -747,10 +753,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     cap = _check_device(q)
     built = _build()
     config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
-    v16 = config.v16 if config is not None else V16_DEFAULT.get(cap, 0)
-    tma_block_n = config.block_n if config is not None and config.tma else 0
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, built.mode, v16, tma_block_n)
+                                   return_lse, cap, built.mode, config)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
     skv = k.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
@@ -789,7 +793,8 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata.shared``). Needs only
     Triton's bundled ptxas, not a GPU.
     """
-    from triton.backends.compiler import GPUTarget
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
     if _Built.mode:
@@ -802,8 +807,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
             os.environ["TRITON_INTERPRET"] = saved
     _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False, config.v16,
-                               config.block_n if config.tma else 0)
+                               return_lse, tuple(capability), False, config)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
     names = [p.name for p in kernel.params]
@@ -815,9 +819,6 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
                 signature[name] = "constexpr"
                 constexprs[(i,)] = None
             else:
-                from triton._C.libtriton import native_specialize_impl
-                from triton.backends.compiler import BaseBackend
-
                 signature[name] = native_specialize_impl(BaseBackend, value, False, True, True)[0]
             continue
         if name in meta:
