@@ -34,6 +34,20 @@ def fp8_comparable_allclose():
         torch.allclose = original
 
 
+@contextlib.contextmanager
+def inputs_unchanged(args):
+    """Asserts on exit that every tensor in ``args`` kept its dtype, strides and bits (1-byte dtypes compared as
+    uint8, so float8 needs no comparison kernel)."""
+    before = [(a.clone(), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else None for a in args]
+    yield
+    for a, b in zip(args, before):
+        if b is not None:
+            copy, dtype, stride = b
+            assert a.dtype == dtype and a.stride() == stride, (a.dtype, dtype, a.stride(), stride)
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                               copy.view(torch.uint8) if copy.element_size() == 1 else copy)
+
+
 def make_qkv(b=2, hq=4, hkv=2, sq=45, skv=77, d=64, dv=None, *, bshd=True, seed=0, k_bias=3.0, q_bias=1.0,
              dtype=torch.bfloat16, device="cpu"):
     """Random Q/K/V with per-(head, channel) outliers; BSHD views (diffusers' buffers) or contiguous BHSD."""

@@ -27,6 +27,7 @@ dots are tensor-core MMAs, that P·V uses a fresh accumulator (two-level accumul
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -41,6 +42,7 @@ import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
 from qattn_fx.ops import formats  # noqa: E402
+import support  # noqa: E402
 from support import emulate, errors, make_qkv, quantize  # noqa: E402
 
 ops = torch.ops.qattn
@@ -75,9 +77,7 @@ def run_both(args, sm_scale=None, out_dtype=torch.float32):
 _TOL = dict(max_rel=3.5e-2, mean_rel=2.0e-2)
 
 
-def assert_close_to_reference(out, ref, tol=_TOL):
-    max_rel, mean_rel = errors(out, ref)
-    assert max_rel <= tol["max_rel"] and mean_rel <= tol["mean_rel"], (max_rel, mean_rel)
+assert_close_to_reference = functools.partial(support.assert_close_to_reference, tol=_TOL, name="triton_sage (interpreter)")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -154,11 +154,8 @@ def test_sm_scale_is_applied():
 
 def test_inputs_not_mutated():
     args = quantize(*make_qkv(), "int8", 1, 16)
-    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    run_both(args)
-    for a, b in zip(args, before):
-        if isinstance(a, torch.Tensor):
-            assert torch.equal(a.view(torch.uint8) if a.dtype == FP8 else a, b.view(torch.uint8) if b.dtype == FP8 else b)
+    with support.inputs_unchanged(args):
+        run_both(args)
 
 
 def test_through_the_registered_op():
@@ -292,6 +289,9 @@ def test_config_forcing(monkeypatch):
         ts.KernelConfig(128, 64, 8, 3, 2)
     with pytest.raises(ValueError, match="BLOCK_M,BLOCK_N,num_warps,num_stages"):
         ts.KernelConfig.parse("128,64")
+    assert ts.KernelConfig.parse("128,128,8,3,pipe,tma") == ts.KernelConfig(128, 128, 8, 3, pipe=1, tma=1)
+    with pytest.raises(ValueError, match=r"v16 and tma exclude each other"):
+        ts.KernelConfig.parse("128,64,8,3,v16,tma")
     assert ts.forced_config() is None
     monkeypatch.setenv(ts.ENV_CONFIG, "64,32,4,2")
     assert ts.forced_config() == ts.KernelConfig(64, 32, 4, 2)
