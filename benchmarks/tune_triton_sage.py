@@ -104,7 +104,12 @@ def main() -> int:
     parser.add_argument("--shapes", help="';'-separated name=B,H,S,D (or default names); default: the four "
                         "reference shapes")
     parser.add_argument("--recipe", default="int8-1-16", choices=sorted(RECIPES))
-    parser.add_argument("--configs", help="';'-separated configs 'BM,BN,warps,stages[,pipe][,v16]' (default: CONFIGS)")
+    parser.add_argument("--kernel", default="triton", choices=["triton", "gluon"],
+                        help="triton: kernels/triton_sage.py; gluon: kernels/gluon_sage.py (warp-specialized, "
+                        "sm_90 only; each shape is first run with triton_sage's 128,128,8,3,pipe config and every "
+                        "gluon config is checked against that output)")
+    parser.add_argument("--configs", help="';'-separated configs: triton 'BM,BN,warps,stages[,pipe][,v16][,tma]', "
+                        "gluon 'BLOCK_N,STAGES' (default: the module's CONFIGS)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
@@ -117,21 +122,28 @@ def main() -> int:
         return 2
     import triton
 
-    from qattn_fx.kernels import triton_sage as ts
+    from qattn_fx.kernels import triton_sage
 
+    if args.kernel == "gluon":
+        from qattn_fx.kernels import gluon_sage as ts
+
+        parse = ts.GluonConfig.parse
+    else:
+        ts = triton_sage
+        parse = ts.KernelConfig.parse
     cap = tuple(torch.cuda.get_device_capability())
-    configs = [ts.KernelConfig.parse(c) for c in args.configs.split(";")] if args.configs else list(ts.CONFIGS)
-    if cap != (9, 0) and not args.configs:  # sm_89: the spill-free subset (see triton_sage._prune)
+    configs = [parse(c) for c in args.configs.split(";")] if args.configs else list(ts.CONFIGS)
+    if args.kernel == "triton" and cap != (9, 0) and not args.configs:  # sm_89: the spill-free subset (see triton_sage._prune)
         configs = [c for c in configs if c.block_n <= 64 and c.num_warps == 8 and not c.pipe] or configs
     shapes = parse_shapes(args.shapes)
     t_start = time.time()
     report = {
         "device": torch.cuda.get_device_name(), "capability": f"sm_{cap[0]}{cap[1]}",
-        "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe,
+        "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe, "kernel": args.kernel,
         "flops": "4*B*H*Sq*Skv*D", "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
         "shapes": [],
     }
-    log(f"# triton_sage tuning on {report['device']} ({report['capability']}), torch {torch.__version__}, "
+    log(f"# {args.kernel} kernel tuning on {report['device']} ({report['capability']}), torch {torch.__version__}, "
         f"triton {triton.__version__}, recipe {args.recipe}, {len(configs)} configs x {len(shapes)} shapes")
     stopped = False
     for name, shape in shapes.items():
@@ -152,6 +164,9 @@ def main() -> int:
                 log(f"  torch SDPA bf16: failed ({exc!r})")
             del q
         first = None
+        if args.kernel == "gluon":  # the reference output: triton_sage's best config from the 2026-11-29 sweep
+            with triton_sage.use_config("128,128,8,3,pipe"):
+                first = triton_sage.scaled_attention(*inputs, sm_scale, torch.bfloat16).float()
         log(f"  {'config':<26} {'ms':>9} {'TFLOP/s':>9} {'max|Δ| vs first':>16}  compile+first call")
         for config in configs:
             if time.time() - t_start > args.budget_s:

@@ -1,0 +1,576 @@
+"""Warp-specialized Hopper (sm_90) SageAttention kernel in Gluon: a TMA producer warp and two consumer warpgroups.
+
+Implements ``qattn::scaled_attention`` with the numerics of :mod:`qattn_fx.kernels.triton_sage` (see its module
+docstring: exact int32→fp32 with the 1.5·2^23 magic number, K scales per column / group / tile, online exp2
+softmax on ``448·P``, e4m3 P, two-level P·V accumulation, ``O = acc · v_scale / l``). What differs is the
+schedule, which plain Triton 3.6 cannot express:
+
+* one CTA owns ``2 · 64`` query rows of one (batch, head). A **producer warp** streams K and V tiles through
+  ``STAGES``-deep shared-memory rings with TMA (``ready`` mbarriers carry the byte count; rows past the sequence
+  arrive as zeros). Each of two **consumer warpgroups** owns 64 of the rows and runs Q·Kᵀ (wgmma), the softmax
+  and P·V (wgmma, P from registers) on every tile, then releases the slot through an ``empty`` mbarrier that
+  both consumers arrive on.
+* nothing synchronizes the two consumers with each other (no CTA-wide barrier in the loop), so one warpgroup's
+  softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
+  ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
+* registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
+  :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`.
+
+Inputs (validated by :func:`qattn_fx.kernels.triton_sage._validate`, plus :func:`ineligible`): int8 / e4m3 /
+bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D and 16-byte aligned base and
+strides (BSHD and BHSD views both, no copies); V e4m3 ``(B, Hkv, Skv, Dv)`` sequence-major (``stride(-2) == 1``,
+the quantize node's layout, rows padded to 16 bytes); head_dim 64 or 128; fp32 scales as for triton_sage. GQA
+through ``Hq = g · Hkv``. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+
+try:  # GPU libraries are optional at import time; attention() raises a clear error without them.
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _GLUON_ERROR: Optional[BaseException] = None
+except ImportError as exc:  # pragma: no cover - exercised only without a Gluon-capable triton
+    triton = gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+    _GLUON_ERROR = exc
+
+
+def _jit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+def _constexpr_function(fn):
+    return gluon.constexpr_function(fn) if gluon is not None else fn
+
+
+#: Compute capability the kernel is built for (wgmma, TMA, setmaxnreg).
+CAPABILITY = (9, 0)
+#: Query rows per consumer warpgroup (one wgmma M) and consumers per CTA.
+ROWS_PER_CONSUMER = 64
+CONSUMERS = 2
+#: Registers per thread after ``setmaxnreg``: consumers / producer (4 + 4 + 1 warps → 3 warpgroups; the kernel
+#: launches with ``maxnreg`` = their mean so that the 64 K registers of an SM hold one CTA).
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+LAUNCH_MAXNREG = 168
+
+
+@_constexpr_function
+def _mma_layout(num_warps, n, k_bits):
+    """wgmma accumulator layout: ``num_warps`` warps along M, instruction ``m16 x n x (256 / bits)``."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 256 // k_bits])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Consumer helpers
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@_jit
+def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr,
+                   K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
+    """K scales of the tile at ``start_n`` (issued one tile ahead of use, so the global load's latency hides):
+
+    * ``1 < k_block < BLOCK_N`` dividing it: ``(BLOCK_N / k_block,)`` group scales in ``GROUP_LAYOUT``;
+    * other ``k_block`` not a multiple of ``BLOCK_N`` (e.g. 1): ``(BLOCK_N,)`` column scales in ``COL_LAYOUT``;
+    * ``k_block`` a multiple of ``BLOCK_N``: one scalar; ``k_block == 0``: 1.0 (folded into the row scale).
+
+    Per-column/group scales are cut to 22 significant bits so that ``1.5·2^23 · ks`` is exact (see triton_sage).
+    """
+    if K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N:
+        offs_g = start_n // K_BLOCK + gl.arange(0, BLOCK_N // K_BLOCK, layout=GROUP_LAYOUT)
+        ks = gl.load(ks_ptr + offs_g * stride_ksn, mask=offs_g * K_BLOCK < SEQ_KV, other=0.0)
+        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
+    elif K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0:
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=COL_LAYOUT)
+        ks = gl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=offs_n < SEQ_KV, other=0.0)
+        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
+    elif K_BLOCK > 0:
+        ks = gl.load(ks_ptr + (start_n // K_BLOCK) * stride_ksn)
+    else:
+        ks = 1.0
+    return ks
+
+
+@_jit
+def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
+             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr):
+    """One online-softmax step on the raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else fp32).
+
+    ``ks``: the tile's K scales (:func:`_load_k_scales`); ``rs`` (64,): row scale ``q_scale · sm_scale · log2 e``.
+    Returns ``(p8, alpha, l, m)``: e4m3 ``448 · exp2(z - m)``, the factor rescaling earlier tiles, row sum, max.
+    """
+    s_layout: gl.constexpr = s.type.layout
+    PER_COL: gl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
+    GROUPED: gl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
+    if QK_KIND == 0:
+        t = s.to(gl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
+    else:
+        t = s
+    if GROUPED:
+        t3 = gl.reshape(t, [t.shape[0], BLOCK_N // K_BLOCK, K_BLOCK])  # a relabeling of registers
+        ks3 = ks[None, :, None]
+        if QK_KIND == 0:
+            t3 = gl.fma(t3, ks3, -(ks3 * 12582912.0))  # round(S · ks) in one fma (ks has 22 significant bits)
+        else:
+            t3 = t3 * ks3
+        t = gl.convert_layout(gl.reshape(t3, [t.shape[0], BLOCK_N]), s_layout, assert_trivial=True)
+    elif PER_COL:
+        if QK_KIND == 0:
+            t = gl.fma(t, ks[None, :], -(ks * 12582912.0)[None, :])
+        else:
+            t = t * ks[None, :]
+    else:
+        if QK_KIND == 0:
+            t = t - 12582912.0
+        if K_BLOCK > 0:  # one K scale for the whole tile
+            rs = rs * ks
+    if MASK:
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        valid = (offs_n < SEQ_KV)[None, :]
+        t_max = gl.max(gl.where(valid, t, float("-inf")), axis=1)
+    else:
+        t_max = gl.max(t, axis=1)
+    m_new = gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
+    p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
+    if MASK:
+        p = gl.where(valid, p, 0.0)
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p.to(gl.float8e4nv), alpha, l_i, m_new
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Partitions
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@_jit
+def _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn, SEQ_KV,
+                  k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                  p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr, grp_layout: gl.constexpr,
+                  QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  MASK: gl.constexpr):
+    """One K/V tile for one consumer: Q·Kᵀ (wgmma), softmax, P·V (wgmma, fresh accumulator) added to ``acc``.
+    Returns the updated ``(m, l, acc)`` and the next tile's K scales (loaded here, one tile ahead)."""
+    HEAD_DIM: gl.constexpr = q.type.shape[1]
+    HEAD_DIM_V: gl.constexpr = pv_zero.type.shape[1]
+    slot = j % STAGES
+    phase = (j // STAGES) & 1
+    start_n = j * BLOCK_N
+    ks_next = _load_k_scales(ks_ptr, stride_ksn, start_n + BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
+
+    mbarrier.wait(k_ready.index(slot), phase)
+    s = warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_init,
+                      use_acc=QK_KIND == 0, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK)
+    p_op = gl.convert_layout(p8, p_layout)
+
+    mbarrier.wait(v_ready.index(slot), phase)
+    pv = warpgroup_mma(p_op, v_smem.index(slot).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0)), pv_zero,
+                       use_acc=False, is_async=True)
+    pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+    mbarrier.arrive(v_empty.index(slot), count=1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv  # two-level accumulation, full fp32
+    return m_i, l_i, acc, ks_next
+
+
+@_jit
+def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
+             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
+    """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
+    descs, smem, bars, ptrs, ints, qk_scale = args
+    q_desc, k_desc, v_desc = descs
+    q_smem, k_smem, v_smem = smem
+    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    QS, KS, VS, Out, Lse = ptrs
+    (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
+     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m) = ints
+
+    BM: gl.constexpr = q_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[2]
+    NW: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = _mma_layout(NW, BLOCK_N, q_desc.dtype.primitive_bitwidth)
+    o_layout: gl.constexpr = _mma_layout(NW, HEAD_DIM_V, 8)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    if QK_KIND == 0:
+        s_init = gl.full([BM, BLOCK_N], 0x4B400000, gl.int32, s_layout)  # S + 1.5·2^23 read as fp32
+    else:
+        s_init = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
+    G: gl.constexpr = BLOCK_N // K_BLOCK if K_BLOCK > 0 else 1
+    grp_layout: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.reshape(
+        gl.zeros([BM, BLOCK_N], gl.float32, s_layout), [BM, G, BLOCK_N // G]).type.layout))
+    pv_zero = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
+
+    # ---- row scale: q_scale · sm_scale · log2(e) (· K's scale when it is per head/tensor) ---------------------
+    row0 = start_m + CID * BM
+    offs_m = row0 + gl.arange(0, BM, layout=row_s)
+    m_valid = offs_m < SEQ_Q
+    ks_ptr = KS + b * stride_ksb + hk * stride_ksh
+    if QK_KIND == 2:
+        rs = gl.full([BM], 0.0, gl.float32, row_s) + qk_scale
+    else:
+        qs_ptr = QS + b * stride_qsb + h * stride_qsh
+        if Q_BLOCK == 0:
+            rs = gl.full([BM], 0.0, gl.float32, row_s) + gl.load(qs_ptr) * qk_scale
+        else:
+            rs = gl.load(qs_ptr + (offs_m // Q_BLOCK) * stride_qsn, mask=m_valid, other=0.0) * qk_scale
+        if K_BLOCK == 0:
+            rs = rs * gl.load(ks_ptr)
+
+    m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
+    l_i = gl.full([BM], 0.0, gl.float32, row_s)
+    acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
+    q = q_smem.index(CID).reshape([BM, HEAD_DIM])
+    n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
+    n_full = SEQ_KV // BLOCK_N
+    ks = _load_k_scales(ks_ptr, stride_ksn, 0, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
+    mbarrier.wait(q_bar, 0)
+    if MASK_MODE == 0:
+        for j in range(n_tiles):
+            if j < n_full:
+                m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
+                                                  SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                                  p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
+                                                  STAGES, False)
+            else:
+                m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
+                                                  SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                                  p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
+                                                  STAGES, True)
+    elif MASK_MODE == 1:
+        for j in range(n_tiles):
+            m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
+                                              SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                              p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
+                                              STAGES, True)
+    else:
+        for j in range(n_full):
+            m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
+                                              SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                              p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
+                                              STAGES, False)
+        if n_full < n_tiles:
+            m_i, l_i, acc, ks = _consume_tile(n_full, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr,
+                                              stride_ksn, SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready,
+                                              v_empty, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK,
+                                              BLOCK_N, STAGES, True)
+
+    # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
+    offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+    vs = gl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
+    inv_l = gl.convert_layout(1.0 / l_i, row_o)
+    out = acc * inv_l[:, None] * vs[None, :]
+    offs_mo = row0 + gl.arange(0, BM, layout=row_o)
+    o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+              + offs_mo.to(gl.int64)[:, None] * stride_os + offs_dv[None, :])
+    gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < SEQ_Q)[:, None])
+    if RETURN_LSE:
+        lse = (m_i + gl.log2(l_i) - 8.807354922057604) * 0.6931471805599453
+        gl.store(Lse + (b.to(gl.int64) * H + h) * SEQ_Q + offs_m, lse, mask=m_valid)
+
+
+@_jit
+def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
+    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)
+
+
+@_jit
+def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
+    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)
+
+
+@_jit
+def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
+              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
+    """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
+    descs, smem, bars, ptrs, ints, qk_scale = args
+    q_desc, k_desc, v_desc = descs
+    q_smem, k_smem, v_smem = smem
+    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    SEQ_KV = ints[14]
+    b = ints[15]
+    h = ints[16]
+    hk = ints[17]
+    start_m = ints[18]
+    BM: gl.constexpr = q_desc.block_type.shape[2]
+
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m + BM, 0], q_bar, q_smem.index(1))
+    for j in range(gl.cdiv(SEQ_KV, BLOCK_N)):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
+
+
+@_jit
+def _sage_fwd_ws(
+    q_desc, k_desc, v_desc, QS, KS, VS, Out, Lse,
+    qk_scale,
+    stride_qsb, stride_qsh, stride_qsn,
+    stride_ksb, stride_ksh, stride_ksn,
+    stride_vsb, stride_vsh, stride_vsd,
+    stride_ob, stride_oh, stride_os,
+    H, GROUP, SEQ_Q, SEQ_KV,
+    QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
+    MASK_MODE: gl.constexpr = 2,
+):
+    """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
+
+    Descriptors: Q ``(B, Hq, Sq, D)`` block ``(1, 1, 64, D)``, K ``(B, Hkv, Skv, D)`` block ``(1, 1, BLOCK_N, D)``,
+    V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``.
+    """
+    BM: gl.constexpr = q_desc.block_type.shape[2]
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    start_m = pid_m * (2 * BM)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release each slot
+        mbarrier.init(v_empty.index(i), count=2)
+
+    args = ((q_desc, k_desc, v_desc), (q_smem, k_smem, v_smem), (q_bar, k_ready, k_empty, v_ready, v_empty),
+            (QS, KS, VS, Out, Lse),
+            (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
+             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
+            qk_scale)
+    gl.warp_specialize([
+        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)),
+        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)),
+        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)),
+    ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------------------------
+
+ENV_CONFIG = "QATTN_GLUON_SAGE_CONFIG"
+#: How the consumers mask the tail tile: 2 = full tiles in the loop, the tail after it (default); 1 = every tile
+#: masked; 0 = a branch per tile (kept to re-measure a Gluon miscompile seen on the H200, see BENCHMARKS.md).
+MASK_MODE = 2
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """``block_n`` keys per tile (64 or 128) and ``stages`` (depth of the K/V TMA rings, 2-4)."""
+
+    block_n: int
+    stages: int
+
+    def __post_init__(self) -> None:
+        if self.block_n not in (64, 128):
+            raise ValueError(f"block_n={self.block_n!r} is invalid; valid: 64, 128")
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"stages={self.stages!r} is invalid; valid: 2, 3, 4")
+
+    def __str__(self) -> str:
+        return f"WS_BN{self.block_n}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> "GluonConfig":
+        """``"128,2"`` (block_n, stages) or ``str()`` of a config (``WS_BN128_s2``)."""
+        fields = [f for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
+        try:
+            numbers = [int("".join(c for c in f if c.isdigit())) for f in fields]
+        except ValueError:
+            numbers = []
+        if len(numbers) != 2:
+            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES' such as '128,2'")
+        return cls(*numbers)
+
+
+#: Default config; CONFIGS are swept by benchmarks/tune_triton_sage.py --kernel gluon.
+DEFAULT_CONFIG = GluonConfig(128, 2)
+CONFIGS = (GluonConfig(128, 2), GluonConfig(128, 3), GluonConfig(64, 3), GluonConfig(64, 4))
+
+_forced: Optional[GluonConfig] = None
+
+
+@contextlib.contextmanager
+def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
+    """Force one config inside the block (``None``: ``$QATTN_GLUON_SAGE_CONFIG`` or :data:`DEFAULT_CONFIG`)."""
+    global _forced
+    previous = _forced
+    _forced = GluonConfig.parse(config) if isinstance(config, str) else config
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def current_config() -> GluonConfig:
+    if _forced is not None:
+        return _forced
+    text = os.environ.get(ENV_CONFIG)
+    return GluonConfig.parse(text) if text else DEFAULT_CONFIG
+
+
+def _aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """16-byte aligned base and strides on ``dims`` (TMA's rule)."""
+    size = x.element_size()
+    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
+
+
+def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why this kernel cannot take these (already validated) inputs, or ``None``."""
+    if _GLUON_ERROR is not None:
+        return f"triton with Gluon (Hopper) is not importable: {_GLUON_ERROR}"
+    if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != CAPABILITY:
+        return f"needs an sm_90 (Hopper) GPU; got {q.device}"
+    if not (v.stride(-2) == 1 and v.stride(-1) != 1):
+        return f"needs sequence-major fp8 V (stride(-2) == 1); got strides {tuple(v.stride())}"
+    for name, x, dims in (("q", q, (0, 1, 2)), ("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
+        if not _aligned(x, dims):
+            return (f"{name} needs a 16-byte aligned base and strides for TMA; got strides {tuple(x.stride())} "
+                    f"of {x.dtype}")
+    return None
+
+
+def _descriptor(x: torch.Tensor, block: list[int]):
+    dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+             torch.float16: gl.float16}[x.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+
+
+def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
+                 config: GluonConfig):
+    """(grid, positional args, keyword args) of one launch; shared by :func:`attention` and the offline compile."""
+    from . import triton_sage as ts
+
+    bsz, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
+    ks = k_scale if k_scale is not None else v_scale
+    args = [
+        _descriptor(q, [1, 1, ROWS_PER_CONSUMER, d]), _descriptor(k, [1, 1, config.block_n, d]),
+        _descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
+        qs, ks, v_scale, out, lse, float(sm_scale) * ts.LOG2E,
+        *ts._scale_strides(q_scale), *ts._scale_strides(k_scale), *ts._scale_strides(v_scale),
+        out.stride(0), out.stride(1), out.stride(2),
+        hq, hq // hkv, sq, skv,
+    ]
+    meta = dict(QK_KIND=ts._QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
+                K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
+                BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
+                PRODUCER_NREG=PRODUCER_REGS, MASK_MODE=MASK_MODE)
+    grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
+    return grid, args, meta
+
+
+def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
+              out_dtype: torch.dtype, *, return_lse: bool = False):
+    """``qattn::scaled_attention`` on the warp-specialized sm_90 kernel (layouts/dtypes: the module docstring).
+
+    Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
+    :func:`ineligible` found. Launches on the current stream and never synchronizes.
+    """
+    from . import triton_sage as ts
+
+    ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    reason = ineligible(q, k, v)
+    if reason is not None:
+        raise RuntimeError(f"gluon_sage: {reason}")
+    bsz, hq, sq, _ = q.shape
+    dv = v.shape[-1]
+    out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    if sq == 0 or bsz == 0 or hq == 0:
+        return (out, lse) if return_lse else out
+    grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
+                                    return_lse, current_config())
+    with torch.cuda.device(q.device):
+        _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=LAUNCH_MAXNREG)
+    return (out, lse) if return_lse else out
+
+
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+    """Kernel entry for ``qattn::scaled_attention``."""
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
+
+
+def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,
+                sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16, *, return_lse: bool = False):
+    """Compile (not run) the kernel for sm_90 with these inputs' dtypes, shapes and strides (``meta`` tensors are
+    fine: data pointers are taken as 16-byte aligned). Returns Triton's compiled kernel (``.asm["ptx"|"cubin"]``);
+    needs only Triton's bundled ptxas, no GPU."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from . import triton_sage as ts
+
+    ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    bsz, hq, sq, _ = q.shape
+    out = torch.empty(bsz, sq, hq, v.shape[-1], dtype=out_dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    _, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
+                                 return_lse, config)
+    kernel = _sage_fwd_ws
+    names = [p.name for p in kernel.params]
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in meta:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = meta[name]
+            continue
+        value = args[i]
+        if isinstance(value, TensorDescriptor):
+            signature[name] = native_specialize_impl(BaseBackend, value, False, True, True)[0]
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + ts._TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value == 1:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = 1
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": LAUNCH_MAXNREG})

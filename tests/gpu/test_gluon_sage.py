@@ -1,0 +1,135 @@
+"""qattn_fx.kernels.gluon_sage (warp-specialized Hopper kernel) on a real sm_90 GPU.
+
+Run: ``pytest -m gpu tests/gpu/test_gluon_sage.py -v -s``. The kernel runs triton_sage's tile algorithm with a
+different schedule, so it is pinned the same ways: against a torch emulation of the tile loop (fp32 level, Hopper
+FP8-MMA precision) and against the reference op (the recipe's definition) on identical quantized inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+import support
+from support import emulate, quantize
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+triton = pytest.importorskip("triton")
+
+import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
+from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
+from qattn_fx.kernels import reference  # noqa: E402
+
+DEV = "cuda"
+needs_sm90 = pytest.mark.skipif(
+    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != gs.CAPABILITY,
+    reason="gluon_sage needs sm_90")
+
+make_qkv = functools.partial(support.make_qkv, hq=8, hkv=4, sq=1000, skv=1500, d=128, device=DEV)
+assert_close_to_reference = functools.partial(support.assert_close_to_reference, name="gluon_sage")
+assert_fp32_level = functools.partial(support.assert_fp32_level, name="gluon_sage")
+
+
+def check(args, what, sm_scale=None, out_dtype=torch.float32, config=None):
+    """Run the kernel; assert fp32-level agreement with the emulated tile loop and closeness to the reference."""
+    config = config or gs.current_config()
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(args[0].shape[-1])
+    with gs.use_config(config):
+        out = gs.scaled_attention(*args, sm_scale, out_dtype)
+    fp8_qk = args[0].dtype == torch.float8_e4m3fn
+    assert_fp32_level(out.float(), emulate(*args, sm_scale, config.block_n), f"{config} {what} vs emulation",
+                      fp8_qk=fp8_qk)
+    assert_close_to_reference(out.float(), reference.scaled_attention(*args, sm_scale, torch.float32),
+                              f"{config} {what}")
+    return out
+
+
+RECIPES = [("int8", (1, 16)), ("int8", (1, 1)), ("int8", (16, 1)), ("int8", (64, 128)), ("int8", (128, 32)),
+           ("int8", (0, 0)), ("fp8", (1, 16)), ("fp8", (0, 0)), ("bf16", (0, 0)), ("fp16", (0, 0))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("qk,blocks", RECIPES, ids=[f"{q}-q{b[0]}k{b[1]}" for q, b in RECIPES])
+def test_recipes(qk, blocks):
+    dtype = torch.float16 if qk == "fp16" else torch.bfloat16
+    check(quantize(*make_qkv(dtype=dtype), qk, *blocks), f"{qk} {blocks}")
+
+
+SHAPES = {
+    "d64": dict(d=64),
+    "bhsd": dict(bshd=False),
+    "b1-mha": dict(b=1, hq=12, hkv=12, sq=777, skv=777),
+    "gqa8": dict(b=1, hq=16, hkv=2, sq=300, skv=2000),
+    "sq>skv": dict(sq=2000, skv=300),
+    "short-kv": dict(sq=512, skv=77),
+    "single-query": dict(b=3, sq=1, skv=4097),
+    "multiples": dict(b=1, hq=4, hkv=4, sq=1024, skv=2048),
+}
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_shapes(name):
+    check(quantize(*make_qkv(**SHAPES[name]), "int8", 1, 16), name)
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", [str(c) for c in gs.CONFIGS])
+@pytest.mark.parametrize("d", [128, 64])
+def test_every_config(config, d):
+    args = quantize(*make_qkv(b=2, hq=4, hkv=2, sq=333, skv=555, d=d), "int8", 1, 16)
+    check(args, f"d{d}", config=gs.GluonConfig.parse(config))
+
+
+@needs_sm90
+@pytest.mark.parametrize("v_scale", ["tensor", "head"])
+def test_v_scales(v_scale):
+    check(quantize(*make_qkv(hkv=8), "int8", 1, 16, v_scale=v_scale), f"V per-{v_scale}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_out_dtype_bshd_storage_and_lse(out_dtype):
+    from qattn_fx.kernels import triton_sage as ts
+
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    out, lse = gs.attention(*args, 0.125, out_dtype, return_lse=True)
+    b, h, s, d = out.shape
+    assert out.dtype == out_dtype and out.stride() == (s * h * d, d, h * d, 1)
+    assert_close_to_reference(out.float(), reference.scaled_attention(*args, 0.125, torch.float32), str(out_dtype))
+    with ts.use_config("128,128,8,3,pipe"):  # same tile size: the same running maxima, so the same LSE
+        _, ts_lse = ts.attention(*args, 0.125, torch.float32, return_lse=True)
+    torch.testing.assert_close(lse, ts_lse, atol=1e-4, rtol=1e-5)
+
+
+@needs_sm90
+def test_inputs_not_mutated():
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    with support.inputs_unchanged(args):
+        gs.scaled_attention(*args, 0.125, torch.bfloat16)
+    torch.cuda.synchronize()
+
+
+@needs_sm90
+def test_d_major_v_is_refused_with_reason():
+    args = quantize(*make_qkv(sq=64, skv=64), "int8", 1, 16, v_seq_major=False)
+    with pytest.raises(RuntimeError, match=r"gluon_sage: needs sequence-major fp8 V"):
+        gs.scaled_attention(*args, 0.1, torch.bfloat16)
+
+
+@needs_sm90
+def test_exact_when_row_max_is_in_first_tile():
+    g = torch.Generator(device=DEV).manual_seed(7)
+    q, k, v = make_qkv(b=2, hq=4, hkv=2, sq=300, skv=700, k_bias=0.0, q_bias=0.0, dtype=torch.float32)
+    u = torch.randn(q.shape[-1], generator=g, device=DEV)
+    q = u + 0.3 * q
+    k = k.clone()
+    k[:, :, 0] = 0.5 * u
+    args = quantize(q.bfloat16(), k.bfloat16(), v.bfloat16(), "int8", 1, 16, smooth=False)
+    out = gs.scaled_attention(*args, 1.0 / math.sqrt(128), torch.float32)
+    assert_fp32_level(out, reference.scaled_attention(*args, 1.0 / math.sqrt(128), torch.float32),
+                      "first-tile max")
