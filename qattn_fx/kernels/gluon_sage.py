@@ -103,8 +103,28 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 
 
 @_jit
+def _row_reduce(x, TREE: gl.constexpr, IS_MAX: gl.constexpr):
+    """Max or sum over axis 1 of a ``(64, BLOCK_N)`` wgmma-layout tile. ``TREE``: first over the
+    ``BLOCK_N / 16`` column chunks (a register relabeling: each thread holds the same columns of every chunk, so
+    this is 16 independent in-thread chains per row), then over the 16; shorter dependency chains than one
+    sequential in-thread pass. The sum's association order changes (fp32 rounding only)."""
+    if TREE:
+        x3 = gl.reshape(x, [x.shape[0], x.shape[1] // 16, 16])
+        if IS_MAX:
+            r = gl.max(gl.max(x3, axis=1), axis=1)
+        else:
+            r = gl.sum(gl.sum(x3, axis=1), axis=1)
+        return gl.convert_layout(r, gl.SliceLayout(1, x.type.layout))
+    elif IS_MAX:
+        return gl.max(x, axis=1)
+    else:
+        return gl.sum(x, axis=1)
+
+
+@_jit
 def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
-             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr):
+             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
+             MASK: gl.constexpr):
     """One online-softmax step on the raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else fp32).
 
     ``ks``: the tile's K scales (:func:`_load_k_scales`); ``rs`` (64,): row scale ``q_scale · sm_scale · log2 e``.
@@ -138,15 +158,15 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         valid = (offs_n < SEQ_KV)[None, :]
-        t_max = gl.max(gl.where(valid, t, float("-inf")), axis=1)
+        t_max = _row_reduce(gl.where(valid, t, float("-inf")), TREE, True)
     else:
-        t_max = gl.max(t, axis=1)
+        t_max = _row_reduce(t, TREE, True)
     m_new = gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
     p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
     if MASK:
         p = gl.where(valid, p, 0.0)
     alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    l_i = l_i * alpha + _row_reduce(p, TREE, False)
     return p.to(gl.float8e4nv), alpha, l_i, m_new
 
 
@@ -156,40 +176,63 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
 
 
 @_jit
-def _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn, SEQ_KV,
-                  k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                  p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr, grp_layout: gl.constexpr,
-                  QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  MASK: gl.constexpr):
-    """One K/V tile for one consumer: Q·Kᵀ (wgmma), softmax, P·V (wgmma, fresh accumulator) added to ``acc``.
-    Returns the updated ``(m, l, acc)`` and the next tile's K scales (loaded here, one tile ahead)."""
-    HEAD_DIM: gl.constexpr = q.type.shape[1]
-    HEAD_DIM_V: gl.constexpr = pv_zero.type.shape[1]
+def _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr):
+    """``S`` of tile ``j`` (wgmma from shared memory, waited); the K slot is released right after."""
     slot = j % STAGES
-    phase = (j // STAGES) & 1
-    start_n = j * BLOCK_N
-    ks_next = _load_k_scales(ks_ptr, stride_ksn, start_n + BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
-
-    mbarrier.wait(k_ready.index(slot), phase)
-    s = warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_init,
+    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+    s = warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_init,
                       use_acc=QK_KIND == 0, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(slot), count=1)
-    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK)
-    p_op = gl.convert_layout(p8, p_layout)
+    return s
 
-    mbarrier.wait(v_ready.index(slot), phase)
-    pv = warpgroup_mma(p_op, v_smem.index(slot).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0)), pv_zero,
-                       use_acc=False, is_async=True)
+
+@_jit
+def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr):
+    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator, P from registers."""
+    slot = j % STAGES
+    mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+    return warpgroup_mma(gl.convert_layout(p8, p_layout),
+                         v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0)), pv_zero,
+                         use_acc=False, is_async=True)
+
+
+@_jit
+def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
+                p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+    """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation)."""
+    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
+    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    mbarrier.arrive(v_empty.index(slot), count=1)
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv  # two-level accumulation, full fp32
-    return m_i, l_i, acc, ks_next
+    mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+    return m_i, l_i, acc
+
+
+@_jit
+def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, k_empty,
+                v_ready, v_empty, p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr,
+                K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr):
+    """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``."""
+    nslot = (j + 1) % STAGES
+    mbarrier.wait(k_ready.index(nslot), ((j + 1) // STAGES) & 1)
+    s_next = warpgroup_mma(q, k_smem.index(nslot).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_init,
+                           use_acc=QK_KIND == 0, is_async=True)
+    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
+    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES)
+    s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
+    mbarrier.arrive(k_empty.index(nslot), count=1)
+    mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+    return m_i, l_i, acc, s_next
 
 
 @_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
+             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
@@ -240,38 +283,30 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
     q = q_smem.index(CID).reshape([BM, HEAD_DIM])
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
-    n_full = SEQ_KV // BLOCK_N
     ks = _load_k_scales(ks_ptr, stride_ksn, 0, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
     mbarrier.wait(q_bar, 0)
-    if MASK_MODE == 0:
-        for j in range(n_tiles):
-            if j < n_full:
-                m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
-                                                  SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                                  p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
-                                                  STAGES, False)
-            else:
-                m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
-                                                  SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                                  p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
-                                                  STAGES, True)
-    elif MASK_MODE == 1:
-        for j in range(n_tiles):
-            m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
-                                              SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                              p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
-                                              STAGES, True)
+    # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
+    # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
+    if AHEAD:
+        s = _qk(0, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+        for j in range(n_tiles - 1):
+            ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
+                                     BLOCK_N)
+            m_i, l_i, acc, s = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
+                                           k_ready, k_empty, v_ready, v_empty, p_layout, row_o, QK_KIND, K_BLOCK,
+                                           BLOCK_N, STAGES, TREE)
+            ks = ks_next
     else:
-        for j in range(n_full):
-            m_i, l_i, acc, ks = _consume_tile(j, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr, stride_ksn,
-                                              SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                              p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N,
-                                              STAGES, False)
-        if n_full < n_tiles:
-            m_i, l_i, acc, ks = _consume_tile(n_full, q, ks, m_i, l_i, acc, rs, s_init, pv_zero, ks_ptr,
-                                              stride_ksn, SEQ_KV, k_smem, v_smem, k_ready, k_empty, v_ready,
-                                              v_empty, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK,
-                                              BLOCK_N, STAGES, True)
+        for j in range(n_tiles - 1):
+            ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
+                                     BLOCK_N)
+            s = _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+            m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
+                                        p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False)
+            ks = ks_next
+        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
+                                p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -289,19 +324,19 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 
 @_jit
 def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
-    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
+    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)
 
 
 @_jit
 def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
-    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
+    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)
 
 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK_MODE: gl.constexpr):
+              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
@@ -340,7 +375,7 @@ def _sage_fwd_ws(
     H, GROUP, SEQ_Q, SEQ_KV,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
-    MASK_MODE: gl.constexpr = 2,
+    AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
 
@@ -376,9 +411,9 @@ def _sage_fwd_ws(
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
             qk_scale)
     gl.warp_specialize([
-        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)),
-        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)),
-        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, MASK_MODE)),
+        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)),
+        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)),
+        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)),
     ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -387,43 +422,54 @@ def _sage_fwd_ws(
 # ------------------------------------------------------------------------------------------------------------------
 
 ENV_CONFIG = "QATTN_GLUON_SAGE_CONFIG"
-#: How the consumers mask the tail tile: 2 = full tiles in the loop, the tail after it (default); 1 = every tile
-#: masked; 0 = a branch per tile (kept to re-measure a Gluon miscompile seen on the H200, see BENCHMARKS.md).
-MASK_MODE = 2
 
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """``block_n`` keys per tile (64 or 128) and ``stages`` (depth of the K/V TMA rings, 2-4)."""
+    """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and two schedule flags:
+    ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
+    exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
+    chains)."""
 
     block_n: int
     stages: int
+    ahead: int = 0
+    tree: int = 0
+
+    FLAGS = ("ahead", "tree")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
             raise ValueError(f"block_n={self.block_n!r} is invalid; valid: 64, 128")
         if self.stages not in (2, 3, 4):
             raise ValueError(f"stages={self.stages!r} is invalid; valid: 2, 3, 4")
+        for name in self.FLAGS:
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
 
     def __str__(self) -> str:
-        return f"WS_BN{self.block_n}_s{self.stages}"
+        return f"WS_BN{self.block_n}_s{self.stages}" + "".join(f"_{f}" for f in self.FLAGS if getattr(self, f))
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2"`` (block_n, stages) or ``str()`` of a config (``WS_BN128_s2``)."""
-        fields = [f for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
+        """``"128,2[,ahead][,tree]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
+        fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
+        flags = {f: 1 for f in fields if f in cls.FLAGS}
+        rest = [f for f in fields if f not in cls.FLAGS]
         try:
-            numbers = [int("".join(c for c in f if c.isdigit())) for f in fields]
+            numbers = [int(f.lstrip("BNSbns")) for f in rest]
         except ValueError:
             numbers = []
         if len(numbers) != 2:
-            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES' such as '128,2'")
-        return cls(*numbers)
+            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES[,ahead][,tree]' such "
+                             f"as '128,2,ahead'")
+        return cls(*numbers, **flags)
 
 
 #: Default config; CONFIGS are swept by benchmarks/tune_triton_sage.py --kernel gluon.
 DEFAULT_CONFIG = GluonConfig(128, 2)
-CONFIGS = (GluonConfig(128, 2), GluonConfig(128, 3), GluonConfig(64, 3), GluonConfig(64, 4))
+CONFIGS = (GluonConfig(128, 2), GluonConfig(128, 2, tree=1), GluonConfig(128, 2, ahead=1),
+           GluonConfig(128, 2, ahead=1, tree=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(64, 3, ahead=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -495,7 +541,7 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
     meta = dict(QK_KIND=ts._QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
-                PRODUCER_NREG=PRODUCER_REGS, MASK_MODE=MASK_MODE)
+                PRODUCER_NREG=PRODUCER_REGS, AHEAD=config.ahead, TREE=config.tree)
     grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
