@@ -25,7 +25,8 @@ listed as skipped with the reason:
   call per head dim JIT-compiles FlashInfer's FA3 kernels, ~100 s; it is outside the timings).
 * ``triton_sage/int8-1-16-1``, ``triton_sage/fp8-1-16-1``: SageAttention recipes (per-token Q, 16-token K blocks,
   per-channel fp8 V, smoothed K) on kernel ``triton_sage``; ``triton_sage/bf16qk-fp8v``: bf16 Q/K with per-channel
-  fp8 V (``Recipe("bf16", "fp8", 0, 0, 1)``).
+  fp8 V (``Recipe("bf16", "fp8", 0, 0, 1)``). ``gluon_sage/...``: the same recipes on the warp-specialized Gluon
+  kernel ``gluon_sage`` (sm_90).
 * ``sageattention_1.0.6``: ``sageattention.sageattn`` (Triton, INT8 Q·K, fp16 P·V) on fp16 NHD copies, when importable.
 
 Every qattn_fx method is measured twice: (a) **kernel** — the attention op alone on pre-quantized inputs (captured by
@@ -107,6 +108,9 @@ METHODS: tuple[Method, ...] = (
     Method("triton_sage/int8-1-16-1", "qattn", "triton_sage", Recipe("int8", "fp8", 1, 16, 1)),
     Method("triton_sage/fp8-1-16-1", "qattn", "triton_sage", Recipe("fp8", "fp8", 1, 16, 1)),
     Method("triton_sage/bf16qk-fp8v", "qattn", "triton_sage", Recipe("bf16", "fp8", 0, 0, 1)),
+    Method("gluon_sage/int8-1-16-1", "qattn", "gluon_sage", Recipe("int8", "fp8", 1, 16, 1)),
+    Method("gluon_sage/fp8-1-16-1", "qattn", "gluon_sage", Recipe("fp8", "fp8", 1, 16, 1)),
+    Method("gluon_sage/bf16qk-fp8v", "qattn", "gluon_sage", Recipe("bf16", "fp8", 0, 0, 1)),
     Method("sageattention_1.0.6", "sageattn"),
 )
 
@@ -191,6 +195,10 @@ def unavailable(method: Method, cap: tuple[int, int] | None, d: int) -> str | No
         if d not in (64, 128, 256):
             return f"head_dim {d} not in 64/128/256"
         return _importable("flashinfer")
+    if kernel == "gluon_sage":
+        if cap != (9, 0):
+            return f"gluon_sage targets sm_90, this is sm_{cap[0]}{cap[1]}"
+        return _importable("triton.experimental.gluon")
     if kernel == "triton_sage":
         if cap not in ((8, 9), (9, 0)):
             return f"triton_sage targets sm_89/sm_90, this is sm_{cap[0]}{cap[1]}"

@@ -235,6 +235,10 @@ _SAGE_HD = HeadDims(allowed=(128,))
 _CUDNN_HD_BLACKWELL = HeadDims(allowed=(32, 64, 96, 128))
 _CUDNN_HD_HOPPER = HeadDims(multiple_of=16, max=256)
 _TRITON = ("triton", "3.0.0")
+#: The warp-specialized Gluon kernel: same numerics as triton_sage, faster on sm_90 (BENCHMARKS.md); its Gluon
+#: API is the one of Triton 3.6.
+_GLUON_SM90 = Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
+                           note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes write them so")
 
 #: Every accepted (backend, recipe) combination. Order matters for ``backend="auto"``: the first row whose
 #: implementation runs on the hardware and serves the site wins, so faster/more accurate rows come first.
@@ -242,14 +246,14 @@ TABLE: tuple[Row, ...] = (
     # ---- our own Hopper kernels ---------------------------------------------------------------------------------
     Row("TRITON", "int8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
         "SageAttention (INT8 QK), Triton", OURS,
-        (Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
+        (_GLUON_SM90, Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
         scale_scopes=("tensor",)),
     Row("TRITON", "fp8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
         "SageAttention (FP8 QK), Triton", OURS,
-        (Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
+        (_GLUON_SM90, Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
         scale_scopes=("tensor",)),
     Row("TRITON", "bf16", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "QK16PV8, Triton", OURS,
-        (Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),)),
+        (_GLUON_SM90, Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),)),
     # ---- TensorRT-LLM VisualGen table ---------------------------------------------------------------------------
     Row("TRTLLM", "int8", "fp8", _blocks((1, 1, 1), (1, 4, 1), (1, 16, 1)), "SageAttention (INT8 QK)", VG,
         (Requirements("flashinfer_trtllm_sage", SM100, _SAGE_HD, _FI_SAGE,

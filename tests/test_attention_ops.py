@@ -140,8 +140,8 @@ def _with(args, **changes):
 
 _S = _scaled_args()
 SCALED_ERRORS = [
-    (dict(kernel="flash"), "kernel='flash' is unknown; valid: reference, triton_sage, cudnn_fp8, cudnn_mxfp8, "
-                           "flashinfer_fa3_fp8, flashinfer_trtllm_sage"),
+    (dict(kernel="flash"), "kernel='flash' is unknown; valid: reference, triton_sage, gluon_sage, cudnn_fp8, "
+                           "cudnn_mxfp8, flashinfer_fa3_fp8, flashinfer_trtllm_sage"),
     (dict(kernel="cudnn_mxfp8"), "kernel 'cudnn_mxfp8' does not implement scaled attention; it implements: "
                                  "['block_scaled']"),
     (dict(q=_S[0].float()), "quantized q/k must share a dtype in (torch.int8, torch.float8_e4m3fn); got "
@@ -232,8 +232,8 @@ BLOCK_ERRORS = [
                                      "implements: ['scaled']"),
     (_M, dict(kernel="cudnn_fp8"), "kernel 'cudnn_fp8' does not implement block_scaled attention; it implements: "
                                    "['scaled']"),
-    (_M, dict(kernel="nope"), "kernel='nope' is unknown; valid: reference, triton_sage, cudnn_fp8, cudnn_mxfp8, "
-                              "flashinfer_fa3_fp8, flashinfer_trtllm_sage"),
+    (_M, dict(kernel="nope"), "kernel='nope' is unknown; valid: reference, triton_sage, gluon_sage, cudnn_fp8, "
+                              "cudnn_mxfp8, flashinfer_fa3_fp8, flashinfer_trtllm_sage"),
     (_M, dict(qk_format="int8"), "qk_format='int8' is invalid; valid: mxfp8, nvfp4"),
     (_M, dict(v_format="bf16"), "v_format='bf16' is invalid; valid: fp8, mxfp8, nvfp4"),
     (_M, dict(q_sf=_M[1].view(torch.uint8)), "mxfp8 q needs data torch.float8_e4m3fn and scales "

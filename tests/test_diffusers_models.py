@@ -122,7 +122,7 @@ blocks.1.attn2  1      cross  False      dense: rule 1 (role=cross)""")
                       for k, v in inputs.items()}
             hopper = qattn_fx.explain(model, **inputs, hardware=qattn_fx.Hardware.for_arch("sm_90", libs))
             blackwell = qattn_fx.explain(model, **inputs, hardware=qattn_fx.Hardware.for_arch("sm_100", libs))
-        self.assertEqual({s.kernel for s in hopper.sites}, {"triton_sage"})
+        self.assertEqual({s.kernel for s in hopper.sites}, {"gluon_sage"})
         self.assertEqual({s.kernel for s in blackwell.sites}, {None})  # head_dim 64: trtllm-gen Sage needs 128
         self.assertIn("TRTLLM: head_dim 64 not in 128", blackwell.sites[0].reason)
 

@@ -19,6 +19,8 @@ SM100 = Hardware.for_arch("sm_100", {"flashinfer-python": "0.7.4", "cudnn": "9.2
 SM103 = Hardware.for_arch("sm_103", {"flashinfer-python": "0.7.4", "cudnn": "9.21.0"})
 SM120 = Hardware.for_arch("sm_120", {"flashinfer-python": "0.7.4"})
 CPU = Hardware.for_arch("cpu", {"triton": "3.6.0"})
+SM90_TRITON_3_5 = Hardware.for_arch("sm_90", {"triton": "3.5.0", "flashinfer-python": "0.7.2.post1", "cudnn": "9.19.0"})
+SM89 = Hardware.for_arch("sm_89", {"triton": "3.6.0"})
 
 SAGE_INT8 = Recipe("int8", "fp8", 1, 16, 1)
 CUDNN_FP8 = Recipe("fp8", "fp8", 0, 0, 0)
@@ -53,17 +55,34 @@ def quantized(decision: Decision, kernel: str, backend: str) -> None:
      Recipe("int8", "fp8", 64, 128, 0), Recipe("bf16", "fp8", 0, 0, 1), Recipe("bf16", "fp8", 0, 0, 0)],
 )
 @pytest.mark.parametrize("d", [64, 128])
-def test_auto_picks_triton_sage_on_sm90(recipe, d):
+def test_auto_picks_gluon_sage_on_sm90(recipe, d):
     decision = resolve(site(d=d), SM90, spec("auto", recipe))
-    quantized(decision, "triton_sage", "TRITON")
+    quantized(decision, "gluon_sage", "TRITON")
     assert decision.recipe == recipe
-    assert decision.reason == f"quantized: {recipe.name} on triton_sage (sm_90)"
+    assert decision.reason == f"quantized: {recipe.name} on gluon_sage (sm_90)"
     assert decision.source == "default"
+    # an explicit TRITON backend takes the same kernel
+    assert resolve(site(d=d), SM90, spec("TRITON", recipe)).kernel == "gluon_sage"
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [SAGE_INT8, Recipe("fp8", "fp8", 1, 4, 1), Recipe("int8", "fp8", 64, 128, 0), Recipe("bf16", "fp8", 0, 0, 1)],
+)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("hw", [SM90_TRITON_3_5, SM89], ids=["sm90-triton3.5", "sm89-triton3.6"])
+def test_auto_picks_triton_sage_without_gluon(hw, recipe, d):
+    """gluon_sage needs sm_90 and triton >= 3.6; elsewhere the TRITON rows fall through to triton_sage."""
+    for backend in ("auto", "TRITON"):
+        decision = resolve(site(d=d), hw, spec(backend, recipe))
+        quantized(decision, "triton_sage", "TRITON")
+        assert decision.recipe == recipe
+        assert decision.reason == f"quantized: {recipe.name} on triton_sage ({hw.arch})"
 
 
 def test_default_spec_on_sm90():
     decision = resolve(site(), SM90)
-    assert decision.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on triton_sage (sm_90)"
+    assert decision.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
 
 
 def test_triton_needs_the_triton_library():
@@ -129,8 +148,8 @@ def test_flashinfer_trtllm_sage_on_sm100():
     assert not decision.quantized
     assert decision.reason == (
         "dense: no kernel serves int8 Q/K 1/16, fp8 V per-channel, smooth K via auto here "
-        "(TRITON: needs sm_89/sm_90, have sm_103; TRTLLM: needs sm_100, have sm_103; "
-        "TRTLLM_ATTN: needs sm_100, have sm_103)"
+        "(TRITON: needs sm_90, have sm_103; TRITON: needs sm_89/sm_90, have sm_103; "
+        "TRTLLM: needs sm_100, have sm_103; TRTLLM_ATTN: needs sm_100, have sm_103)"
     )
 
 
@@ -161,7 +180,8 @@ def test_auto_on_cpu_is_dense_with_what_each_backend_needs():
     assert decision == Decision(
         False,
         "dense: no kernel serves int8 Q/K 1/16, fp8 V per-channel, smooth K via auto here "
-        "(TRITON: needs sm_89/sm_90, have cpu; TRTLLM: needs sm_100, have cpu; TRTLLM_ATTN: needs sm_100, have cpu)",
+        "(TRITON: needs sm_90, have cpu; TRITON: needs sm_89/sm_90, have cpu; TRTLLM: needs sm_100, have cpu; "
+        "TRTLLM_ATTN: needs sm_100, have cpu)",
         SAGE_INT8, None, None, "default", (),
     )
     mx = resolve(site(), CPU, spec("auto", Recipe("mxfp8", "fp8", 0, 0, 1)))
@@ -187,7 +207,8 @@ def test_explicit_backend_the_hardware_cannot_serve_raises():
         "to pick what runs here, or emulate=True to measure the recipe with the reference kernel"
     )
     # never a silent switch to another backend that could run it
-    with pytest.raises(ValueError, match=r"backend 'TRITON' cannot serve .* on sm_100: TRITON: needs sm_89/sm_90"):
+    with pytest.raises(ValueError, match=r"backend 'TRITON' cannot serve .* on sm_100: TRITON: needs sm_90, have "
+                                         r"sm_100; TRITON: needs sm_89/sm_90, have sm_100\."):
         resolve(site(), SM100, spec("TRITON", SAGE_INT8))
     with pytest.raises(ValueError, match=r"backend 'CUDNN' cannot serve .* on cpu"):
         resolve(site(), CPU, spec("CUDNN", CUDNN_FP8))
@@ -333,7 +354,9 @@ def test_symbolic_head_dim():
 def test_gqa():
     g = site(hq=24, hk=8)
     assert g.gqa and not site().gqa
-    quantized(resolve(g, SM90, spec()), "triton_sage", "TRITON")
+    quantized(resolve(g, SM90, spec()), "gluon_sage", "TRITON")
+    quantized(resolve(g, SM90_TRITON_3_5, spec()), "triton_sage", "TRITON")
+    quantized(resolve(g, SM89, spec()), "triton_sage", "TRITON")
     quantized(resolve(g, SM100, spec()), "flashinfer_trtllm_sage", "TRTLLM")
     assert resolve(g, CPU, spec(), emulate=True).quantized
     use = AttentionSpec()
@@ -471,7 +494,7 @@ def test_site_from_tensors_and_validation():
 
 def test_every_table_kernel_is_reachable_by_auto_somewhere():
     """Each kernel named in the table is chosen by auto on some machine (the table order does not hide a row)."""
-    machines = [SM90, SM100, SM103, SM120]
+    machines = [SM89, SM90, SM100, SM103, SM120]
     kernels = {req.kernel for row in TABLE for req in row.implementations if req.kernel}
     chosen = set()
     for backend, recipe in _every_valid_recipe():

@@ -466,8 +466,9 @@ class GluonConfig:
         return cls(*numbers, **flags)
 
 
-#: Default config; CONFIGS are swept by benchmarks/tune_triton_sage.py --kernel gluon.
-DEFAULT_CONFIG = GluonConfig(128, 2)
+#: Default config per head_dim (best of the 2026-11-30 H200 sweep in BENCHMARKS.md); CONFIGS are swept by
+#: benchmarks/tune_triton_sage.py --kernel gluon.
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, tree=1), 64: GluonConfig(128, 2, tree=1)}
 CONFIGS = (GluonConfig(128, 2), GluonConfig(128, 2, tree=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2, ahead=1, tree=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(64, 3, ahead=1))
 
@@ -476,7 +477,7 @@ _forced: Optional[GluonConfig] = None
 
 @contextlib.contextmanager
 def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
-    """Force one config inside the block (``None``: ``$QATTN_GLUON_SAGE_CONFIG`` or :data:`DEFAULT_CONFIG`)."""
+    """Force one config inside the block (``None``: ``$QATTN_GLUON_SAGE_CONFIG`` or :data:`DEFAULT_CONFIGS`)."""
     global _forced
     previous = _forced
     _forced = GluonConfig.parse(config) if isinstance(config, str) else config
@@ -486,11 +487,13 @@ def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
         _forced = previous
 
 
-def current_config() -> GluonConfig:
+def current_config(head_dim: int = 128) -> GluonConfig:
+    """The config a call with this head_dim uses: :func:`use_config`'s, else ``$QATTN_GLUON_SAGE_CONFIG``, else
+    :data:`DEFAULT_CONFIGS`."""
     if _forced is not None:
         return _forced
     text = os.environ.get(ENV_CONFIG)
-    return GluonConfig.parse(text) if text else DEFAULT_CONFIG
+    return GluonConfig.parse(text) if text else DEFAULT_CONFIGS[head_dim]
 
 
 def _aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
@@ -566,7 +569,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
     grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
-                                    return_lse, current_config())
+                                    return_lse, current_config(q.shape[-1]))
     with torch.cuda.device(q.device):
         _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=LAUNCH_MAXNREG)
     return (out, lse) if return_lse else out

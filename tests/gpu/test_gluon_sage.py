@@ -36,7 +36,7 @@ assert_fp32_level = functools.partial(support.assert_fp32_level, name="gluon_sag
 
 def check(args, what, sm_scale=None, out_dtype=torch.float32, config=None):
     """Run the kernel; assert fp32-level agreement with the emulated tile loop and closeness to the reference."""
-    config = config or gs.current_config()
+    config = config or gs.current_config(args[0].shape[-1])
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(args[0].shape[-1])
     with gs.use_config(config):
         out = gs.scaled_attention(*args, sm_scale, out_dtype)
