@@ -1,4 +1,8 @@
-"""Quick correctness survey of kernels/gluon_sage.py on the GPU (prints, never stops at the first failure)."""
+"""Quick correctness survey of kernels/gluon_sage.py on an sm_90 GPU: every case against the emulated tile loop
+and the reference op; prints, never stops at the first failure.
+
+    PYTHONPATH=$PWD python tools/gluon_quick.py ["128,2,ahead" ...]   # configs (default: gluon_sage.CONFIGS)
+"""
 import math
 import sys
 import traceback
@@ -26,7 +30,7 @@ CASES = [
     ("bf16 multi", dict(b=2, hq=8, hkv=4, sq=1000, skv=1500), ("bf16", 0, 0)),
     ("int8 d64", dict(b=2, hq=8, hkv=4, sq=1000, skv=1500, d=64), ("int8", 1, 16)),
 ]
-for config in ("128,2,ahead,tree", "64,3,ahead", "128,2,tree"):
+for config in sys.argv[1:] or [str(c) for c in gs.CONFIGS]:
     for name, shape, recipe in CASES:
         try:
             kw = dict(d=128, device="cuda")

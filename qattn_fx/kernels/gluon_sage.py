@@ -15,6 +15,15 @@ schedule, which plain Triton 3.6 cannot express:
   ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`.
+* schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V), ``ahead`` (the next tile's
+  Q·Kᵀ in flight during this tile's exponentials; the default) or ``overlap`` (FlashAttention-3's: also the
+  previous tile's P·V during this tile's row max; slower here because ptxas waits for that wgmma before reusing
+  P's registers). Tiles are full except the last, which is handled after the loop with masks: a per-tile branch
+  between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's Gluon (wrong values and
+  NaN on the H200), so no schedule has one.
+
+Measured on the H200 (BENCHMARKS.md): ~760-780 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe, output
+identical to triton_sage's (same tiles, same operation order).
 
 Inputs (validated by :func:`qattn_fx.kernels.triton_sage._validate`, plus :func:`ineligible`): int8 / e4m3 /
 bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D and 16-byte aligned base and
@@ -36,12 +45,14 @@ try:  # GPU libraries are optional at import time; attention() raises a clear er
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _GLUON_ERROR: Optional[BaseException] = None
 except ImportError as exc:  # pragma: no cover - exercised only without a Gluon-capable triton
     triton = gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+    fence_async_shared = None
     _GLUON_ERROR = exc
 
 
@@ -122,14 +133,12 @@ def _row_reduce(x, TREE: gl.constexpr, IS_MAX: gl.constexpr):
 
 
 @_jit
-def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
-             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
-             MASK: gl.constexpr):
-    """One online-softmax step on the raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else fp32).
-
-    ``ks``: the tile's K scales (:func:`_load_k_scales`); ``rs`` (64,): row scale ``q_scale · sm_scale · log2 e``.
-    Returns ``(p8, alpha, l, m)``: e4m3 ``448 · exp2(z - m)``, the factor rescaling earlier tiles, row sum, max.
-    """
+def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
+                BLOCK_N: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+    """First half of an online-softmax step on the raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else
+    fp32): ``t`` (S with the K scales applied), the row scale of this tile (``rs``, times K's scale when it is
+    one per tile) and the new running max ``m`` (log2 units). ``ks``: the tile's K scales (:func:`_load_k_scales`);
+    ``rs`` (64,): ``q_scale · sm_scale · log2 e``."""
     s_layout: gl.constexpr = s.type.layout
     PER_COL: gl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
     GROUPED: gl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
@@ -157,17 +166,35 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
             rs = rs * ks
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        valid = (offs_n < SEQ_KV)[None, :]
-        t_max = _row_reduce(gl.where(valid, t, float("-inf")), TREE, True)
+        t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), TREE, True)
     else:
         t_max = _row_reduce(t, TREE, True)
     m_new = gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
+    return t, rs, m_new
+
+
+@_jit
+def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
+             MASK: gl.constexpr):
+    """Second half: ``(p8, alpha, l)``: e4m3 ``448 · exp2(z - m)`` (0 past ``SEQ_KV`` when ``MASK``), the factor
+    rescaling earlier tiles, row sum."""
     p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
     if MASK:
-        p = gl.where(valid, p, 0.0)
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
+        p = gl.where((offs_n < SEQ_KV)[None, :], p, 0.0)
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + _row_reduce(p, TREE, False)
-    return p.to(gl.float8e4nv), alpha, l_i, m_new
+    return p.to(gl.float8e4nv), alpha, l_i
+
+
+@_jit
+def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
+             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
+             MASK: gl.constexpr):
+    """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``."""
+    t, rs_t, m_new = _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, TREE, MASK)
+    return p8, alpha, l_i, m_new
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -189,23 +216,40 @@ def _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND: gl.constexpr, BLOCK_N: 
 
 
 @_jit
-def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr):
-    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator, P from registers."""
+def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Issue (async) ``S`` of tile ``j``; the caller waits for it and releases the K slot."""
     slot = j % STAGES
-    mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-    return warpgroup_mma(gl.convert_layout(p8, p_layout),
-                         v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0)), pv_zero,
-                         use_acc=False, is_async=True)
+    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+    return warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_init,
+                         use_acc=QK_KIND == 0, is_async=True)
 
 
 @_jit
-def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
+def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, P_SMEM: gl.constexpr):
+    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator. ``P_SMEM``: P goes through this
+    consumer's shared-memory buffer ``p_buf`` (its registers are free at once, and no cross-thread shuffles);
+    else P is the register A operand (converted to the wgmma operand layout)."""
+    slot = j % STAGES
+    v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
+    if P_SMEM:
+        p_buf.store(p8)
+        fence_async_shared()
+        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+        return warpgroup_mma(p_buf, v_tile, pv_zero, use_acc=False, is_async=True)
+    else:
+        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+        return warpgroup_mma(gl.convert_layout(p8, p_layout), v_tile, pv_zero, use_acc=False, is_async=True)
+
+
+@_jit
+def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty, p_buf,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
+                P_SMEM: gl.constexpr):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation)."""
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
-    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES)
+    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     mbarrier.arrive(v_empty.index(j % STAGES), count=1)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
@@ -214,15 +258,16 @@ def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v
 
 @_jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, k_empty,
-                v_ready, v_empty, p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr,
-                K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr):
+                v_ready, v_empty, p_buf, p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr,
+                K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr,
+                P_SMEM: gl.constexpr):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``."""
     nslot = (j + 1) % STAGES
     mbarrier.wait(k_ready.index(nslot), ((j + 1) // STAGES) & 1)
     s_next = warpgroup_mma(q, k_smem.index(nslot).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_init,
                            use_acc=QK_KIND == 0, is_async=True)
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
-    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES)
+    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
     mbarrier.arrive(k_empty.index(nslot), count=1)
     mbarrier.arrive(v_empty.index(j % STAGES), count=1)
@@ -232,11 +277,11 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 @_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
+             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
-    q_smem, k_smem, v_smem = smem
+    q_smem, k_smem, v_smem, p_smem = smem
     q_bar, k_ready, k_empty, v_ready, v_empty = bars
     QS, KS, VS, Out, Lse = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
@@ -282,19 +327,59 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     l_i = gl.full([BM], 0.0, gl.float32, row_s)
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
     q = q_smem.index(CID).reshape([BM, HEAD_DIM])
+    p_buf = p_smem.index(CID)
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ks = _load_k_scales(ks_ptr, stride_ksn, 0, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
     mbarrier.wait(q_bar, 0)
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
-    if AHEAD:
+    if AHEAD == 2:
+        # FA3-style: tile j+1's Q·Kᵀ runs during tile j's exponentials, and tile j-1's P·V during tile j's
+        # scaling and row max. Needs n_tiles >= 2 (the host launches another schedule for one tile).
+        s = _qk(0, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+        t, rs_t, m_new = _logits_max(s, ks, m_i, rs, 0, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
+        ks = _load_k_scales(ks_ptr, stride_ksn, BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
+        s = _qk_issue(1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        p_prev, alpha_prev, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, 0, SEQ_KV, BLOCK_N, TREE, False)
+        m_i = m_new
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, n_tiles - 1):
+            ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
+                                     BLOCK_N)
+            pv = _pv_issue(j - 1, p_prev, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+            t, rs_t, m_new = _logits_max(s, ks, m_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE,
+                                         False)
+            # m_new passes through the wait so that the compiler keeps the row max before it (overlapping P·V)
+            pv, m_new = warpgroup_mma_wait(num_outstanding=0, deps=(pv, m_new))
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+            acc = acc * gl.convert_layout(alpha_prev, row_o)[:, None] + pv
+            s = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+            p_prev, alpha_prev, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
+            m_i = m_new
+            s, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(s, l_i))  # keeps the exponentials before the wait
+            mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
+            ks = ks_next
+        last = n_tiles - 1
+        pv = _pv_issue(last - 1, p_prev, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+        t, rs_t, m_new = _logits_max(s, ks, m_i, rs, last * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, True)
+        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.convert_layout(alpha_prev, row_o)[:, None] + pv
+        p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, last * BLOCK_N, SEQ_KV, BLOCK_N, TREE, True)
+        m_i = m_new
+        pv = _pv_issue(last, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+    elif AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
         for j in range(n_tiles - 1):
             ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
                                      BLOCK_N)
             m_i, l_i, acc, s = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
-                                           k_ready, k_empty, v_ready, v_empty, p_layout, row_o, QK_KIND, K_BLOCK,
-                                           BLOCK_N, STAGES, TREE)
+                                           k_ready, k_empty, v_ready, v_empty, p_buf, p_layout, row_o, QK_KIND,
+                                           K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM)
             ks = ks_next
     else:
         for j in range(n_tiles - 1):
@@ -302,11 +387,14 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
                                      BLOCK_N)
             s = _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
             m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
-                                        p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False)
+                                        p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
+                                        P_SMEM)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
-    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
-                                p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True)
+    if AHEAD != 2:
+        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                    v_empty, p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True,
+                                    P_SMEM)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -324,23 +412,23 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 
 @_jit
 def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
-    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
+    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
 
 
 @_jit
 def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
-    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
+    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
 
 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr):
+              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
-    q_smem, k_smem, v_smem = smem
+    q_smem, k_smem, v_smem, p_smem = smem
     q_bar, k_ready, k_empty, v_ready, v_empty = bars
     SEQ_KV = ints[14]
     b = ints[15]
@@ -375,7 +463,7 @@ def _sage_fwd_ws(
     H, GROUP, SEQ_Q, SEQ_KV,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
-    AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0,
+    AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
 
@@ -393,6 +481,8 @@ def _sage_fwd_ws(
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BM, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([BM, BLOCK_N], gl.float8e4nv))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -405,15 +495,15 @@ def _sage_fwd_ws(
         mbarrier.init(k_empty.index(i), count=2)  # both consumers release each slot
         mbarrier.init(v_empty.index(i), count=2)
 
-    args = ((q_desc, k_desc, v_desc), (q_smem, k_smem, v_smem), (q_bar, k_ready, k_empty, v_ready, v_empty),
+    args = ((q_desc, k_desc, v_desc), (q_smem, k_smem, v_smem, p_smem), (q_bar, k_ready, k_empty, v_ready, v_empty),
             (QS, KS, VS, Out, Lse),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
             qk_scale)
     gl.warp_specialize([
-        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)),
-        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)),
-        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE)),
+        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
+        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
+        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
     ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -429,14 +519,19 @@ class GluonConfig:
     """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and two schedule flags:
     ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
     exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
-    chains)."""
+    chains); ``overlap``: as ``ahead`` and, in addition, tile ``j-1``'s P·V runs during tile ``j``'s scaling and
+    row max (FlashAttention-3's intra-warpgroup schedule; one-tile rows run the ``ahead`` schedule); ``psmem``: P
+    reaches the P·V wgmma through shared memory instead of registers (frees P's registers at issue, so ptxas need
+    not wait for the wgmma before reusing them)."""
 
     block_n: int
     stages: int
     ahead: int = 0
     tree: int = 0
+    overlap: int = 0
+    psmem: int = 0
 
-    FLAGS = ("ahead", "tree")
+    FLAGS = ("ahead", "tree", "overlap", "psmem")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -452,7 +547,7 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
+        """``"128,2[,ahead][,tree][,overlap][,psmem]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
         rest = [f for f in fields if f not in cls.FLAGS]
@@ -461,16 +556,18 @@ class GluonConfig:
         except ValueError:
             numbers = []
         if len(numbers) != 2:
-            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES[,ahead][,tree]' such "
+            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES[,ahead][,tree][,overlap][,psmem]' such "
                              f"as '128,2,ahead'")
         return cls(*numbers, **flags)
 
 
-#: Default config per head_dim (best of the 2026-11-30 H200 sweep in BENCHMARKS.md); CONFIGS are swept by
-#: benchmarks/tune_triton_sage.py --kernel gluon.
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, tree=1), 64: GluonConfig(128, 2, tree=1)}
-CONFIGS = (GluonConfig(128, 2), GluonConfig(128, 2, tree=1), GluonConfig(128, 2, ahead=1),
-           GluonConfig(128, 2, ahead=1, tree=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(64, 3, ahead=1))
+#: Default config per head_dim: the best of the 2026-11-30 H200 sweeps (BENCHMARKS.md; configs within ~3 % of
+#: each other are run-to-run noise there). CONFIGS are swept by benchmarks/tune_triton_sage.py --kernel gluon and
+#: each one is tested on the GPU; ``overlap`` and ``psmem`` were measured slower and stay for re-measuring.
+DEFAULT_CONFIGS = {128: GluonConfig(128, 2, ahead=1), 64: GluonConfig(128, 2, ahead=1)}
+CONFIGS = (GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(128, 2, tree=1),
+           GluonConfig(128, 2), GluonConfig(128, 2, overlap=1), GluonConfig(128, 2, ahead=1, psmem=1),
+           GluonConfig(64, 3, ahead=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -544,7 +641,9 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
     meta = dict(QK_KIND=ts._QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
-                PRODUCER_NREG=PRODUCER_REGS, AHEAD=config.ahead, TREE=config.tree)
+                PRODUCER_NREG=PRODUCER_REGS,
+                AHEAD=2 if config.overlap and skv > config.block_n else max(config.ahead, config.overlap),
+                TREE=config.tree, P_SMEM=config.psmem)
     grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 

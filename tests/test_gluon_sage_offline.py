@@ -1,0 +1,93 @@
+"""qattn_fx.kernels.gluon_sage without a GPU: configs, input checks, and offline compiles for sm_90.
+
+The compiles use Triton's bundled ptxas (no GPU): they pin that every schedule builds a warp-specialized kernel
+(``setmaxnreg`` in the PTX, wgmma for both products) that fits its registers without spilling. The numerics are
+tested on the H200 (tests/gpu/test_gluon_sage.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from qattn_fx.kernels import gluon_sage as gs
+from qattn_fx.kernels import triton_sage as ts
+
+pytest.importorskip("triton.experimental.gluon")
+
+
+def _meta_inputs(d=128, s=4096, h=4, qk=torch.int8, q_block=1, k_block=16):
+    q = torch.empty(1, s, h, d, dtype=qk, device="meta").transpose(1, 2)  # BSHD views, as diffusers writes them
+    k = torch.empty(1, s, h, d, dtype=qk, device="meta").transpose(1, 2)
+    v = torch.empty(1, h, d, s, dtype=torch.float8_e4m3fn, device="meta").transpose(-1, -2)  # sequence-major
+    qs = torch.empty(1, h, -(-s // q_block), device="meta")
+    ks = torch.empty(1, h, -(-s // k_block), device="meta")
+    vs = torch.empty(1, h, d, device="meta")
+    return q, qs, k, ks, v, vs, q_block, k_block
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("128,2", gs.GluonConfig(128, 2)),
+    ("128,2,ahead", gs.GluonConfig(128, 2, ahead=1)),
+    ("WS_BN128_s3_ahead_tree", gs.GluonConfig(128, 3, ahead=1, tree=1)),
+    ("64,4,overlap,psmem", gs.GluonConfig(64, 4, overlap=1, psmem=1)),
+])
+def test_config_parse_and_str_round_trip(text, expected):
+    assert gs.GluonConfig.parse(text) == expected
+    assert gs.GluonConfig.parse(str(expected)) == expected
+
+
+@pytest.mark.parametrize("text,message", [
+    ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
+    ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
+    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,overlap\]\[,psmem\]'"),
+    ("128,2,fast", r"config '128,2,fast' is invalid"),
+])
+def test_bad_configs_name_the_value_and_the_choices(text, message):
+    with pytest.raises(ValueError, match=message):
+        gs.GluonConfig.parse(text)
+
+
+def test_default_configs_and_env_override(monkeypatch):
+    assert gs.current_config(128) == gs.DEFAULT_CONFIGS[128]
+    monkeypatch.setenv(gs.ENV_CONFIG, "128,3,tree")
+    assert gs.current_config(64) == gs.GluonConfig(128, 3, tree=1)
+    with gs.use_config("64,3,ahead"):
+        assert gs.current_config(128) == gs.GluonConfig(64, 3, ahead=1)
+
+
+def test_cpu_tensors_are_refused_with_the_reason():
+    q, qs, k, ks, v, vs, qb, kb = (torch.empty_like(x, device="cpu") if isinstance(x, torch.Tensor) else x
+                                   for x in _meta_inputs(s=64))
+    v = torch.empty(1, 4, 128, 64, dtype=torch.float8_e4m3fn).transpose(-1, -2)  # sequence-major, as on the GPU
+    with pytest.raises(RuntimeError, match=r"gluon_sage: needs an sm_90 \(Hopper\) GPU; got cpu"):
+        gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.1, torch.bfloat16)
+
+
+def test_tma_alignment_rule():
+    q, _, _, _, v, _, _, _ = _meta_inputs(s=64)
+    assert gs._aligned(q, (0, 1, 2)) and gs._aligned(v, (0, 1, 3))
+    odd = torch.empty(1, 64, 4, 72, dtype=torch.int8, device="meta")[..., :64].transpose(1, 2)  # 72-byte pitch
+    assert not gs._aligned(odd, (0, 1, 2))
+
+
+@pytest.mark.parametrize("config,d,qk", [
+    ("128,2,ahead", 128, torch.int8),
+    ("128,2,overlap", 128, torch.int8),
+    ("128,2,ahead,psmem", 128, torch.float8_e4m3fn),
+    ("128,2,ahead", 64, torch.bfloat16),
+])
+def test_offline_compile_is_warp_specialized_without_spills(config, d, qk):
+    blocks = (0, 0) if qk == torch.bfloat16 else (1, 16)
+    q, qs, k, ks, v, vs, _, _ = _meta_inputs(d=d, qk=qk, q_block=max(blocks[0], 1), k_block=max(blocks[1], 1))
+    if qk == torch.bfloat16:
+        qs = ks = None
+    compiled = gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, *blocks)
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx), "consumers not given 240 registers"
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx), "producer not reduced to 24 registers"
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    report = ts.ptxas_report(compiled, (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] == 0, report
