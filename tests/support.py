@@ -70,6 +70,20 @@ def _quant_qk(x, block, dtype, scope):
     return (ops.quantize_per_head if scope == "head" else ops.quantize_per_tensor)(x, dtype)
 
 
+#: Shape classes the GPU kernel tests run (``make_qkv`` overrides of their 8-head, 1000x1500, head_dim 128 default):
+#: head_dim 64, BHSD storage, MHA, GQA, Sq > Skv, short K/V, one query, lengths that are tile multiples.
+GPU_SHAPE_CLASSES = {
+    "d64": dict(d=64),
+    "bhsd": dict(bshd=False),
+    "b1-mha": dict(b=1, hq=12, hkv=12, sq=777, skv=777),
+    "gqa8": dict(b=1, hq=16, hkv=2, sq=300, skv=2000),
+    "sq>skv": dict(sq=2000, skv=300),
+    "short-kv": dict(sq=512, skv=77),
+    "single-query": dict(b=3, sq=1, skv=4097),
+    "multiples": dict(b=1, hq=4, hkv=4, sq=1024, skv=2048),
+}
+
+
 def quantize(q, k, v, qk="int8", q_block=1, k_block=16, *, v_scale="channel", v_seq_major=True, scope="tensor",
              smooth=True):
     """The op-level arguments ``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` of one recipe."""

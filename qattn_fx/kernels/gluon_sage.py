@@ -685,11 +685,11 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     """Compile (not run) the kernel for sm_90 with these inputs' dtypes, shapes and strides (``meta`` tensors are
     fine: data pointers are taken as 16-byte aligned). Returns Triton's compiled kernel (``.asm["ptx"|"cubin"]``);
     needs only Triton's bundled ptxas, no GPU."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from . import triton_sage as ts
+    from ._offline import launch_signature
 
     ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     bsz, hq, sq, _ = q.shape
@@ -698,28 +698,7 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     _, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
                                  return_lse, config)
     kernel = _sage_fwd_ws
-    names = [p.name for p in kernel.params]
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(names):
-        if name in meta:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = meta[name]
-            continue
-        value = args[i]
-        if isinstance(value, TensorDescriptor):
-            signature[name] = native_specialize_impl(BaseBackend, value, False, True, True)[0]
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + ts._TRITON_TYPES[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        elif value == 1:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = 1
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": LAUNCH_MAXNREG})

@@ -779,8 +779,7 @@ def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
 # Offline compilation (no GPU needed): what a launch would compile, for CI checks and register/spill reports
 # ------------------------------------------------------------------------------------------------------------------
 
-_TRITON_TYPES = {torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float16: "fp16",
-                 torch.float32: "fp32"}
+from ._offline import ptxas_report  # noqa: E402,F401  (re-exported: tests and tools call ts.ptxas_report)
 
 
 def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k, k_scale, v, v_scale,
@@ -793,9 +792,10 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata.shared``). Needs only
     Triton's bundled ptxas, not a GPU.
     """
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from ._offline import launch_signature
 
     if _Built.mode:
         _Built.mode = None  # rebuild in compiled mode even if the interpreter was used before
@@ -810,56 +810,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
                                return_lse, tuple(capability), False, config)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
-    names = [p.name for p in kernel.params]
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(names):
-        if name in ("k_desc", "v_desc"):
-            value = meta.get(name)
-            if value is None:
-                signature[name] = "constexpr"
-                constexprs[(i,)] = None
-            else:
-                signature[name] = native_specialize_impl(BaseBackend, value, False, True, True)[0]
-            continue
-        if name in meta:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = meta[name]
-            continue
-        value = args[i]
-        if isinstance(value, torch.Tensor):
-            signature[name] = "*" + _TRITON_TYPES[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        elif value == 1:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = 1
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
                           options={"num_warps": config.num_warps, "num_stages": config.num_stages})
-
-
-def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
-    """Registers and spill bytes of a :func:`compile_for` result, from Triton's bundled ``ptxas -v``."""
-    import re
-    import subprocess
-    import tempfile
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    arch = f"sm_{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(compiled.asm["ptx"])
-        f.flush()
-        res = subprocess.run([ptxas, "-v", f"-arch={arch}", f.name, "-o", os.devnull], capture_output=True, text=True)
-    text = res.stderr + res.stdout
-    regs = re.search(r"Used (\d+) registers", text)
-    spill_st = re.search(r"(\d+) bytes spill stores", text)
-    spill_ld = re.search(r"(\d+) bytes spill loads", text)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_stores": int(spill_st.group(1)) if spill_st else None,
-            "spill_loads": int(spill_ld.group(1)) if spill_ld else None,
-            "shared_bytes": compiled.metadata.shared, "ptxas_ok": res.returncode == 0}

@@ -100,16 +100,7 @@ def test_recipes_match_reference(qk, blocks):
     assert_close_to_reference(out, ref, f"{qk} {blocks}")
 
 
-SHAPES = {
-    "d64": dict(d=64),
-    "bhsd": dict(bshd=False),
-    "b1-mha": dict(b=1, hq=12, hkv=12, sq=777, skv=777),
-    "gqa8": dict(b=1, hq=16, hkv=2, sq=300, skv=2000),
-    "sq>skv": dict(sq=2000, skv=300),
-    "short-kv": dict(sq=512, skv=77),
-    "single-query": dict(b=3, sq=1, skv=4097),
-    "multiples": dict(b=1, hq=4, hkv=4, sq=1024, skv=2048),
-}
+SHAPES = support.GPU_SHAPE_CLASSES
 
 
 @needs_sm89_90

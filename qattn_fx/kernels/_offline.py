@@ -1,0 +1,69 @@
+"""Offline compilation of qattn_fx's Triton/Gluon kernels (no GPU needed): the launch signature Triton would
+specialize for given arguments, and ptxas' register/spill report. Used by ``compile_for`` in
+:mod:`qattn_fx.kernels.triton_sage` and :mod:`qattn_fx.kernels.gluon_sage` for CI checks and SASS inspection.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+#: Triton's names for the tensor dtypes the kernels take.
+TRITON_TYPES = {torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float16: "fp16",
+                torch.float32: "fp32"}
+
+
+def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` for ``triton.compile`` of ``kernel`` launched with positional ``args``
+    and keyword ``meta``, specialized like a real launch: tensors are pointers taken as 16-byte aligned; ints
+    equal to 1 become constants and multiples of 16 carry the divisibility hint; tensor descriptors (in ``args``
+    or ``meta``) are specialized by Triton itself; other ``meta`` values, ``None`` and parameters past ``args`` that
+    ``meta`` does not name (their default is ``None``) are constexprs."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(p.name for p in kernel.params):
+        value = meta[name] if name in meta else args[i] if i < len(args) else None  # trailing None defaults
+        if value is None or (name in meta and isinstance(value, (bool, int, float, str))):
+            signature[name] = "constexpr"
+            constexprs[(i,)] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif isinstance(value, int) and value == 1:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = 1
+        elif isinstance(value, int):
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:  # a host tensor descriptor
+            signature[name] = native_specialize_impl(BaseBackend, value, False, True, True)[0]
+    return signature, constexprs, attrs
+
+
+def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
+    """Registers and spill bytes of a compiled kernel, from Triton's bundled ``ptxas -v``."""
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    arch = f"sm_{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(compiled.asm["ptx"])
+        f.flush()
+        res = subprocess.run([ptxas, "-v", f"-arch={arch}", f.name, "-o", os.devnull], capture_output=True, text=True)
+    text = res.stderr + res.stdout
+    regs = re.search(r"Used (\d+) registers", text)
+    spill_st = re.search(r"(\d+) bytes spill stores", text)
+    spill_ld = re.search(r"(\d+) bytes spill loads", text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_stores": int(spill_st.group(1)) if spill_st else None,
+            "spill_loads": int(spill_ld.group(1)) if spill_ld else None,
+            "shared_bytes": compiled.metadata.shared, "ptxas_ok": res.returncode == 0}
