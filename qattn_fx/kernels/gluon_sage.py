@@ -35,6 +35,7 @@ through ``Hq = g · Hkv``. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natu
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -615,11 +616,16 @@ def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[st
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
+    """The swizzled shared-memory layout of a TMA box (computed once per box and dtype: part of the launch cost)."""
+    gl_dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+                torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
 def _descriptor(x: torch.Tensor, block: list[int]):
-    dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-             torch.float16: gl.float16}[x.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, layout)
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _shared_layout(tuple(block), x.dtype))
 
 
 def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
