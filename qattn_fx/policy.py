@@ -211,6 +211,8 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
     reasons = []
     for row in rows:
         for req in row.implementations:
+            if use.kernel is not None and req.kernel != use.kernel:
+                continue  # the spec pins another implementation
             why = unmet(req, site, hardware, use)
             if why is None:
                 what = recipe.name if recipe else "bf16 + skip-softmax"
@@ -219,8 +221,13 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
             reasons.append(f"{row.backend}: {why}")
     summary = "; ".join(dict.fromkeys(reasons))
     what = use.describe()
-    if use.backend == AUTO:
+    if use.backend == AUTO and use.kernel is None:
         return Decision(False, f"dense: no kernel serves {what} here ({summary})", recipe, None, None, source, notes)
+    if use.kernel is not None:  # a pinned kernel never falls back, whatever the backend
+        raise ValueError(
+            f"{source} asks for {what} but kernel {use.kernel!r} cannot serve site {site.name!r} "
+            f"({site.module or 'no module'}) on {hardware.arch}: {summary}. Remove 'kernel' to let the backend "
+            "pick what runs here")
     raise ValueError(
         f"{source} asks for {what} but backend {use.backend!r} cannot serve site {site.name!r} "
         f"({site.module or 'no module'}) on {hardware.arch}: {summary}. Use backend='auto' to pick what runs "

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from . import recipes
-from .recipes import AUTO, Recipe, SkipSoftmax, _reject_unknown
+from .recipes import AUTO, REFERENCE, Recipe, SkipSoftmax, _reject_unknown
 
 ROLES = ("self", "cross", "joint")
 DENSE = "dense"
@@ -54,11 +54,14 @@ class AttentionSpec:
     """Which recipe to run and through which backend (``auto``: the best kernel available for the site).
 
     ``recipe=None`` is only meaningful with ``skip_softmax`` (vLLM-Omni TRTLLM_ATTN dense BF16 + Skip-Softmax).
+    ``kernel`` pins one implementation of the recipe (e.g. ``triton_sage`` where ``auto`` would take
+    ``gluon_sage``); like an explicit backend it never falls back: a site it cannot serve raises.
     """
 
     backend: str = AUTO
     recipe: Recipe | None = DEFAULT_RECIPE
     skip_softmax: SkipSoftmax | None = None
+    kernel: str | None = None
 
     def __post_init__(self) -> None:
         if self.recipe is None:
@@ -69,27 +72,45 @@ class AttentionSpec:
             recipes.validate(self.backend, self.recipe)
         if self.skip_softmax is not None and self.backend not in ("TRTLLM_ATTN", AUTO):
             raise ValueError(f"skip_softmax is not accepted for backend={self.backend!r}; valid: TRTLLM_ATTN, auto")
+        if self.kernel is not None and self.kernel not in self.kernels():
+            raise ValueError(f"kernel={self.kernel!r} does not implement {self.describe_recipe()} via backend "
+                             f"{self.backend!r}; valid: {', '.join(self.kernels()) or 'none'}")
+
+    def describe_recipe(self) -> str:
+        return self.recipe.name if self.recipe else "bf16 + skip-softmax"
+
+    def kernels(self) -> tuple[str, ...]:
+        """The kernels implementing this backend and recipe (what ``kernel`` may name)."""
+        if self.backend == REFERENCE:
+            return ("reference",)
+        rows = (recipes.matching_rows(self.backend, self.recipe) if self.recipe is not None else
+                tuple(r for r in recipes.rows_for(self.backend) if r.implementations[0].skip_softmax))
+        return tuple(dict.fromkeys(req.kernel for row in rows for req in row.implementations if req.kernel))
 
     def describe(self) -> str:
         what = self.recipe.name if self.recipe else "bf16"
         extra = ", skip-softmax" if self.skip_softmax else ""
-        return f"{what}{extra} via {self.backend}"
+        kernel = f" (kernel {self.kernel})" if self.kernel else ""
+        return f"{what}{extra} via {self.backend}{kernel}"
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"backend": self.backend, "recipe": self.recipe.to_dict() if self.recipe else None}
         if self.skip_softmax is not None:
             out["skip_softmax"] = self.skip_softmax.to_dict()
+        if self.kernel is not None:
+            out["kernel"] = self.kernel
         return out
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "attention spec") -> "AttentionSpec":
-        _reject_unknown(data, {"backend", "recipe", "skip_softmax"}, where)
+        _reject_unknown(data, {"backend", "recipe", "skip_softmax", "kernel"}, where)
         recipe = data.get("recipe", DEFAULT_RECIPE)
         skip = data.get("skip_softmax")
         return cls(
             backend=data.get("backend", AUTO),
             recipe=Recipe.from_dict(recipe, where=f"{where}.recipe") if isinstance(recipe, dict) else recipe,
             skip_softmax=SkipSoftmax.from_dict(skip, where=f"{where}.skip_softmax") if skip is not None else None,
+            kernel=data.get("kernel"),
         )
 
 

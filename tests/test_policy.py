@@ -504,3 +504,35 @@ def test_every_table_kernel_is_reachable_by_auto_somewhere():
                 chosen.add(d.kernel)
     assert chosen == kernels
     assert recipes.REFERENCE not in chosen
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A spec may pin the kernel
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["auto", "TRITON"])
+def test_pinned_triton_sage_runs_where_auto_would_take_gluon_sage(backend):
+    assert resolve(site(), SM90, spec(backend)).kernel == "gluon_sage"
+    decision = resolve(site(), SM90, spec(backend, kernel="triton_sage"))
+    quantized(decision, "triton_sage", "TRITON")
+    assert decision.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on triton_sage (sm_90)"
+
+
+@pytest.mark.parametrize("backend", ["auto", "TRITON"])
+def test_pinned_kernel_that_cannot_serve_raises_instead_of_falling_back(backend):
+    with pytest.raises(ValueError, match=r"kernel 'gluon_sage' cannot serve site 'attn' \(transformer_blocks\.3\.attn1\) "
+                                         r"on sm_89: TRITON: needs sm_90, have sm_89\. Remove 'kernel'"):
+        resolve(site(), SM89, spec(backend, kernel="gluon_sage"))
+    with pytest.raises(ValueError, match=r"kernel 'triton_sage' cannot serve .* on cpu: TRITON: needs sm_89/sm_90"):
+        resolve(site(), CPU, spec(backend, kernel="triton_sage"))
+
+
+def test_pinned_kernel_must_implement_the_recipe():
+    with pytest.raises(ValueError, match=r"kernel='cudnn_fp8' does not implement int8 Q/K 1/16, fp8 V per-channel, "
+                                         r"smooth K via backend 'TRITON'; valid: gluon_sage, triton_sage"):
+        AttentionSpec("TRITON", SAGE_INT8, kernel="cudnn_fp8")
+    with pytest.raises(ValueError, match=r"kernel='flash' does not implement .* via backend 'auto'; valid: gluon_sage, "
+                                         r"triton_sage, flashinfer_trtllm_sage"):
+        AttentionSpec("auto", SAGE_INT8, kernel="flash")
+    assert AttentionSpec("REFERENCE", SAGE_INT8, kernel="reference").kernels() == ("reference",)

@@ -429,7 +429,7 @@ def test_vllm_errors(data, message):
     [
         ({"default": "dense", "rule": []}, "unknown key(s) ['rule'] in spec; valid: ['default', 'rules']"),
         ({"default": {"backend": "auto", "recipes": {}}},
-         "unknown key(s) ['recipes'] in spec.default; valid: ['backend', 'recipe', 'skip_softmax']"),
+         "unknown key(s) ['recipes'] in spec.default; valid: ['backend', 'kernel', 'recipe', 'skip_softmax']"),
         ({"default": {"backend": "auto", "recipe": {"qk_dtype": "int8", "kblock": 4}}},
          f"unknown key(s) ['kblock'] in spec.default.recipe; valid: {RECIPE_KEYS}"),
         ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"thresh": 1}}},
@@ -442,7 +442,7 @@ def test_vllm_errors(data, message):
         ({"rules": [{"match": {}, "use": {"backend": "auto", "recipe": {"qk_dtype": "int8", "foo": 1, "bar": 2}}}]},
          f"unknown key(s) ['bar', 'foo'] in spec.rules[0].use.recipe; valid: {RECIPE_KEYS}"),
         ({"rules": [{"match": {}, "use": {"backend": "auto", "skipsoftmax": {}}}]},
-         "unknown key(s) ['skipsoftmax'] in spec.rules[0].use; valid: ['backend', 'recipe', 'skip_softmax']"),
+         "unknown key(s) ['skipsoftmax'] in spec.rules[0].use; valid: ['backend', 'kernel', 'recipe', 'skip_softmax']"),
         ({"rules": [{"match": {"role": "cross"}}]}, "spec.rules[0] needs 'use' (\"dense\" or an attention spec)"),
         ({"rules": [{"match": {}, "use": "sparse"}]},
          "spec.rules[0].use='sparse' is invalid; valid: \"dense\" or an attention spec mapping"),
@@ -503,3 +503,12 @@ def test_auto_with_skip_softmax_is_accepted():
 def test_layer_selected(items, num_layers, selected):
     layers = range(num_layers if num_layers is not None else 12)
     assert {layer for layer in layers if layer_selected(items, layer, num_layers)} == selected
+
+
+def test_pinned_kernel_round_trips_and_is_described():
+    use = AttentionSpec("TRITON", Recipe("int8", "fp8", 1, 16, 1), kernel="triton_sage")
+    data = Spec(default=use).to_dict()
+    assert data["default"]["kernel"] == "triton_sage"
+    assert Spec.from_dict(data).default == use
+    assert use.describe() == "int8 Q/K 1/16, fp8 V per-channel, smooth K via TRITON (kernel triton_sage)"
+    assert "kernel" not in AttentionSpec().to_dict()  # absent unless pinned: existing specs print as before

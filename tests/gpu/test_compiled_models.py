@@ -17,6 +17,8 @@ pytestmark = pytest.mark.gpu
 KERNELS = {
     # backend TRITON on sm_90 with triton >= 3.6 runs the warp-specialized Gluon kernel
     "gluon_sage": (Spec(default=AttentionSpec("TRITON", Recipe("int8", "fp8", 1, 16, 1))), None),
+    "triton_sage": (Spec(default=AttentionSpec("TRITON", Recipe("int8", "fp8", 1, 16, 1), kernel="triton_sage")),
+                    None),
     "cudnn_fp8": (Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8"))), "cudnn"),
     "flashinfer_fa3_fp8": (Spec(default=AttentionSpec("FLASHINFER", Recipe("fp8", "fp8", scale_scope="head"))),
                            "flashinfer"),
