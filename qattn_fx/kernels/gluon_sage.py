@@ -207,12 +207,9 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
 def _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr):
     """``S`` of tile ``j`` (wgmma from shared memory, waited); the K slot is released right after."""
-    slot = j % STAGES
-    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-    s = warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_init,
-                      use_acc=QK_KIND == 0, is_async=True)
+    s = _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(slot), count=1)
+    mbarrier.arrive(k_empty.index(j % STAGES), count=1)
     return s
 
 
@@ -263,14 +260,11 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                 K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr,
                 P_SMEM: gl.constexpr):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``."""
-    nslot = (j + 1) % STAGES
-    mbarrier.wait(k_ready.index(nslot), ((j + 1) // STAGES) & 1)
-    s_next = warpgroup_mma(q, k_smem.index(nslot).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_init,
-                           use_acc=QK_KIND == 0, is_async=True)
+    s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
-    mbarrier.arrive(k_empty.index(nslot), count=1)
+    mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
     mbarrier.arrive(v_empty.index(j % STAGES), count=1)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
     return m_i, l_i, acc, s_next
@@ -278,7 +272,8 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 @_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
+             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+             TREE: gl.constexpr, P_SMEM: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
@@ -413,19 +408,22 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 
 @_jit
 def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+               TREE: gl.constexpr, P_SMEM: gl.constexpr):
     _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
 
 
 @_jit
 def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
+               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+               TREE: gl.constexpr, P_SMEM: gl.constexpr):
     _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
 
 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr):
+              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+               TREE: gl.constexpr, P_SMEM: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
@@ -557,8 +555,8 @@ class GluonConfig:
         except ValueError:
             numbers = []
         if len(numbers) != 2:
-            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES[,ahead][,tree][,overlap][,psmem]' such "
-                             f"as '128,2,ahead'")
+            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
+                             "'BLOCK_N,STAGES[,ahead][,tree][,overlap][,psmem]' such as '128,2,ahead'")
         return cls(*numbers, **flags)
 
 
