@@ -423,7 +423,7 @@ def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.c
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr):
+              TREE: gl.constexpr, P_SMEM: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
