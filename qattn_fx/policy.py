@@ -215,9 +215,8 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
                 continue  # the spec pins another implementation
             why = unmet(req, site, hardware, use)
             if why is None:
-                what = recipe.name if recipe else "bf16 + skip-softmax"
-                return Decision(True, f"quantized: {what} on {req.kernel} ({hardware.arch})", recipe, req.kernel,
-                                row.backend, source, notes)
+                return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})", recipe,
+                                req.kernel, row.backend, source, notes)
             reasons.append(f"{row.backend}: {why}")
     summary = "; ".join(dict.fromkeys(reasons))
     what = use.describe()

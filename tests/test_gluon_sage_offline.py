@@ -68,9 +68,9 @@ def test_cpu_tensors_are_refused_with_the_reason():
 
 def test_tma_alignment_rule():
     q, _, _, _, v, _, _, _ = _meta_inputs(s=64)
-    assert gs._aligned(q, (0, 1, 2)) and gs._aligned(v, (0, 1, 3))
+    assert ts._tma_aligned(q, (0, 1, 2)) and ts._tma_aligned(v, (0, 1, 3))
     odd = torch.empty(1, 64, 4, 72, dtype=torch.int8, device="meta")[..., :64].transpose(1, 2)  # 72-byte pitch
-    assert not gs._aligned(odd, (0, 1, 2))
+    assert not ts._tma_aligned(odd, (0, 1, 2))
 
 
 @pytest.mark.parametrize("config,d,qk", [

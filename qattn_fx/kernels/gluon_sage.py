@@ -42,6 +42,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from . import triton_sage as ts
+
 try:  # GPU libraries are optional at import time; attention() raises a clear error without them.
     import triton
     from triton.experimental import gluon
@@ -593,22 +595,16 @@ def current_config(head_dim: int = 128) -> GluonConfig:
     return GluonConfig.parse(text) if text else DEFAULT_CONFIGS[head_dim]
 
 
-def _aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
-    """16-byte aligned base and strides on ``dims`` (TMA's rule)."""
-    size = x.element_size()
-    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
-
-
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why this kernel cannot take these (already validated) inputs, or ``None``."""
     if _GLUON_ERROR is not None:
         return f"triton with Gluon (Hopper) is not importable: {_GLUON_ERROR}"
     if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != CAPABILITY:
         return f"needs an sm_90 (Hopper) GPU; got {q.device}"
-    if not (v.stride(-2) == 1 and v.stride(-1) != 1):
+    if not ts._seq_major(v):
         return f"needs sequence-major fp8 V (stride(-2) == 1); got strides {tuple(v.stride())}"
     for name, x, dims in (("q", q, (0, 1, 2)), ("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
-        if not _aligned(x, dims):
+        if not ts._tma_aligned(x, dims):
             return (f"{name} needs a 16-byte aligned base and strides for TMA; got strides {tuple(x.stride())} "
                     f"of {x.dtype}")
     return None
@@ -629,8 +625,6 @@ def _descriptor(x: torch.Tensor, block: list[int]):
 def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
                  config: GluonConfig):
     """(grid, positional args, keyword args) of one launch; shared by :func:`attention` and the offline compile."""
-    from . import triton_sage as ts
-
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
@@ -660,8 +654,6 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
     :func:`ineligible` found. Launches on the current stream and never synchronizes.
     """
-    from . import triton_sage as ts
-
     ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     reason = ineligible(q, k, v)
     if reason is not None:
@@ -692,7 +684,6 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from . import triton_sage as ts
     from ._offline import launch_signature
 
     ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)

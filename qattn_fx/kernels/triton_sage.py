@@ -673,6 +673,12 @@ def _seq_major(v: torch.Tensor) -> bool:
     return v.stride(-2) == 1 and v.stride(-1) != 1
 
 
+def _tma_aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """TMA's addressing rule: a 16-byte aligned base and 16-byte multiple strides on ``dims`` (the non-unit ones)."""
+    size = x.element_size()
+    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
+
+
 def _tma_descriptors(k, v, block_n: int) -> dict:
     """Host TMA descriptors of K ``(B, Hkv, Skv, D)`` and sequence-major V (as ``(B, Hkv, Dv, Skv)``) for ``tma``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -681,8 +687,7 @@ def _tma_descriptors(k, v, block_n: int) -> dict:
         raise ValueError(f"triton_sage: tma configs need sequence-major V (stride(-2) == 1); got strides "
                          f"{tuple(v.stride())}")
     for name, x, dims in (("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
-        size = x.element_size()
-        if x.data_ptr() % 16 or any((x.stride(d) * size) % 16 for d in dims):
+        if not _tma_aligned(x, dims):
             raise ValueError(f"triton_sage: tma configs need a 16-byte aligned {name} base and strides; got "
                              f"strides {tuple(x.stride())}")
     vt = v.transpose(2, 3)
