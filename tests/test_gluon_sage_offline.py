@@ -42,7 +42,8 @@ def test_config_parse_and_str_round_trip(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
-    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,overlap\]\[,psmem\]'"),
+    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,overlap\]\[,psmem\]\[,pingpong\]'"),
+    ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
 ])
 def test_bad_configs_name_the_value_and_the_choices(text, message):
@@ -78,6 +79,7 @@ def test_tma_alignment_rule():
     ("128,2,overlap", 128, torch.int8),
     ("128,2,ahead,psmem", 128, torch.float8_e4m3fn),
     ("128,2,ahead", 64, torch.bfloat16),
+    ("128,2,ahead,pingpong", 128, torch.int8),
 ])
 def test_offline_compile_is_warp_specialized_without_spills(config, d, qk):
     blocks = (0, 0) if qk == torch.bfloat16 else (1, 16)

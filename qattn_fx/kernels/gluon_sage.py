@@ -258,12 +258,21 @@ def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v
 
 @_jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, k_empty,
-                v_ready, v_empty, p_buf, p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr,
-                K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr,
-                P_SMEM: gl.constexpr):
-    """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``."""
+                v_ready, v_empty, p_buf, my_turn, other_turn, p_layout: gl.constexpr, row_o: gl.constexpr,
+                QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, FIRST: gl.constexpr):
+    """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``.
+
+    ``PINGPONG``: the MMA section (P·V of tile j, then the next step's Q·Kᵀ issue) is taken in turns with the other
+    consumer through the ``my_turn`` / ``other_turn`` mbarriers, so that one warpgroup's softmax runs while the
+    other's MMAs do (FlashAttention-3's inter-warpgroup schedule). ``FIRST``: this consumer takes the first turn.
+    """
     s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+    if PINGPONG:  # close the section opened in step j-1 (P·V j-1 ... Q·Kᵀ j+1 issued)
+        mbarrier.arrive(other_turn, count=1, pred=j > 0)
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
+    if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
+        mbarrier.wait(my_turn, (j & 1) ^ FIRST)
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
     mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
@@ -275,12 +284,12 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 @_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-             TREE: gl.constexpr, P_SMEM: gl.constexpr):
+             TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
     QS, KS, VS, Out, Lse = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
      stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m) = ints
@@ -376,9 +385,12 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
             ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
                                      BLOCK_N)
             m_i, l_i, acc, s = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
-                                           k_ready, k_empty, v_ready, v_empty, p_buf, p_layout, row_o, QK_KIND,
-                                           K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM)
+                                           k_ready, k_empty, v_ready, v_empty, p_buf, turn.index(CID),
+                                           turn.index(1 - CID), p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
+                                           TREE, P_SMEM, PINGPONG, 1 if CID == 0 else 0)
             ks = ks_next
+        if PINGPONG:  # the last section's close: n_tiles - 1 turns each way
+            mbarrier.arrive(turn.index(1 - CID), count=1, pred=n_tiles > 1)
     else:
         for j in range(n_tiles - 1):
             ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
@@ -411,26 +423,26 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 @_jit
 def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
                RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr):
-    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
+               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr):
+    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG)
 
 
 @_jit
 def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
                RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr):
-    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
+               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr):
+    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG)
 
 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-              TREE: gl.constexpr, P_SMEM: gl.constexpr):
+              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
     SEQ_KV = ints[14]
     b = ints[15]
     h = ints[16]
@@ -465,6 +477,7 @@ def _sage_fwd_ws(
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
 
@@ -489,22 +502,26 @@ def _sage_fwd_ws(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both consumers release each slot
         mbarrier.init(v_empty.index(i), count=2)
 
-    args = ((q_desc, k_desc, v_desc), (q_smem, k_smem, v_smem, p_smem), (q_bar, k_ready, k_empty, v_ready, v_empty),
+    args = ((q_desc, k_desc, v_desc), (q_smem, k_smem, v_smem, p_smem),
+            (q_bar, k_ready, k_empty, v_ready, v_empty, turn),
             (QS, KS, VS, Out, Lse),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
             qk_scale)
     gl.warp_specialize([
-        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
-        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
-        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
+        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG)),
+        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG)),
+        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG)),
     ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -523,7 +540,8 @@ class GluonConfig:
     chains); ``overlap``: as ``ahead`` and, in addition, tile ``j-1``'s P·V runs during tile ``j``'s scaling and
     row max (FlashAttention-3's intra-warpgroup schedule; one-tile rows run the ``ahead`` schedule); ``psmem``: P
     reaches the P·V wgmma through shared memory instead of registers (frees P's registers at issue, so ptxas need
-    not wait for the wgmma before reusing them)."""
+    not wait for the wgmma before reusing them); ``pingpong`` (with ``ahead``): the two consumers take turns for
+    their MMA sections, FlashAttention-3's inter-warpgroup schedule (**not yet run on hardware**)."""
 
     block_n: int
     stages: int
@@ -531,8 +549,9 @@ class GluonConfig:
     tree: int = 0
     overlap: int = 0
     psmem: int = 0
+    pingpong: int = 0
 
-    FLAGS = ("ahead", "tree", "overlap", "psmem")
+    FLAGS = ("ahead", "tree", "overlap", "psmem", "pingpong")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -542,13 +561,16 @@ class GluonConfig:
         for name in self.FLAGS:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
+        if self.pingpong and not (self.ahead and not self.overlap):
+            raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
+                             "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
 
     def __str__(self) -> str:
         return f"WS_BN{self.block_n}_s{self.stages}" + "".join(f"_{f}" for f in self.FLAGS if getattr(self, f))
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,overlap][,psmem]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
+        """``"128,2[,ahead][,tree][,overlap][,psmem][,pingpong]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
         rest = [f for f in fields if f not in cls.FLAGS]
@@ -558,7 +580,7 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,overlap][,psmem]' such as '128,2,ahead'")
+                             "'BLOCK_N,STAGES[,ahead][,tree][,overlap][,psmem][,pingpong]' such as '128,2,ahead'")
         return cls(*numbers, **flags)
 
 
@@ -569,7 +591,7 @@ class GluonConfig:
 DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, tree=1), 64: GluonConfig(128, 2, ahead=1)}
 CONFIGS = (GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, overlap=1), GluonConfig(128, 2, ahead=1, psmem=1),
-           GluonConfig(64, 3, ahead=1))
+           GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -642,7 +664,7 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=2 if config.overlap and skv > config.block_n else max(config.ahead, config.overlap),
-                TREE=config.tree, P_SMEM=config.psmem)
+                TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong)
     grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
