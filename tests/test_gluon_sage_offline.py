@@ -100,8 +100,9 @@ def test_offline_compile_is_warp_specialized_without_spills(config, d, qk, block
 
 
 @pytest.mark.parametrize("k_block,shape,expected", [
-    (16, (2, 4, 300), 8), (1, (2, 4, 4800), 128), (4, (2, 4, 1200), 32), (64, (2, 4, 75), 4),  # padded to 16 B
-    (48, (2, 4, 100), None), (128, (2, 4, 38), None), (256, (2, 4, 19), None),  # not per column or group: loads
+    (16, (2, 4, 300), 32), (1, (2, 4, 4800), 128), (4, (2, 4, 1200), 32),  # boxes padded to >= 128 bytes
+    (16, (2, 4, 94), None),  # a head's scales start off 16 bytes: loads
+    (64, (2, 4, 76), None), (48, (2, 4, 100), None), (128, (2, 4, 38), None),  # < 4 groups, not a group: loads
 ])
 def test_k_scale_box(k_block, shape, expected):
     assert gs._k_scale_box(torch.ones(shape), k_block, 128) == expected
@@ -111,5 +112,5 @@ def test_k_scale_box_needs_unit_token_stride_and_aligned_base():
     ks = torch.ones(2, 4, 300)
     assert gs._k_scale_box(ks.transpose(1, 2).contiguous().transpose(1, 2), 16, 128) is None
     assert gs._k_scale_box(torch.ones(2, 4, 301)[..., 1:], 16, 128) is None
-    assert gs._k_scale_box(torch.ones(1, 1, 300).expand(2, 4, 300), 16, 128) == 8  # broadcast heads: flat offsets
+    assert gs._k_scale_box(torch.ones(1, 1, 300).expand(2, 4, 300), 16, 128) == 32  # broadcast heads: flat offsets
     assert gs._k_scale_box(None, 16, 128) is None

@@ -129,7 +129,7 @@ def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr
     ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
     if KS_TMA:
         tile = ks_smem.index(j % (2 * STAGES))
-        if K_BLOCK > 1 and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 16 bytes
+        if K_BLOCK > 1 and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
             ks = tile.slice(0, BLOCK_N // K_BLOCK).load(GROUP_LAYOUT)
         elif K_BLOCK > 1:
             ks = tile.load(GROUP_LAYOUT)
@@ -323,22 +323,24 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
     and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales.
 
-    ``PINGPONG``: the MMA section (P·V of tile j, then the next step's Q·Kᵀ issue) is taken in turns with the other
-    consumer through the ``my_turn`` / ``other_turn`` mbarriers, so that one warpgroup's softmax runs while the
-    other's MMAs do (FlashAttention-3's inter-warpgroup schedule). ``FIRST``: this consumer takes the first turn.
+    ``PINGPONG``: the softmax (row max, exponentials, P·V issue) is taken in turns with the other consumer through
+    the ``my_turn`` / ``other_turn`` mbarriers, so that each has the exponent unit (MUFU, as busy per tile as the
+    tensor cores) to itself while the other's MMAs run — FlashAttention-3's inter-warpgroup ping-pong, turned
+    around the exponentials. ``FIRST``: this consumer takes the first turn. Each consumer waits ``n - 1`` times
+    and arrives ``n - 1`` times (``n`` tiles; the tail tile runs outside the turns): no wait is left unmatched.
     """
     ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first, so that S_{j+1} can take S_j's registers
     s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
     ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    if PINGPONG:  # close the section opened in step j-1 (P·V j-1 ... Q·Kᵀ j+1 issued)
-        mbarrier.arrive(other_turn, count=1, pred=j > 0)
+    if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
+        mbarrier.wait(my_turn, (j & 1) ^ FIRST)
     m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
     p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
     m_i = m_new
-    if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
-        mbarrier.wait(my_turn, (j & 1) ^ FIRST)
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+    if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
+        mbarrier.arrive(other_turn, count=1)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
     mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
     mbarrier.arrive(v_empty.index(j % STAGES), count=1)
@@ -415,8 +417,6 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
                                                turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
                                                QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
                                                1 if CID == 0 else 0, KS_TMA)
-        if PINGPONG:  # the last section's close: n_tiles - 1 turns each way
-            mbarrier.arrive(turn.index(1 - CID), count=1, pred=n_tiles > 1)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
@@ -518,7 +518,7 @@ def _sage_fwd_ws(
 
     Descriptors: Q ``(B, Hq, Sq, D)`` block ``(1, 1, 64, D)``, K ``(B, Hkv, Skv, D)`` block ``(1, 1, BLOCK_N, D)``,
     V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``; with ``KS_TMA`` the K
-    scales flattened to 1-D (unit stride on tokens), block ``BLOCK_N / k_block`` (at least 4: 16 bytes), else
+    scales flattened to 1-D (unit stride on tokens), block ``BLOCK_N / k_block`` (at least 32: 128 bytes), else
     ``None`` (scales by pointer ``KS``).
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
@@ -584,9 +584,8 @@ class GluonConfig:
     ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
     exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
     chains); ``psmem``: P reaches the P·V wgmma through shared memory instead of registers; ``pingpong`` (with
-    ``ahead``): the two consumers take turns for their MMA sections through two mbarriers, FlashAttention-3's
-    inter-warpgroup schedule (measured ~20 % slower on the H200: the turns delay each consumer's P·V more than
-    they gain; BENCHMARKS.md). FlashAttention-3's intra-warpgroup ``overlap`` schedule was removed after it
+    ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
+    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md). FlashAttention-3's intra-warpgroup ``overlap`` schedule was removed after it
     measured 12 % slower and made ptxas spill (BENCHMARKS.md, 2026-11-30)."""
 
     block_n: int
@@ -691,12 +690,17 @@ def _descriptor(x: torch.Tensor, block: list[int]):
 
 def _k_scale_box(k_scale: Optional[torch.Tensor], k_block: int, block_n: int) -> Optional[int]:
     """Elements per K tile of the K scales when they can ride on the K tile's TMA (one scale per column or per
-    group dividing the tile; unit stride on tokens; 16-byte aligned base), padded to 16 bytes; else ``None``."""
+    group dividing the tile, at least 4 groups; unit stride on tokens; 16-byte aligned base and batch/head strides,
+    e.g. ``Skv`` a multiple of ``64 · k_block / 16``), padded to 128 bytes (TMA writes shared
+    memory at 128-byte aligned addresses: each slot of the ring is one box); else ``None``."""
     if k_scale is None or not (k_block == 1 or (1 < k_block < block_n and block_n % k_block == 0)):
         return None
     if (k_scale.shape[-1] > 1 and k_scale.stride(-1) != 1) or k_scale.data_ptr() % 16:
         return None
-    return max(block_n // k_block, 4)
+    # every box starts at b·s_b + h·s_h + j·G elements, which TMA needs 16-byte aligned (4 fp32)
+    if any(st % 4 for st in ts._scale_strides(k_scale)[:2]) or (block_n // k_block) % 4:
+        return None
+    return max(block_n // k_block, 32)
 
 
 def _k_scale_descriptor(k_scale: torch.Tensor, box: int):

@@ -61,12 +61,21 @@ def test_recipes(qk, blocks):
 
 
 @needs_sm90
+@pytest.mark.parametrize("k_block,skv", [(16, 1472), (4, 1472), (1, 1500), (32, 1536)])
+def test_k_scales_by_tma(k_block, skv):
+    """Per-column / per-group K scales on the K tile's TMA (aligned heads; a partial last tile reads zeros)."""
+    args = quantize(*make_qkv(skv=skv), "int8", 1, k_block)
+    assert gs._k_scale_box(args[3], k_block, 128) is not None
+    check(args, f"k_block {k_block} by TMA")
+
+
+@needs_sm90
 @pytest.mark.parametrize("layout", ["offset", "strided"])
 def test_k_scales_tma_cannot_address(layout):
     """K scales with a base off 16 bytes or no unit stride on tokens: loaded from global memory instead (same
     results); the aligned, contiguous ones ride on the K tile's TMA."""
-    q, qs, k, ks, v, vs, qb, kb = quantize(*make_qkv(), "int8", 1, 16)
-    assert gs._k_scale_box(ks, kb, 128) == 8
+    q, qs, k, ks, v, vs, qb, kb = quantize(*make_qkv(skv=1472), "int8", 1, 16)  # 92 groups of 16: aligned heads
+    assert gs._k_scale_box(ks, kb, 128) == 32
     if layout == "offset":
         storage = torch.zeros(*ks.shape[:-1], ks.shape[-1] + 1, device=DEV)
         storage[..., 1:] = ks
