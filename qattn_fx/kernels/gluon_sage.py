@@ -11,8 +11,8 @@ schedule, which plain Triton 3.6 cannot express:
   ``2 · STAGES``-deep ring (a broadcast shared-memory read for the consumers instead of masked global loads,
   ~90 fewer instructions per tile); scales TMA cannot address (no unit stride on tokens, unaligned base, other
   ``k_block``) are loaded from global memory a tile ahead. Each of two **consumer warpgroups** owns 64 of the rows and runs Q·Kᵀ (wgmma), the softmax
-  and P·V (wgmma, P from registers) on every tile, then releases the slot through an ``empty`` mbarrier that
-  both consumers arrive on.
+  and P·V (wgmma, P from registers) on every tile, then frees tile ``j+1``'s K slot and tile ``j``'s V slot
+  with one arrive on a ``kv_free`` mbarrier (count 2: both consumers).
 * nothing synchronizes the two consumers with each other (no CTA-wide barrier in the loop), so one warpgroup's
   softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
   ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
@@ -264,12 +264,21 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
 
 
 @_jit
-def _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
+def _release(i, kv_free, STAGES: gl.constexpr):
+    """Release event ``i`` of this consumer: tile ``i``'s K slot and tile ``i-1``'s V slot are free (both are
+    released at the same point of every schedule, so one mbarrier per slot, ``kv_free[i % STAGES]`` with count 2,
+    serves both rings: one warpgroup barrier and one arrive per tile instead of two of each)."""
+    mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+
+
+@_jit
+def _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr):
-    """``S`` of tile ``j`` (wgmma from shared memory, waited); the K slot is released right after."""
+    """``S`` of tile ``j`` (wgmma from shared memory, waited), then release event ``j`` (tile ``j``'s K slot and
+    tile ``j-1``'s V slot, whose P·V the caller has waited for)."""
     s = _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+    _release(j, kv_free, STAGES)
     return s
 
 
@@ -301,22 +310,24 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
 
 
 @_jit
-def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty, p_buf,
+def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_buf,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
-                P_SMEM: gl.constexpr):
-    """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation)."""
+                P_SMEM: gl.constexpr, LAST: gl.constexpr):
+    """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
+    the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it."""
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+    if LAST:
+        _release(j + 1, kv_free, STAGES)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
     return m_i, l_i, acc
 
 
 @_jit
-def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, k_empty,
-                v_ready, v_empty, p_buf, my_turn, other_turn, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr,
+def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
+                v_ready, p_buf, my_turn, other_turn, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr,
                 col_s: gl.constexpr, grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr,
                 PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr):
@@ -329,10 +340,15 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     around the exponentials. ``FIRST``: this consumer takes the first turn. Each consumer waits ``n - 1`` times
     and arrives ``n - 1`` times (``n`` tiles; the tail tile runs outside the turns): no wait is left unmatched.
     """
-    ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first, so that S_{j+1} can take S_j's registers
-    s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-    ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    if KS_TMA:
+        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
+        s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)  # placeholder
+    else:  # the global load first, as early as possible (this order measured ~10 % faster for this path)
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
     if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
         mbarrier.wait(my_turn, (j & 1) ^ FIRST)
     m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
@@ -342,8 +358,7 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
         mbarrier.arrive(other_turn, count=1)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
-    mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
-    mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+    _release(j + 1, kv_free, STAGES)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
     return m_i, l_i, acc, s_next, ks_next
 
@@ -356,7 +371,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc = descs
     q_smem, k_smem, v_smem, p_smem, ks_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
+    q_bar, k_ready, v_ready, kv_free, turn = bars
     QS, KS, VS, Out, Lse = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
      stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m) = ints
@@ -410,26 +425,26 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     if AHEAD:
-        s = _qk(0, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+        s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
         for j in range(n_tiles - 1):
             m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
-                                               v_smem, k_ready, k_empty, v_ready, v_empty, p_buf, turn.index(CID),
+                                               v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
                                                turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
                                                QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
                                                1 if CID == 0 else 0, KS_TMA)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            s = _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
+            m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                         p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
-                                        P_SMEM)
+                                        P_SMEM, False)
             ks = ks_next
-        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
     ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
-                                p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM)
+    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+                                p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -465,12 +480,13 @@ def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.c
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
-    """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``);
+    """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``kv_free``, TMA to
+    ``ready``);
     ``KS_TMA``: each K tile's scales ride on its ``ready`` barrier (a box of the flattened scale tensor)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc = descs
     q_smem, k_smem, v_smem, p_smem, ks_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty, turn = bars
+    q_bar, k_ready, v_ready, kv_free, turn = bars
     stride_ksb = ints[3]
     stride_ksh = ints[4]
     SEQ_KV = ints[14]
@@ -487,7 +503,7 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
         slot = j % STAGES
         phase = (j // STAGES) & 1
         # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
-        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event j - STAGES: tile j - STAGES's K slot is free
         if KS_TMA:
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(ks_desc, [b * stride_ksb + hk * stride_ksh + j * (BLOCK_N // K_BLOCK)],
@@ -495,7 +511,8 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
         else:
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        # event j - STAGES + 1: tile j - STAGES's V slot is free (events before 0 count as passed)
+        mbarrier.wait(kv_free.index((j + 1) % STAGES), (((j + 1) // STAGES) & 1) ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [b, hk, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
 
@@ -542,9 +559,8 @@ def _sage_fwd_ws(
         ks_smem = p_smem  # unused
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     mbarrier.init(turn.index(0), count=1)
@@ -552,11 +568,10 @@ def _sage_fwd_ws(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release each slot
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(kv_free.index(i), count=2)  # both consumers arrive on each release event
 
     args = ((q_desc, k_desc, v_desc, ks_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
-            (q_bar, k_ready, k_empty, v_ready, v_empty, turn),
+            (q_bar, k_ready, v_ready, kv_free, turn),
             (QS, KS, VS, Out, Lse),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
