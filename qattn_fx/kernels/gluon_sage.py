@@ -643,12 +643,14 @@ class GluonConfig:
         return cls(*numbers, **flags)
 
 
-#: Default config per head_dim, from the 2026-11-30 H200 runs (BENCHMARKS.md): at head_dim 128 ``128,3,ahead,tree``
-#: and ``128,2,ahead`` trade places between runs (within ~4 %); the first gave the better attention_ops figures.
-#: CONFIGS are swept by benchmarks/tune_triton_sage.py --kernel gluon and each one is tested on the GPU;
-#: ``psmem`` and ``pingpong`` were measured slower and stay for re-measuring.
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, tree=1), 64: GluonConfig(128, 2, ahead=1)}
-CONFIGS = (GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(128, 2, tree=1),
+#: Default config per head_dim, from the 2026-11-30 H200 tuning runs (BENCHMARKS.md): with the K-scale TMA and the
+#: single release barrier, ``128,3,ahead`` was the fastest config at all four benchmark shapes (``128,2,ahead``
+#: within 1 %, ``tree`` 1-4 % slower, ``pingpong`` 5-13 % slower). CONFIGS are swept by
+#: benchmarks/tune_triton_sage.py --kernel gluon and each one is tested on the GPU; ``psmem`` and ``pingpong``
+#: were measured slower and stay for re-measuring.
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1), 64: GluonConfig(128, 3, ahead=1)}
+CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
+           GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1))
 
