@@ -32,7 +32,8 @@ def _meta_inputs(d=128, s=4096, h=4, qk=torch.int8, q_block=1, k_block=16):
     ("128,2", gs.GluonConfig(128, 2)),
     ("128,2,ahead", gs.GluonConfig(128, 2, ahead=1)),
     ("WS_BN128_s3_ahead_tree", gs.GluonConfig(128, 3, ahead=1, tree=1)),
-    ("64,4,overlap,psmem", gs.GluonConfig(64, 4, overlap=1, psmem=1)),
+    ("64,4,ahead,psmem", gs.GluonConfig(64, 4, ahead=1, psmem=1)),
+    ("128,2,ahead,tree,pingpong", gs.GluonConfig(128, 2, ahead=1, tree=1, pingpong=1)),
 ])
 def test_config_parse_and_str_round_trip(text, expected):
     assert gs.GluonConfig.parse(text) == expected
@@ -42,7 +43,8 @@ def test_config_parse_and_str_round_trip(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
-    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,overlap\]\[,psmem\]'"),
+    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]'"),
+    ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
 ])
 def test_bad_configs_name_the_value_and_the_choices(text, message):
@@ -73,14 +75,16 @@ def test_tma_alignment_rule():
     assert not ts._tma_aligned(odd, (0, 1, 2))
 
 
-@pytest.mark.parametrize("config,d,qk", [
-    ("128,2,ahead", 128, torch.int8),
-    ("128,2,overlap", 128, torch.int8),
-    ("128,2,ahead,psmem", 128, torch.float8_e4m3fn),
-    ("128,2,ahead", 64, torch.bfloat16),
+@pytest.mark.parametrize("config,d,qk,blocks", [
+    ("128,2,ahead", 128, torch.int8, (1, 16)),
+    ("128,2,ahead", 128, torch.int8, (1, 1)),
+    ("128,3,ahead,tree", 128, torch.int8, (1, 16)),
+    ("128,2,ahead,pingpong", 128, torch.int8, (1, 16)),
+    ("128,2", 128, torch.int8, (1, 16)),
+    ("128,2,ahead,psmem", 128, torch.float8_e4m3fn, (1, 16)),
+    ("128,2,ahead", 64, torch.bfloat16, (0, 0)),
 ])
-def test_offline_compile_is_warp_specialized_without_spills(config, d, qk):
-    blocks = (0, 0) if qk == torch.bfloat16 else (1, 16)
+def test_offline_compile_is_warp_specialized_without_spills(config, d, qk, blocks):
     q, qs, k, ks, v, vs, _, _ = _meta_inputs(d=d, qk=qk, q_block=max(blocks[0], 1), k_block=max(blocks[1], 1))
     if qk == torch.bfloat16:
         qs = ks = None
@@ -89,5 +93,24 @@ def test_offline_compile_is_warp_specialized_without_spills(config, d, qk):
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx), "consumers not given 240 registers"
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx), "producer not reduced to 24 registers"
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    # per-column / per-group K scales come with the K tile (a 1-D TMA box), not as global loads
+    assert ("cp.async.bulk.tensor.1d" in ptx) == (ks is not None)
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] == 0, report
+
+
+@pytest.mark.parametrize("k_block,shape,expected", [
+    (16, (2, 4, 300), 32), (1, (2, 4, 4800), 128), (4, (2, 4, 1200), 32),  # boxes padded to >= 128 bytes
+    (16, (2, 4, 94), None),  # a head's scales start off 16 bytes: loads
+    (64, (2, 4, 76), None), (48, (2, 4, 100), None), (128, (2, 4, 38), None),  # < 4 groups, not a group: loads
+])
+def test_k_scale_box(k_block, shape, expected):
+    assert gs._k_scale_box(torch.ones(shape), k_block, 128) == expected
+
+
+def test_k_scale_box_needs_unit_token_stride_and_aligned_base():
+    ks = torch.ones(2, 4, 300)
+    assert gs._k_scale_box(ks.transpose(1, 2).contiguous().transpose(1, 2), 16, 128) is None
+    assert gs._k_scale_box(torch.ones(2, 4, 301)[..., 1:], 16, 128) is None
+    assert gs._k_scale_box(torch.ones(1, 1, 300).expand(2, 4, 300), 16, 128) == 32  # broadcast heads: flat offsets
+    assert gs._k_scale_box(None, 16, 128) is None

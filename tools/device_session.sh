@@ -21,6 +21,9 @@ for s in "$@"; do
     gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -rfEs -x --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
     tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 benchmarks/tune_triton_sage.py --kernel gluon --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     triton-smoke) step triton-smoke 120 python3 tools/triton_smoke.py ;;
+    ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \
+        --launch-count 1 ${NCU_SECTIONS:---section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats} \
+        python3 tools/profile_gluon.py ${PROFILE_ARGS:-} ;;
     tune) TAIL=30 step tune ${TUNE_S:-240} python3 benchmarks/tune_triton_sage.py --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
     ops) TAIL=70 step ops 560 python3 benchmarks/attention_ops.py --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
     dit) TAIL=20 step dit ${DIT_S:-560} python3 benchmarks/dit_step.py --out "$OUT/dit.json" ${DIT_ARGS:-} ;;

@@ -7,18 +7,20 @@ schedule, which plain Triton 3.6 cannot express:
 
 * one CTA owns ``2 · 64`` query rows of one (batch, head). A **producer warp** streams K and V tiles through
   ``STAGES``-deep shared-memory rings with TMA (``ready`` mbarriers carry the byte count; rows past the sequence
-  arrive as zeros). Each of two **consumer warpgroups** owns 64 of the rows and runs Q·Kᵀ (wgmma), the softmax
-  and P·V (wgmma, P from registers) on every tile, then releases the slot through an ``empty`` mbarrier that
-  both consumers arrive on.
+  arrive as zeros). Per-column / per-group K scales ride on the K tile's barrier as a 1-D TMA box into a
+  ``2 · STAGES``-deep ring (a broadcast shared-memory read for the consumers instead of masked global loads,
+  ~90 fewer instructions per tile); scales TMA cannot address (no unit stride on tokens, unaligned base, other
+  ``k_block``) are loaded from global memory a tile ahead. Each of two **consumer warpgroups** owns 64 of the rows and runs Q·Kᵀ (wgmma), the softmax
+  and P·V (wgmma, P from registers) on every tile, then frees tile ``j+1``'s K slot and tile ``j``'s V slot
+  with one arrive on a ``kv_free`` mbarrier (count 2: both consumers).
 * nothing synchronizes the two consumers with each other (no CTA-wide barrier in the loop), so one warpgroup's
   softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
   ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`.
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V), ``ahead`` (the next tile's
-  Q·Kᵀ in flight during this tile's exponentials; the default) or ``overlap`` (FlashAttention-3's: also the
-  previous tile's P·V during this tile's row max; slower here because ptxas waits for that wgmma before reusing
-  P's registers). Tiles are full except the last, which is handled after the loop with masks: a per-tile branch
+  Q·Kᵀ in flight during this tile's exponentials; the default), optionally ``pingpong`` (measured slower).
+  Tiles are full except the last, which is handled after the loop with masks: a per-tile branch
   between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's Gluon (wrong values and
   NaN on the H200), so no schedule has one.
 
@@ -93,7 +95,7 @@ def _mma_layout(num_warps, n, k_bits):
 @_jit
 def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr,
                    K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
-    """K scales of the tile at ``start_n`` (issued one tile ahead of use, so the global load's latency hides):
+    """K scales of the tile at ``start_n`` from global memory (the path when they cannot come by TMA):
 
     * ``1 < k_block < BLOCK_N`` dividing it: ``(BLOCK_N / k_block,)`` group scales in ``GROUP_LAYOUT``;
     * other ``k_block`` not a multiple of ``BLOCK_N`` (e.g. 1): ``(BLOCK_N,)`` column scales in ``COL_LAYOUT``;
@@ -117,6 +119,50 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 
 
 @_jit
+def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, K_BLOCK: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KS_TMA: gl.constexpr):
+    """K scales of tile ``j`` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn,
+    ks_smem, SEQ_KV)``. ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with the
+    K tile (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already be
+    released); a shared-memory broadcast read instead of masked global loads (zeros past the tensor; values past
+    ``SEQ_KV`` only meet masked columns). Else a global load (issue it a tile ahead of use)."""
+    ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
+    if KS_TMA:
+        tile = ks_smem.index(j % (2 * STAGES))
+        if K_BLOCK > 1 and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
+            ks = tile.slice(0, BLOCK_N // K_BLOCK).load(GROUP_LAYOUT)
+        elif K_BLOCK > 1:
+            ks = tile.load(GROUP_LAYOUT)
+        else:
+            ks = tile.load(COL_LAYOUT)
+        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
+    else:
+        ks = _load_k_scales(ks_ptr, stride_ksn, j * BLOCK_N, SEQ_KV, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N)
+    return ks
+
+
+@_jit
+def _k_scales_ahead(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, K_BLOCK: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KS_TMA: gl.constexpr):
+    """Issued a tile ahead of use: tile ``j``'s K scales from global memory, or (``KS_TMA``) a placeholder, the
+    scales being read from the ring at use (:func:`_k_scales_at_use`); carried through the loop either way."""
+    if KS_TMA:
+        return 0.0
+    else:
+        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+
+
+@_jit
+def _k_scales_at_use(j, ks, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, K_BLOCK: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KS_TMA: gl.constexpr):
+    """Tile ``j``'s K scales where ``S_j`` is scaled: ``ks`` from :func:`_k_scales_ahead`, or read from the ring."""
+    if KS_TMA:
+        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    else:
+        return ks
+
+
+@_jit
 def _row_reduce(x, TREE: gl.constexpr, IS_MAX: gl.constexpr):
     """Max or sum over axis 1 of a ``(64, BLOCK_N)`` wgmma-layout tile. ``TREE``: first over the
     ``BLOCK_N / 16`` column chunks (a register relabeling: each thread holds the same columns of every chunk, so
@@ -136,12 +182,10 @@ def _row_reduce(x, TREE: gl.constexpr, IS_MAX: gl.constexpr):
 
 
 @_jit
-def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
-    """First half of an online-softmax step on the raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else
-    fp32): ``t`` (S with the K scales applied), the row scale of this tile (``rs``, times K's scale when it is
-    one per tile) and the new running max ``m`` (log2 units). ``ks``: the tile's K scales (:func:`_load_k_scales`);
-    ``rs`` (64,): ``q_scale · sm_scale · log2 e``."""
+def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else fp32) with the K scales applied: ``(t, rs)``,
+    ``rs`` (64,) being ``q_scale · sm_scale · log2 e`` times K's scale when it is one per tile. ``ks``: the tile's
+    K scales (:func:`_tile_k_scales`). Reads every register of ``S``, which the next Q·Kᵀ may then reuse."""
     s_layout: gl.constexpr = s.type.layout
     PER_COL: gl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
     GROUPED: gl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
@@ -167,13 +211,27 @@ def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK:
             t = t - 12582912.0
         if K_BLOCK > 0:  # one K scale for the whole tile
             rs = rs * ks
+    return t, rs
+
+
+@_jit
+def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+    """The new running max ``m`` (log2 units) after the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV``
+    ignored)."""
     if MASK:
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
         t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), TREE, True)
     else:
         t_max = _row_reduce(t, TREE, True)
-    m_new = gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
-    return t, rs, m_new
+    return gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
+
+
+@_jit
+def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
+                BLOCK_N: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+    """First half of an online-softmax step: :func:`_scale_logits` then :func:`_running_max`; ``(t, rs, m)``."""
+    t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
+    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, TREE, MASK)
 
 
 @_jit
@@ -206,12 +264,21 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
 
 
 @_jit
-def _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
+def _release(i, kv_free, STAGES: gl.constexpr):
+    """Release event ``i`` of this consumer: tile ``i``'s K slot and tile ``i-1``'s V slot are free (both are
+    released at the same point of every schedule, so one mbarrier per slot, ``kv_free[i % STAGES]`` with count 2,
+    serves both rings: one warpgroup barrier and one arrive per tile instead of two of each)."""
+    mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+
+
+@_jit
+def _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr):
-    """``S`` of tile ``j`` (wgmma from shared memory, waited); the K slot is released right after."""
+    """``S`` of tile ``j`` (wgmma from shared memory, waited), then release event ``j`` (tile ``j``'s K slot and
+    tile ``j-1``'s V slot, whose P·V the caller has waited for)."""
     s = _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+    _release(j, kv_free, STAGES)
     return s
 
 
@@ -243,44 +310,68 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
 
 
 @_jit
-def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty, p_buf,
+def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_buf,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
-                P_SMEM: gl.constexpr):
-    """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation)."""
+                P_SMEM: gl.constexpr, LAST: gl.constexpr):
+    """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
+    the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it."""
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+    if LAST:
+        _release(j + 1, kv_free, STAGES)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
     return m_i, l_i, acc
 
 
 @_jit
-def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, k_empty,
-                v_ready, v_empty, p_buf, p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr,
-                K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr,
-                P_SMEM: gl.constexpr):
-    """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``."""
-    s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
+def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
+                v_ready, p_buf, my_turn, other_turn, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr,
+                col_s: gl.constexpr, grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr,
+                PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr):
+    """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
+    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales.
+
+    ``PINGPONG``: the softmax (row max, exponentials, P·V issue) is taken in turns with the other consumer through
+    the ``my_turn`` / ``other_turn`` mbarriers, so that each has the exponent unit (MUFU, as busy per tile as the
+    tensor cores) to itself while the other's MMAs run — FlashAttention-3's inter-warpgroup ping-pong, turned
+    around the exponentials. ``FIRST``: this consumer takes the first turn. Each consumer waits ``n - 1`` times
+    and arrives ``n - 1`` times (``n`` tiles; the tail tile runs outside the turns): no wait is left unmatched.
+    """
+    if KS_TMA:
+        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
+        s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)  # placeholder
+    else:  # the global load first, as early as possible (this order measured ~10 % faster for this path)
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
+    if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
+        mbarrier.wait(my_turn, (j & 1) ^ FIRST)
+    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
+    m_i = m_new
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+    if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
+        mbarrier.arrive(other_turn, count=1)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
-    mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
-    mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+    _release(j + 1, kv_free, STAGES)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
-    return m_i, l_i, acc, s_next
+    return m_i, l_i, acc, s_next, ks_next
 
 
 @_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-             TREE: gl.constexpr, P_SMEM: gl.constexpr):
+             TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
-    q_desc, k_desc, v_desc = descs
-    q_smem, k_smem, v_smem, p_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    q_desc, k_desc, v_desc, ks_desc = descs
+    q_smem, k_smem, v_smem, p_smem, ks_smem = smem
+    q_bar, k_ready, v_ready, kv_free, turn = bars
     QS, KS, VS, Out, Lse = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
      stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m) = ints
@@ -327,72 +418,33 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     q = q_smem.index(CID).reshape([BM, HEAD_DIM])
     p_buf = p_smem.index(CID)
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
-    ks = _load_k_scales(ks_ptr, stride_ksn, 0, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
+    ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
     mbarrier.wait(q_bar, 0)
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
-    if AHEAD == 2:
-        # FA3-style: tile j+1's Q·Kᵀ runs during tile j's exponentials, and tile j-1's P·V during tile j's
-        # scaling and row max. Needs n_tiles >= 2 (the host launches another schedule for one tile).
-        s = _qk(0, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
-        t, rs_t, m_new = _logits_max(s, ks, m_i, rs, 0, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, False)
-        ks = _load_k_scales(ks_ptr, stride_ksn, BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK, BLOCK_N)
-        s = _qk_issue(1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-        p_prev, alpha_prev, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, 0, SEQ_KV, BLOCK_N, TREE, False)
-        m_i = m_new
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
-        for j in range(1, n_tiles - 1):
-            ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
-                                     BLOCK_N)
-            pv = _pv_issue(j - 1, p_prev, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
-            t, rs_t, m_new = _logits_max(s, ks, m_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE,
-                                         False)
-            # m_new passes through the wait so that the compiler keeps the row max before it (overlapping P·V)
-            pv, m_new = warpgroup_mma_wait(num_outstanding=0, deps=(pv, m_new))
-            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
-            acc = acc * gl.convert_layout(alpha_prev, row_o)[:, None] + pv
-            s = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-            p_prev, alpha_prev, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
-            m_i = m_new
-            s, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(s, l_i))  # keeps the exponentials before the wait
-            mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
-            ks = ks_next
-        last = n_tiles - 1
-        pv = _pv_issue(last - 1, p_prev, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
-        t, rs_t, m_new = _logits_max(s, ks, m_i, rs, last * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, True)
-        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
-        acc = acc * gl.convert_layout(alpha_prev, row_o)[:, None] + pv
-        p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, last * BLOCK_N, SEQ_KV, BLOCK_N, TREE, True)
-        m_i = m_new
-        pv = _pv_issue(last, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
-        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
-    elif AHEAD:
-        s = _qk(0, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
+    # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
+    ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    if AHEAD:
+        s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
         for j in range(n_tiles - 1):
-            ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
-                                     BLOCK_N)
-            m_i, l_i, acc, s = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
-                                           k_ready, k_empty, v_ready, v_empty, p_buf, p_layout, row_o, QK_KIND,
-                                           K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM)
-            ks = ks_next
+            m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
+                                               v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
+                                               turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
+                                               QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
+                                               1 if CID == 0 else 0, KS_TMA)
     else:
         for j in range(n_tiles - 1):
-            ks_next = _load_k_scales(ks_ptr, stride_ksn, (j + 1) * BLOCK_N, SEQ_KV, col_s, grp_layout, K_BLOCK,
-                                     BLOCK_N)
-            s = _qk(j, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
-            m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, v_empty,
+            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
+            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                         p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
-                                        P_SMEM)
+                                        P_SMEM, False)
             ks = ks_next
-        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, k_empty, QK_KIND, BLOCK_N, STAGES)
-    if AHEAD != 2:
-        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                    v_empty, p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True,
-                                    P_SMEM)
+        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
+    ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+                                p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -411,26 +463,32 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 @_jit
 def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
                RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr):
-    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
+               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
+    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+             KS_TMA)
 
 
 @_jit
 def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
                RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr):
-    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)
+               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
+    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+             KS_TMA)
 
 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-              TREE: gl.constexpr, P_SMEM: gl.constexpr):
-    """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``empty``, TMA to ``ready``)."""
+              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
+    """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``kv_free``, TMA to
+    ``ready``);
+    ``KS_TMA``: each K tile's scales ride on its ``ready`` barrier (a box of the flattened scale tensor)."""
     descs, smem, bars, ptrs, ints, qk_scale = args
-    q_desc, k_desc, v_desc = descs
-    q_smem, k_smem, v_smem, p_smem = smem
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
+    q_desc, k_desc, v_desc, ks_desc = descs
+    q_smem, k_smem, v_smem, p_smem, ks_smem = smem
+    q_bar, k_ready, v_ready, kv_free, turn = bars
+    stride_ksb = ints[3]
+    stride_ksh = ints[4]
     SEQ_KV = ints[14]
     b = ints[15]
     h = ints[16]
@@ -445,17 +503,23 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
         slot = j % STAGES
         phase = (j // STAGES) & 1
         # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
-        mbarrier.wait(k_empty.index(slot), phase ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event j - STAGES: tile j - STAGES's K slot is free
+        if KS_TMA:
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(ks_desc, [b * stride_ksb + hk * stride_ksh + j * (BLOCK_N // K_BLOCK)],
+                                            k_ready.index(slot), ks_smem.index(j % (2 * STAGES)))
+        else:
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        # event j - STAGES + 1: tile j - STAGES's V slot is free (events before 0 count as passed)
+        mbarrier.wait(kv_free.index((j + 1) % STAGES), (((j + 1) // STAGES) & 1) ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [b, hk, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
 
 
 @_jit
 def _sage_fwd_ws(
-    q_desc, k_desc, v_desc, QS, KS, VS, Out, Lse,
+    q_desc, k_desc, v_desc, ks_desc, QS, KS, VS, Out, Lse,
     qk_scale,
     stride_qsb, stride_qsh, stride_qsn,
     stride_ksb, stride_ksh, stride_ksn,
@@ -465,11 +529,14 @@ def _sage_fwd_ws(
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
 
     Descriptors: Q ``(B, Hq, Sq, D)`` block ``(1, 1, 64, D)``, K ``(B, Hkv, Skv, D)`` block ``(1, 1, BLOCK_N, D)``,
-    V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``.
+    V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``; with ``KS_TMA`` the K
+    scales flattened to 1-D (unit stride on tokens), block ``BLOCK_N / k_block`` (at least 32: 128 bytes), else
+    ``None`` (scales by pointer ``KS``).
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
     pid_m = gl.program_id(0)
@@ -484,27 +551,38 @@ def _sage_fwd_ws(
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BM, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([BM, BLOCK_N], gl.float8e4nv))
+    if KS_TMA:
+        # twice the K ring's depth: tile j's scales stay until tile j + 2·STAGES, i.e. past the release of tile j's
+        # K slot, so consumers may read them any time after its ready barrier
+        ks_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES] + ks_desc.block_type.shape, ks_desc.layout)
+    else:
+        ks_smem = p_smem  # unused
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release each slot
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(kv_free.index(i), count=2)  # both consumers arrive on each release event
 
-    args = ((q_desc, k_desc, v_desc), (q_smem, k_smem, v_smem, p_smem), (q_bar, k_ready, k_empty, v_ready, v_empty),
+    args = ((q_desc, k_desc, v_desc, ks_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
+            (q_bar, k_ready, v_ready, kv_free, turn),
             (QS, KS, VS, Out, Lse),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
             qk_scale)
     gl.warp_specialize([
-        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
-        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
-        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM)),
+        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+                      KS_TMA)),
+        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+                      KS_TMA)),
+        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+                     KS_TMA)),
     ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -517,22 +595,22 @@ ENV_CONFIG = "QATTN_GLUON_SAGE_CONFIG"
 
 @dataclass(frozen=True)
 class GluonConfig:
-    """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and two schedule flags:
+    """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and schedule flags:
     ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
     exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
-    chains); ``overlap``: as ``ahead`` and, in addition, tile ``j-1``'s P·V runs during tile ``j``'s scaling and
-    row max (FlashAttention-3's intra-warpgroup schedule; one-tile rows run the ``ahead`` schedule); ``psmem``: P
-    reaches the P·V wgmma through shared memory instead of registers (frees P's registers at issue, so ptxas need
-    not wait for the wgmma before reusing them)."""
+    chains); ``psmem``: P reaches the P·V wgmma through shared memory instead of registers; ``pingpong`` (with
+    ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
+    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md). FlashAttention-3's intra-warpgroup ``overlap`` schedule was removed after it
+    measured 12 % slower and made ptxas spill (BENCHMARKS.md, 2026-11-30)."""
 
     block_n: int
     stages: int
     ahead: int = 0
     tree: int = 0
-    overlap: int = 0
     psmem: int = 0
+    pingpong: int = 0
 
-    FLAGS = ("ahead", "tree", "overlap", "psmem")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -542,13 +620,16 @@ class GluonConfig:
         for name in self.FLAGS:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
+        if self.pingpong and not self.ahead:
+            raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
+                             "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
 
     def __str__(self) -> str:
         return f"WS_BN{self.block_n}_s{self.stages}" + "".join(f"_{f}" for f in self.FLAGS if getattr(self, f))
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,overlap][,psmem]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
+        """``"128,2[,ahead][,tree][,psmem][,pingpong]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
         rest = [f for f in fields if f not in cls.FLAGS]
@@ -558,18 +639,20 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,overlap][,psmem]' such as '128,2,ahead'")
+                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong]' such as '128,2,ahead'")
         return cls(*numbers, **flags)
 
 
-#: Default config per head_dim, from the 2026-11-30 H200 runs (BENCHMARKS.md): at head_dim 128 ``128,3,ahead,tree``
-#: and ``128,2,ahead`` trade places between runs (within ~4 %); the first gave the better attention_ops figures.
-#: CONFIGS are swept by benchmarks/tune_triton_sage.py --kernel gluon and each one is tested on the GPU;
-#: ``overlap`` and ``psmem`` were measured slower and stay for re-measuring.
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, tree=1), 64: GluonConfig(128, 2, ahead=1)}
-CONFIGS = (GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1), GluonConfig(128, 2, tree=1),
-           GluonConfig(128, 2), GluonConfig(128, 2, overlap=1), GluonConfig(128, 2, ahead=1, psmem=1),
-           GluonConfig(64, 3, ahead=1))
+#: Default config per head_dim, from the 2026-11-30 H200 tuning runs (BENCHMARKS.md): with the K-scale TMA and the
+#: single release barrier, ``128,3,ahead`` was the fastest config at all four benchmark shapes (``128,2,ahead``
+#: within 1 %, ``tree`` 1-4 % slower, ``pingpong`` 5-13 % slower). CONFIGS are swept by
+#: benchmarks/tune_triton_sage.py --kernel gluon and each one is tested on the GPU; ``psmem`` and ``pingpong``
+#: were measured slower and stay for re-measuring.
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1), 64: GluonConfig(128, 3, ahead=1)}
+CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
+           GluonConfig(128, 2, tree=1),
+           GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
+           GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -614,12 +697,33 @@ def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[st
 def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
     """The swizzled shared-memory layout of a TMA box (computed once per box and dtype: part of the launch cost)."""
     gl_dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-                torch.float16: gl.float16}[dtype]
+                torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
 def _descriptor(x: torch.Tensor, block: list[int]):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _shared_layout(tuple(block), x.dtype))
+
+
+def _k_scale_box(k_scale: Optional[torch.Tensor], k_block: int, block_n: int) -> Optional[int]:
+    """Elements per K tile of the K scales when they can ride on the K tile's TMA (one scale per column or per
+    group dividing the tile, at least 4 groups; unit stride on tokens; 16-byte aligned base and batch/head strides,
+    e.g. ``Skv`` a multiple of ``64 · k_block / 16``), padded to 128 bytes (TMA writes shared
+    memory at 128-byte aligned addresses: each slot of the ring is one box); else ``None``."""
+    if k_scale is None or not (k_block == 1 or (1 < k_block < block_n and block_n % k_block == 0)):
+        return None
+    if (k_scale.shape[-1] > 1 and k_scale.stride(-1) != 1) or k_scale.data_ptr() % 16:
+        return None
+    # every box starts at b·s_b + h·s_h + j·G elements, which TMA needs 16-byte aligned (4 fp32)
+    if any(st % 4 for st in ts._scale_strides(k_scale)[:2]) or (block_n // k_block) % 4:
+        return None
+    return max(block_n // k_block, 32)
+
+
+def _k_scale_descriptor(k_scale: torch.Tensor, box: int):
+    """1-D TMA descriptor over every element a (broadcast-aware) offset ``b·s_b + h·s_h + n`` can reach."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(k_scale.shape, ts._scale_strides(k_scale)))
+    return _descriptor(k_scale.as_strided((extent,), (1,)), [box])
 
 
 def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
@@ -629,9 +733,11 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
     ks = k_scale if k_scale is not None else v_scale
+    ks_box = _k_scale_box(k_scale, k_block, config.block_n)
     args = [
         _descriptor(q, [1, 1, ROWS_PER_CONSUMER, d]), _descriptor(k, [1, 1, config.block_n, d]),
         _descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
+        _k_scale_descriptor(k_scale, ks_box) if ks_box else None,
         qs, ks, v_scale, out, lse, float(sm_scale) * ts.LOG2E,
         *ts._scale_strides(q_scale), *ts._scale_strides(k_scale), *ts._scale_strides(v_scale),
         out.stride(0), out.stride(1), out.stride(2),
@@ -641,8 +747,8 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
                 PRODUCER_NREG=PRODUCER_REGS,
-                AHEAD=2 if config.overlap and skv > config.block_n else max(config.ahead, config.overlap),
-                TREE=config.tree, P_SMEM=config.psmem)
+                AHEAD=config.ahead,
+                TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None))
     grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 

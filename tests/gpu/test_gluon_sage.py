@@ -49,7 +49,8 @@ def check(args, what, sm_scale=None, out_dtype=torch.float32, config=None):
 
 
 RECIPES = [("int8", (1, 16)), ("int8", (1, 1)), ("int8", (16, 1)), ("int8", (64, 128)), ("int8", (128, 32)),
-           ("int8", (0, 0)), ("fp8", (1, 16)), ("fp8", (0, 0)), ("bf16", (0, 0)), ("fp16", (0, 0))]
+           ("int8", (1, 64)), ("int8", (1, 4)), ("int8", (1, 48)), ("int8", (0, 0)), ("fp8", (1, 16)),
+           ("fp8", (0, 0)), ("bf16", (0, 0)), ("fp16", (0, 0))]
 
 
 @needs_sm90
@@ -57,6 +58,33 @@ RECIPES = [("int8", (1, 16)), ("int8", (1, 1)), ("int8", (16, 1)), ("int8", (64,
 def test_recipes(qk, blocks):
     dtype = torch.float16 if qk == "fp16" else torch.bfloat16
     check(quantize(*make_qkv(dtype=dtype), qk, *blocks), f"{qk} {blocks}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("k_block,skv", [(16, 1472), (4, 1472), (1, 1500), (32, 1536)])
+def test_k_scales_by_tma(k_block, skv):
+    """Per-column / per-group K scales on the K tile's TMA (aligned heads; a partial last tile reads zeros)."""
+    args = quantize(*make_qkv(skv=skv), "int8", 1, k_block)
+    assert gs._k_scale_box(args[3], k_block, 128) is not None
+    check(args, f"k_block {k_block} by TMA")
+
+
+@needs_sm90
+@pytest.mark.parametrize("layout", ["offset", "strided"])
+def test_k_scales_tma_cannot_address(layout):
+    """K scales with a base off 16 bytes or no unit stride on tokens: loaded from global memory instead (same
+    results); the aligned, contiguous ones ride on the K tile's TMA."""
+    q, qs, k, ks, v, vs, qb, kb = quantize(*make_qkv(skv=1472), "int8", 1, 16)  # 92 groups of 16: aligned heads
+    assert gs._k_scale_box(ks, kb, 128) == 32
+    if layout == "offset":
+        storage = torch.zeros(*ks.shape[:-1], ks.shape[-1] + 1, device=DEV)
+        storage[..., 1:] = ks
+        ks_other = storage[..., 1:]
+    else:
+        ks_other = ks.transpose(1, 2).contiguous().transpose(1, 2)
+    assert gs._k_scale_box(ks_other, kb, 128) is None
+    out = check((q, qs, k, ks_other, v, vs, qb, kb), f"k scales {layout}")
+    torch.testing.assert_close(out, check((q, qs, k, ks, v, vs, qb, kb), "k scales contiguous"), rtol=0, atol=0)
 
 
 SHAPES = support.GPU_SHAPE_CLASSES
