@@ -3,7 +3,7 @@ register A-operand layout of the FP8 P·V wgmma, so P needs no cross-thread shuf
 
     python tools/gluon_perm_probe.py   # "trivial compiled" = Gluon accepted convert_layout(..., assert_trivial=True)
 """
-import torch, triton
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.backends.compiler import GPUTarget
@@ -28,7 +28,6 @@ sig={"P":"*fp8e4nv","O":"*fp32","BN":"constexpr","TRIVIAL":"constexpr"}
 for triv in (False, True):
     try:
         c=triton.compile(GluonASTSource(fn=probe, signature=sig, constexprs={(2,):128,(3,):triv}, attrs={}), target=GPUTarget("cuda",90,32), options={"num_warps":4})
-        import re
         ptx=c.asm["ptx"]
         print("trivial" if triv else "nontrivial", "compiled; shfl:", ptx.count("shfl.sync"), "prmt:", ptx.count("prmt"))
     except Exception as e:
