@@ -38,7 +38,10 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_m
     ``events``: ``warmup`` untimed calls, then up to ``iters`` calls each bracketed by CUDA events, fewer when one
     call is long (the count is chosen so the timed calls take about ``budget_ms``, at least ``min_iters``).
     ``do_bench``: ``triton.testing.do_bench(fn, warmup, rep, return_mode="median")`` with the same budget (it flushes
-    the L2 cache between calls).
+    the L2 cache between calls). ``graph``: one call captured in a CUDA graph (after ``warmup`` calls on a side
+    stream), then replays timed like ``events``: the GPU's time alone, without the host's per-call work (Python,
+    Dynamo guards, descriptor building, launches), which the other two include wherever the host is slower than the
+    GPU (short calls).
     """
     if method == "do_bench":
         from triton.testing import do_bench  # noqa: PLC0415
@@ -46,8 +49,10 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_m
         once = _one_call_ms(fn)
         rep = max(budget_ms, min_iters * once)
         return float(do_bench(fn, warmup=max(1.0, once * warmup), rep=rep, return_mode="median"))
-    if method != "events":
-        raise ValueError(f"timer method={method!r} is invalid; valid: events, do_bench")
+    if method == "graph":
+        fn = _captured(fn, warmup)
+    elif method != "events":
+        raise ValueError(f"timer method={method!r} is invalid; valid: events, do_bench, graph")
     for _ in range(max(0, warmup - 1)):
         fn()
     once = _one_call_ms(fn)  # also the last warm-up call
@@ -60,6 +65,20 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_m
         end[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+
+
+def _captured(fn: Callable[[], Any], warmup: int) -> Callable[[], Any]:
+    """``fn``'s replay from a CUDA graph of one call (warmed up first on a side stream, as capture requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def _one_call_ms(fn: Callable[[], Any]) -> float:

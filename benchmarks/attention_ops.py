@@ -38,7 +38,9 @@ reported, not timed).
 Columns:
 
 * ``kernel ms`` — median ms of (a) (for SDPA / sageattention: of the call itself); CUDA events unless ``--timer
-  do_bench``; the number of timed calls adapts to ``--budget-ms``.
+  do_bench`` or ``--timer graph`` (CUDA-graph replays: the GPU's time without the host's per-call work, which
+  the other timers include wherever the host is slower than the GPU, i.e. for short calls); the number of timed
+  calls adapts to ``--budget-ms``.
 * ``total ms`` — median ms of (b), quantization included (same as ``kernel ms`` for SDPA / sageattention).
 * ``TFLOP/s`` — ``4·B·H·Sq·Skv·D / kernel time`` (every method counts the same FLOPs).
 * ``spd kern`` / ``spd total`` — ``sdpa_cudnn_bf16 ms / kernel ms`` and ``/ total ms``.
@@ -408,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--acc-rows", type=int, default=4096, help="query rows for accuracy on long shapes (default 4096)")
     p.add_argument("--iters", type=int, default=20, help="max timed calls per measurement (default 20)")
     p.add_argument("--budget-ms", type=float, default=1000.0, help="timed-call budget per measurement (ms)")
-    p.add_argument("--timer", choices=("events", "do_bench"), default="events")
+    p.add_argument("--timer", choices=("events", "do_bench", "graph"), default="events",
+                   help="events: CUDA events around each call; do_bench: triton's (flushes L2); graph: CUDA-graph "
+                        "replays, the GPU's time without host overhead")
     p.add_argument("--no-compile", action="store_true", help="skip (b), the Inductor-compiled path")
     p.add_argument("--max-seconds", type=float, default=330.0, help="start no new measurement after this (0: no limit)")
     p.add_argument("--out", default="bench_out/attention_ops.json", help="JSON output path")
