@@ -600,8 +600,9 @@ class GluonConfig:
     exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
     chains); ``psmem``: P reaches the P·V wgmma through shared memory instead of registers; ``pingpong`` (with
     ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
-    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md). FlashAttention-3's intra-warpgroup ``overlap`` schedule was removed after it
-    measured 12 % slower and made ptxas spill (BENCHMARKS.md, 2026-11-30)."""
+    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md).
+    FlashAttention-3's intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made
+    ptxas spill (BENCHMARKS.md, 2026-11-30)."""
 
     block_n: int
     stages: int
