@@ -10,9 +10,9 @@ schedule, which plain Triton 3.6 cannot express:
   arrive as zeros). Per-column / per-group K scales ride on the K tile's barrier as a 1-D TMA box into a
   ``2 · STAGES``-deep ring (a broadcast shared-memory read for the consumers instead of masked global loads,
   ~90 fewer instructions per tile); scales TMA cannot address (no unit stride on tokens, unaligned base, other
-  ``k_block``) are loaded from global memory a tile ahead. Each of two **consumer warpgroups** owns 64 of the rows and runs Q·Kᵀ (wgmma), the softmax
-  and P·V (wgmma, P from registers) on every tile, then frees tile ``j+1``'s K slot and tile ``j``'s V slot
-  with one arrive on a ``kv_free`` mbarrier (count 2: both consumers).
+  ``k_block``) are loaded from global memory a tile ahead. Each of two **consumer warpgroups** owns 64 of the
+  rows and runs Q·Kᵀ (wgmma), the softmax and P·V (wgmma, P from registers) on every tile, then frees tile
+  ``j+1``'s K slot and tile ``j``'s V slot with one arrive on a ``kv_free`` mbarrier (count 2: both consumers).
 * nothing synchronizes the two consumers with each other (no CTA-wide barrier in the loop), so one warpgroup's
   softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
   ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
