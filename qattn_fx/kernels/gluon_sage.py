@@ -461,22 +461,6 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 
 
 @_jit
-def _consumer0(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
-    _consume(args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-             KS_TMA)
-
-
-@_jit
-def _consumer1(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
-    _consume(args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-             KS_TMA)
-
-
-@_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
@@ -577,10 +561,10 @@ def _sage_fwd_ws(
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
             qk_scale)
     gl.warp_specialize([
-        (_consumer0, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                      KS_TMA)),
-        (_consumer1, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                      KS_TMA)),
+        (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+                    KS_TMA)),
+        (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
+                    KS_TMA)),
         (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
                      KS_TMA)),
     ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
