@@ -43,7 +43,7 @@ def test_config_parse_and_str_round_trip(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
-    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]'"),
+    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]\[,permk\]'"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
 ])
@@ -114,3 +114,57 @@ def test_k_scale_box_needs_unit_token_stride_and_aligned_base():
     assert gs._k_scale_box(torch.ones(2, 4, 301)[..., 1:], 16, 128) is None
     assert gs._k_scale_box(torch.ones(1, 1, 300).expand(2, 4, 300), 16, 128) == 32  # broadcast heads: flat offsets
     assert gs._k_scale_box(None, 16, 128) is None
+
+
+def _key_of_row(rows: int) -> torch.Tensor:
+    """Key held by each row of a permuted K tile: row ``16g + 8i + 2c + e`` holds key ``16g + 4c + 2i + e``."""
+    r = torch.arange(rows)
+    g, i, c, e = r // 16, (r // 8) % 2, (r // 2) % 4, r % 2
+    return 16 * g + 4 * c + 2 * i + e
+
+
+@pytest.mark.parametrize("layout,b,skv", [("bshd", 1, 300), ("bshd", 2, 320), ("bhsd", 2, 320), ("bhsd", 1, 208)])
+def test_permuted_k_view_rows_hold_the_permuted_keys(layout, b, skv):
+    """The 5-D TMA view of K: read in box order, every 16-key group's rows hold its keys in the order that makes
+    the Q·Kᵀ accumulator the FP8 P·V wgmma's A operand (gluon_sage.permk). Checked on real CPU data, batch and
+    heads folded as the producer's coordinates fold them."""
+    h, d = 3, 64
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randint(-100, 100, (b, skv, h, d) if layout == "bshd" else (b, h, skv, d), generator=gen,
+                         dtype=torch.int8)
+    k = data.transpose(1, 2) if layout == "bshd" else data
+    desc, x_per_head, g_per_batch, g_per_head = gs._permuted_k(k, 16, 128)
+    view = desc.base  # (groups, 2, 4, 2, inner), read row-major = the order TMA writes the box
+    full = (skv // 16) * 16
+    keys = _key_of_row(full)
+    for bb in range(b):
+        for hh in range(h):
+            g0 = bb * g_per_batch + hh * g_per_head
+            x0 = hh * x_per_head
+            rows = view[g0:g0 + skv // 16].reshape(full, -1)[:, x0:x0 + d]
+            torch.testing.assert_close(rows, k[bb, hh, keys], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case,why", [
+    (dict(k_block=1), "per-key scales"), (dict(k_block=4), "scales per 4 keys"),
+    (dict(dtype=torch.bfloat16), "16-bit K"), (dict(b=2, skv=300), "batches folded, Skv % 16 != 0"),
+    (dict(bhsd=True, skv=300), "heads folded, Skv % 16 != 0"),
+])
+def test_permuted_k_is_refused_where_the_view_cannot_hold(case, why):
+    b, skv, dtype = case.get("b", 1), case.get("skv", 320), case.get("dtype", torch.int8)
+    if case.get("bhsd"):
+        k = torch.zeros(b, 4, skv, 64, dtype=dtype)
+    else:
+        k = torch.zeros(b, skv, 4, 64, dtype=dtype).transpose(1, 2)
+    k_block = case.get("k_block", 16)
+    assert gs._permuted_k(k, k_block, 128) is None, why
+
+
+def test_permuted_k_compiles_to_a_5d_tma_without_shuffles():
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    plain = gs.compile_for(gs.GluonConfig.parse("128,3,ahead"), q, qs, k, ks, v, vs, qb, kb)
+    permuted = gs.compile_for(gs.GluonConfig.parse("128,3,ahead,permk"), q, qs, k, ks, v, vs, qb, kb)
+    assert "cp.async.bulk.tensor.5d" in permuted.asm["ptx"] and "cp.async.bulk.tensor.5d" not in plain.asm["ptx"]
+    assert ts.ptxas_report(permuted, (9, 0))["spill_stores"] == 0
+    # only the peeled last tile still converts P with shuffles (the loop's tiles have none)
+    assert permuted.asm["ptx"].count("shfl.sync.idx") < plain.asm["ptx"].count("shfl.sync.idx")

@@ -1,5 +1,6 @@
 """Offline check (no GPU): a token permutation inside each 32-key group makes P's wgmma accumulator layout the
-register A-operand layout of the FP8 P·V wgmma, so P needs no cross-thread shuffles (see GLUON_PINGPONG.md).
+register A-operand layout of the FP8 P·V wgmma, so P needs no cross-thread shuffles (gluon_sage.permk loads K
+rows in that order).
 
     python tools/gluon_perm_probe.py   # "trivial compiled" = Gluon accepted convert_layout(..., assert_trivial=True)
 """

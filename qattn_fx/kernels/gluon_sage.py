@@ -293,10 +293,12 @@ def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.
 
 @_jit
 def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, P_SMEM: gl.constexpr):
+              STAGES: gl.constexpr, P_SMEM: gl.constexpr, PERMK: gl.constexpr = 0):
     """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator. ``P_SMEM``: P goes through this
     consumer's shared-memory buffer ``p_buf`` (its registers are free at once, and no cross-thread shuffles);
-    else P is the register A operand (converted to the wgmma operand layout)."""
+    else P is the register A operand (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were
+    loaded permuted (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key
+    ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles)."""
     slot = j % STAGES
     v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
     if P_SMEM:
@@ -305,19 +307,25 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
         return warpgroup_mma(p_buf, v_tile, pv_zero, use_acc=False, is_async=True)
     else:
+        if PERMK:
+            BM: gl.constexpr = p8.type.shape[0]
+            p6 = gl.permute(gl.reshape(p8, [BM, BLOCK_N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5])
+            p_op = gl.convert_layout(gl.reshape(p6, [BM, BLOCK_N]), p_layout, assert_trivial=True)
+        else:
+            p_op = gl.convert_layout(p8, p_layout)
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        return warpgroup_mma(gl.convert_layout(p8, p_layout), v_tile, pv_zero, use_acc=False, is_async=True)
+        return warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
 
 
 @_jit
 def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_buf,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
-                P_SMEM: gl.constexpr, LAST: gl.constexpr):
+                P_SMEM: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr = 0):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it."""
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
-    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     if LAST:
         _release(j + 1, kv_free, STAGES)
@@ -330,7 +338,7 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                 v_ready, p_buf, my_turn, other_turn, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr,
                 col_s: gl.constexpr, grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr,
-                PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr):
+                PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
     and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales.
 
@@ -354,7 +362,7 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
     p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
     m_i = m_new
-    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM)
+    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK)
     if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
         mbarrier.arrive(other_turn, count=1)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
@@ -366,15 +374,16 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 @_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-             TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
+             TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
+             PERMK: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
-    q_desc, k_desc, v_desc, ks_desc = descs
+    q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, p_smem, ks_smem = smem
     q_bar, k_ready, v_ready, kv_free, turn = bars
     QS, KS, VS, Out, Lse = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
-     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m) = ints
+     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh) = ints
 
     BM: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -431,7 +440,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
                                                v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
                                                turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
                                                QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
-                                               1 if CID == 0 else 0, KS_TMA)
+                                               1 if CID == 0 else 0, KS_TMA, PERMK)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
@@ -439,7 +448,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                         p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
-                                        P_SMEM, False)
+                                        P_SMEM, False, PERMK)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
     ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
@@ -461,59 +470,76 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 
 
 @_jit
-def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr):
-    """Producer warp: both Q tiles once, then K and V tiles into their rings (waits on ``kv_free``, TMA to
-    ``ready``);
-    ``KS_TMA``: each K tile's scales ride on its ``ready`` barrier (a box of the flattened scale tensor)."""
-    descs, smem, bars, ptrs, ints, qk_scale = args
-    q_desc, k_desc, v_desc, ks_desc = descs
+def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  KS_TMA: gl.constexpr, PERMUTED: gl.constexpr):
+    """Tile ``j``'s K (with its scales) and V, each into its ring slot once the consumers have freed it.
+    ``PERMUTED``: K through the permuting 5-D view (:func:`_permuted_k`), for full tiles only."""
+    q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, p_smem, ks_smem = smem
     q_bar, k_ready, v_ready, kv_free, turn = bars
-    stride_ksb = ints[3]
-    stride_ksh = ints[4]
+    b, hk, ks_base, kp_x, kp_g = coords
+    slot = j % STAGES
+    phase = (j // STAGES) & 1
+    # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
+    mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event j - STAGES: tile j - STAGES's K slot is free
+    if KS_TMA:
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(ks_desc, [ks_base + j * (BLOCK_N // K_BLOCK)], k_ready.index(slot),
+                                        ks_smem.index(j % (2 * STAGES)))
+    else:
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+    if PERMUTED:
+        tma.async_copy_global_to_shared(kp_desc, [kp_g + j * (BLOCK_N // 16), 0, 0, 0, kp_x], k_ready.index(slot),
+                                        k_smem.index(slot).reshape(kp_desc.block_type.shape))
+    else:
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+    # event j - STAGES + 1: tile j - STAGES's V slot is free (events before 0 count as passed)
+    mbarrier.wait(kv_free.index((j + 1) % STAGES), (((j + 1) // STAGES) & 1) ^ 1)
+    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [b, hk, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
+
+
+@_jit
+def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
+              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
+              PERMK: gl.constexpr):
+    """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
+    (maybe partial) tile's K always through the plain descriptor."""
+    descs, smem, bars, ptrs, ints, qk_scale = args
+    q_desc = descs[0]
+    q_smem = smem[0]
+    q_bar = bars[0]
     SEQ_KV = ints[14]
     b = ints[15]
     h = ints[16]
     hk = ints[17]
     start_m = ints[18]
+    coords = (b, hk, b * ints[3] + hk * ints[4], hk * ints[19], b * ints[20] + hk * ints[21])
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem.index(0))
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m + BM, 0], q_bar, q_smem.index(1))
-    for j in range(gl.cdiv(SEQ_KV, BLOCK_N)):
-        slot = j % STAGES
-        phase = (j // STAGES) & 1
-        # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
-        mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event j - STAGES: tile j - STAGES's K slot is free
-        if KS_TMA:
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(ks_desc, [b * stride_ksb + hk * stride_ksh + j * (BLOCK_N // K_BLOCK)],
-                                            k_ready.index(slot), ks_smem.index(j % (2 * STAGES)))
-        else:
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        # event j - STAGES + 1: tile j - STAGES's V slot is free (events before 0 count as passed)
-        mbarrier.wait(kv_free.index((j + 1) % STAGES), (((j + 1) // STAGES) & 1) ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
+    n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
+    for j in range(n_tiles - 1):
+        _produce_tile(j, descs, smem, bars, coords, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK)
+    _produce_tile(n_tiles - 1, descs, smem, bars, coords, K_BLOCK, BLOCK_N, STAGES, KS_TMA, 0)
 
 
 @_jit
 def _sage_fwd_ws(
-    q_desc, k_desc, v_desc, ks_desc, QS, KS, VS, Out, Lse,
+    q_desc, k_desc, v_desc, ks_desc, kp_desc, QS, KS, VS, Out, Lse,
     qk_scale,
     stride_qsb, stride_qsh, stride_qsn,
     stride_ksb, stride_ksh, stride_ksn,
     stride_vsb, stride_vsh, stride_vsd,
     stride_ob, stride_oh, stride_os,
-    H, GROUP, SEQ_Q, SEQ_KV,
+    H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
 
@@ -554,19 +580,20 @@ def _sage_fwd_ws(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_free.index(i), count=2)  # both consumers arrive on each release event
 
-    args = ((q_desc, k_desc, v_desc, ks_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
+    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
             (q_bar, k_ready, v_ready, kv_free, turn),
             (QS, KS, VS, Out, Lse),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
-             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m),
+             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
+             kp_gh),
             qk_scale)
     gl.warp_specialize([
         (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                    KS_TMA)),
+                    KS_TMA, PERMK)),
         (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                    KS_TMA)),
+                    KS_TMA, PERMK)),
         (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                     KS_TMA)),
+                     KS_TMA, PERMK)),
     ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -584,9 +611,11 @@ class GluonConfig:
     exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
     chains); ``psmem``: P reaches the P·V wgmma through shared memory instead of registers; ``pingpong`` (with
     ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
-    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md).
-    FlashAttention-3's intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made
-    ptxas spill (BENCHMARKS.md, 2026-11-30)."""
+    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md);
+    ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P reaches the P·V
+    wgmma without shuffles, where the K layout allows it (**not yet run on hardware**). FlashAttention-3's
+    intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
+    (BENCHMARKS.md, 2026-11-30)."""
 
     block_n: int
     stages: int
@@ -594,8 +623,9 @@ class GluonConfig:
     tree: int = 0
     psmem: int = 0
     pingpong: int = 0
+    permk: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -614,7 +644,7 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,psmem][,pingpong]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
+        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
         rest = [f for f in fields if f not in cls.FLAGS]
@@ -624,7 +654,7 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong]' such as '128,2,ahead'")
+                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk]' such as '128,2,ahead'")
         return cls(*numbers, **flags)
 
 
@@ -637,7 +667,8 @@ DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1), 64: GluonConfig(128, 3, ah
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
-           GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1))
+           GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
+           GluonConfig(128, 3, ahead=1, permk=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -711,6 +742,39 @@ def _k_scale_descriptor(k_scale: torch.Tensor, box: int):
     return _descriptor(k_scale.as_strided((extent,), (1,)), [box])
 
 
+def _permuted_k(k: torch.Tensor, k_block: int, block_n: int):
+    """A 5-D view of K for TMA whose box, read in order, is a ``(block_n, D)`` tile with row ``16g + 8i + 2c + e``
+    holding key ``16g + 4c + 2i + e``: the wgmma accumulator then holds P in the FP8 A-operand order, with V as
+    stored. Returns ``(descriptor, x_per_head, g_per_batch, g_per_head)`` (the producer's box coordinates are
+    ``x = hk·x_per_head`` on the innermost dim, ``g = b·g_per_batch + hk·g_per_head`` on the 16-key groups), or
+    ``None`` where the view cannot be built: K not 8-bit; K scales per 1 or 4 keys (the permutation crosses them;
+    per 16, 32, ... keys, per head or per tensor are kept); heads neither interleaved (BSHD) nor stacked (BHSD)
+    with contiguous batches; several batches or heads folded into the groups but ``Skv`` not a multiple of 16."""
+    if k.element_size() != 1 or (k_block not in (0,) and k_block % 16):
+        return None
+    bsz, hkv, skv, d = k.shape
+    sb, sh, ss, _ = k.stride()
+    if (ss % 16) or (ss == 0):
+        return None
+    if sh == d and (hkv == 1 or ss == hkv * d):  # BSHD: the heads side by side in one token row
+        inner, x_per_head, g_per_head = hkv * d, d, 0
+        if bsz > 1 and (skv % 16 or sb != skv * ss):
+            return None
+        g_per_batch = skv // 16 if bsz > 1 else 0
+        groups = (bsz * skv) // 16 if bsz > 1 else skv // 16
+    elif ss == d and (hkv == 1 or sh == skv * d) and (bsz == 1 or sb == hkv * skv * d):  # BHSD, contiguous
+        if (bsz * hkv > 1) and skv % 16:
+            return None
+        inner, x_per_head, g_per_head, g_per_batch = d, 0, skv // 16, hkv * skv // 16
+        groups = (bsz * hkv * skv) // 16
+    else:
+        return None
+    if groups == 0:
+        return None
+    view = k.as_strided((groups, 2, 4, 2, inner), (16 * ss, 2 * ss, 4 * ss, ss, 1))
+    return _descriptor(view, [block_n // 16, 2, 4, 2, d]), x_per_head, g_per_batch, g_per_head
+
+
 def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
                  config: GluonConfig):
     """(grid, positional args, keyword args) of one launch; shared by :func:`attention` and the offline compile."""
@@ -719,21 +783,24 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
     ks = k_scale if k_scale is not None else v_scale
     ks_box = _k_scale_box(k_scale, k_block, config.block_n)
+    permuted = _permuted_k(k, k_block if k_scale is not None else 0, config.block_n) if config.permk else None
+    kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     args = [
         _descriptor(q, [1, 1, ROWS_PER_CONSUMER, d]), _descriptor(k, [1, 1, config.block_n, d]),
         _descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
-        _k_scale_descriptor(k_scale, ks_box) if ks_box else None,
+        _k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
         qs, ks, v_scale, out, lse, float(sm_scale) * ts.LOG2E,
         *ts._scale_strides(q_scale), *ts._scale_strides(k_scale), *ts._scale_strides(v_scale),
         out.stride(0), out.stride(1), out.stride(2),
-        hq, hq // hkv, sq, skv,
+        hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
     ]
     meta = dict(QK_KIND=ts._QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
-                TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None))
+                TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
+                PERMK=int(permuted is not None))
     grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 

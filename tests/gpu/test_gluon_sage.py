@@ -87,6 +87,23 @@ def test_k_scales_tma_cannot_address(layout):
     torch.testing.assert_close(out, check((q, qs, k, ks, v, vs, qb, kb), "k scales contiguous"), rtol=0, atol=0)
 
 
+@needs_sm90
+@pytest.mark.parametrize("case", [
+    dict(b=1, skv=1500),  # BSHD, one batch: any Skv (the partial last tile loads unpermuted)
+    dict(skv=1504),  # BSHD, two batches folded into the 16-key groups
+    dict(skv=1504, bshd=False),  # BHSD: batches and heads folded
+    dict(skv=1504, d=64),
+], ids=["bshd-b1-tail", "bshd-b2", "bhsd", "d64"])
+def test_permuted_k(case):
+    """``permk``: K rows loaded permuted so P needs no shuffles; same results as the plain schedule (fp32 level)
+    and the reference."""
+    args = quantize(*make_qkv(**case), "int8", 1, 16)
+    assert gs._permuted_k(args[2], args[7], 128) is not None
+    out = check(args, "permk", config=gs.GluonConfig.parse("128,3,ahead,permk"))
+    plain = check(args, "plain", config=gs.GluonConfig.parse("128,3,ahead"))
+    assert_fp32_level(out.float(), plain.float(), "permk vs plain")
+
+
 SHAPES = support.GPU_SHAPE_CLASSES
 
 
