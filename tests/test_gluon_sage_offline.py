@@ -168,3 +168,14 @@ def test_permuted_k_compiles_to_a_5d_tma_without_shuffles():
     assert ts.ptxas_report(permuted, (9, 0))["spill_stores"] == 0
     # only the peeled last tile still converts P with shuffles (the loop's tiles have none)
     assert permuted.asm["ptx"].count("shfl.sync.idx") < plain.asm["ptx"].count("shfl.sync.idx")
+
+
+def test_permuted_k_and_p_relabeling_compose_to_keys_in_operand_order():
+    """With K rows permuted (``_key_of_row``), the accumulator's column ``X`` holds key ``_key_of_row(X)``; the
+    kernel's relabeling of P (``_pv_issue`` with ``PERMK``: reshape to (64, BN/32, 2, 2, 4, 2), swap the two middle
+    dims, reshape back) must then put key ``k`` at operand position ``k``, so P·V needs V in its stored order."""
+    bn = 128
+    p_true = torch.arange(64 * bn, dtype=torch.float32).reshape(64, bn)  # distinct values: column k is key k
+    accumulator = p_true[:, _key_of_row(bn)]
+    operand = accumulator.reshape(64, bn // 32, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(64, bn)
+    torch.testing.assert_close(operand, p_true, rtol=0, atol=0)
