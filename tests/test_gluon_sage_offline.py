@@ -43,8 +43,10 @@ def test_config_parse_and_str_round_trip(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
-    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]\[,permk\]'"),
+    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]"
+            r"\[,permk\]\[,solo\]'"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
+    ("128,2,ahead,pingpong,solo", r"pingpong takes turns between two consumers; solo has one"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
 ])
 def test_bad_configs_name_the_value_and_the_choices(text, message):
@@ -179,3 +181,17 @@ def test_permuted_k_and_p_relabeling_compose_to_keys_in_operand_order():
     accumulator = p_true[:, _key_of_row(bn)]
     operand = accumulator.reshape(64, bn // 32, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(64, bn)
     torch.testing.assert_close(operand, p_true, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("config", ["128,3,ahead,solo", "128,2,ahead,permk,solo"])
+def test_solo_fits_two_ctas_per_sm(config):
+    """``solo``: one consumer warpgroup per CTA; 256 threads (Gluon pads the producer to a warpgroup) at 128
+    registers and under half the shared memory, so two CTAs share an SM; the consumer still gets 232 registers."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    compiled = gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb)
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"\.maxnreg\s+128\b", ptx) and re.search(r"\.reqntid\s+256\b", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{gs.SOLO_CONSUMER_REGS};", ptx)
+    report = ts.ptxas_report(compiled, (9, 0))
+    assert report["spill_stores"] == 0 and report["registers"] <= 128, report
+    assert 2 * report["shared_bytes"] <= 227 * 1024, report

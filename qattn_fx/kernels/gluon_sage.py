@@ -79,6 +79,11 @@ CONSUMERS = 2
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 LAUNCH_MAXNREG = 168
+#: ``solo`` configs (one consumer warpgroup per CTA): Gluon pads the producer's partition to a warpgroup, so a CTA
+#: is 256 threads; launched with 128 registers each, two CTAs fit an SM's 64 K registers and ``setmaxnreg`` gives
+#: the consumer 232 (4·232 + 4·24 = 8·128; no spills, checked offline).
+SOLO_LAUNCH_MAXNREG = 128
+SOLO_CONSUMER_REGS = 232
 
 
 @_constexpr_function
@@ -518,9 +523,10 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
     coords = (b, hk, b * ints[3] + hk * ints[4], hk * ints[19], b * ints[20] + hk * ints[21])
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m + BM, 0], q_bar, q_smem.index(1))
+    NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
+    mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
+    for i in gl.static_range(NC):
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + i * BM, 0], q_bar, q_smem.index(i))
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     for j in range(n_tiles - 1):
         _produce_tile(j, descs, smem, bars, coords, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK)
@@ -539,9 +545,11 @@ def _sage_fwd_ws(
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
 ):
-    """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer).
+    """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer); ``SOLO``:
+    grid ``(cdiv(Sq, 64), B · Hq)`` with consumer 0 and the producer only, two CTAs per SM (each consumer then has
+    a K/V ring of its own instead of sharing one with the other consumer).
 
     Descriptors: Q ``(B, Hq, Sq, D)`` block ``(1, 1, 64, D)``, K ``(B, Hkv, Skv, D)`` block ``(1, 1, BLOCK_N, D)``,
     V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``; with ``KS_TMA`` the K
@@ -554,13 +562,15 @@ def _sage_fwd_ws(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    start_m = pid_m * (2 * BM)
+    NC: gl.constexpr = 1 if SOLO else 2  # consumer warpgroups in this CTA
+    start_m = pid_m * (NC * BM)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BM, BLOCK_N],
-                                       gl.NVMMASharedLayout.get_default_for([BM, BLOCK_N], gl.float8e4nv))
+    P_ROWS: gl.constexpr = BM if P_SMEM else 8  # P's buffers are only used with P_SMEM
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [NC, P_ROWS, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([P_ROWS, BLOCK_N], gl.float8e4nv))
     if KS_TMA:
         # twice the K ring's depth: tile j's scales stay until tile j + 2·STAGES, i.e. past the release of tile j's
         # K slot, so consumers may read them any time after its ready barrier
@@ -578,7 +588,7 @@ def _sage_fwd_ws(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_free.index(i), count=2)  # both consumers arrive on each release event
+        mbarrier.init(kv_free.index(i), count=NC)  # every consumer arrives on each release event
 
     args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
             (q_bar, k_ready, v_ready, kv_free, turn),
@@ -587,14 +597,22 @@ def _sage_fwd_ws(
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
              kp_gh),
             qk_scale)
-    gl.warp_specialize([
-        (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                    KS_TMA, PERMK)),
-        (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                    KS_TMA, PERMK)),
-        (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM, PINGPONG,
-                     KS_TMA, PERMK)),
-    ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
+    if SOLO:
+        gl.warp_specialize([
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                        PINGPONG, KS_TMA, PERMK)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                         PINGPONG, KS_TMA, PERMK)),
+        ], [1], [PRODUCER_NREG])
+    else:
+        gl.warp_specialize([
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                        PINGPONG, KS_TMA, PERMK)),
+            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                        PINGPONG, KS_TMA, PERMK)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                         PINGPONG, KS_TMA, PERMK)),
+        ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -613,7 +631,9 @@ class GluonConfig:
     ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
     inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md);
     ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P reaches the P·V
-    wgmma without shuffles, where the K layout allows it (**not yet run on hardware**). FlashAttention-3's
+    wgmma without shuffles, where the K layout allows it (**not yet run on hardware**); ``solo``: one consumer
+    warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
+    ring (each streams K/V itself: twice the L2 reads) (**not yet run on hardware**). FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
@@ -624,8 +644,9 @@ class GluonConfig:
     psmem: int = 0
     pingpong: int = 0
     permk: int = 0
+    solo: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -635,6 +656,8 @@ class GluonConfig:
         for name in self.FLAGS:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
+        if self.solo and self.pingpong:
+            raise ValueError(f"pingpong takes turns between two consumers; solo has one; got {self}")
         if self.pingpong and not self.ahead:
             raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
                              "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
@@ -644,7 +667,8 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk]"`` or ``str()`` of a config (``WS_BN128_s2_ahead``)."""
+        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo]"`` or ``str()`` of a config
+        (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
         rest = [f for f in fields if f not in cls.FLAGS]
@@ -654,7 +678,8 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk]' such as '128,2,ahead'")
+                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo]' such as "
+                             "'128,2,ahead'")
         return cls(*numbers, **flags)
 
 
@@ -668,7 +693,7 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
-           GluonConfig(128, 3, ahead=1, permk=1))
+           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -800,9 +825,13 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
-                PERMK=int(permuted is not None))
-    grid = (triton.cdiv(sq, CONSUMERS * ROWS_PER_CONSUMER), bsz * hq)
+                PERMK=int(permuted is not None), SOLO=config.solo)
+    grid = (triton.cdiv(sq, (1 if config.solo else CONSUMERS) * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
+
+
+def _launch_maxnreg(meta: dict) -> int:
+    return SOLO_LAUNCH_MAXNREG if meta["SOLO"] else LAUNCH_MAXNREG
 
 
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
@@ -825,7 +854,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
                                     return_lse, current_config(q.shape[-1]))
     with torch.cuda.device(q.device):
-        _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=LAUNCH_MAXNREG)
+        _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=_launch_maxnreg(meta))
     return (out, lse) if return_lse else out
 
 
@@ -854,4 +883,4 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": LAUNCH_MAXNREG})
+                          options={"num_warps": 4, "maxnreg": _launch_maxnreg(meta)})
