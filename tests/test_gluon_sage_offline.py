@@ -44,7 +44,7 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]"
-            r"\[,permk\]\[,solo\]'"),
+            r"\[,permk\]\[,solo\]\[,tarrive\]'"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
     ("128,2,ahead,pingpong,solo", r"pingpong takes turns between two consumers; solo has one"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
@@ -195,3 +195,13 @@ def test_solo_fits_two_ctas_per_sm(config):
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["spill_stores"] == 0 and report["registers"] <= 128, report
     assert 2 * report["shared_bytes"] <= 227 * 1024, report
+
+
+def test_thread_arrive_replaces_the_warpgroup_barrier():
+    """``tarrive``: the slot release is every thread's own ``cp.async.mbarrier.arrive.noinc`` (barrier count 128 per
+    consumer), so the warpgroup ``bar.sync`` Gluon puts before its one-thread arrive is gone from each release."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    plain = gs.compile_for(gs.GluonConfig.parse("128,3,ahead"), q, qs, k, ks, v, vs, qb, kb).asm["ptx"]
+    per_thread = gs.compile_for(gs.GluonConfig.parse("128,3,ahead,tarrive"), q, qs, k, ks, v, vs, qb, kb).asm["ptx"]
+    assert "cp.async.mbarrier.arrive.noinc" in per_thread and "cp.async.mbarrier.arrive" not in plain
+    assert per_thread.count("bar.sync \t2, 128") < plain.count("bar.sync \t2, 128")

@@ -50,13 +50,14 @@ try:  # GPU libraries are optional at import time; attention() raises a clear er
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _GLUON_ERROR: Optional[BaseException] = None
 except ImportError as exc:  # pragma: no cover - exercised only without a Gluon-capable triton
-    triton = gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+    triton = gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = async_copy = None
     fence_async_shared = None
     _GLUON_ERROR = exc
 
@@ -269,21 +270,26 @@ def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
 
 
 @_jit
-def _release(i, kv_free, STAGES: gl.constexpr):
+def _release(i, kv_free, STAGES: gl.constexpr, TARRIVE: gl.constexpr):
     """Release event ``i`` of this consumer: tile ``i``'s K slot and tile ``i-1``'s V slot are free (both are
     released at the same point of every schedule, so one mbarrier per slot, ``kv_free[i % STAGES]`` with count 2,
     serves both rings: one warpgroup barrier and one arrive per tile instead of two of each)."""
-    mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+    if TARRIVE:
+        # every thread arrives by itself (cp.async.mbarrier.arrive.noinc: with no cp.async in flight, at once), so
+        # no warpgroup bar.sync precedes it as it does Gluon's one-thread mbarrier.arrive; count 128 per consumer
+        async_copy.mbarrier_arrive(kv_free.index(i % STAGES), increment_count=False)
+    else:
+        mbarrier.arrive(kv_free.index(i % STAGES), count=1)
 
 
 @_jit
 def _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr):
+        STAGES: gl.constexpr, TARRIVE: gl.constexpr):
     """``S`` of tile ``j`` (wgmma from shared memory, waited), then release event ``j`` (tile ``j``'s K slot and
     tile ``j-1``'s V slot, whose P·V the caller has waited for)."""
     s = _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    _release(j, kv_free, STAGES)
+    _release(j, kv_free, STAGES, TARRIVE)
     return s
 
 
@@ -326,14 +332,14 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
 def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_buf,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
-                P_SMEM: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr = 0):
+                P_SMEM: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it."""
     p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
     pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     if LAST:
-        _release(j + 1, kv_free, STAGES)
+        _release(j + 1, kv_free, STAGES, TARRIVE)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
     return m_i, l_i, acc
 
@@ -343,7 +349,8 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                 v_ready, p_buf, my_turn, other_turn, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr,
                 col_s: gl.constexpr, grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr,
-                PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr):
+                PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr,
+                TARRIVE: gl.constexpr):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
     and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales.
 
@@ -371,7 +378,7 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
         mbarrier.arrive(other_turn, count=1)
     s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
-    _release(j + 1, kv_free, STAGES)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
+    _release(j + 1, kv_free, STAGES, TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
     acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
     return m_i, l_i, acc, s_next, ks_next
 
@@ -380,7 +387,7 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-             PERMK: gl.constexpr):
+             PERMK: gl.constexpr, TARRIVE: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
@@ -439,26 +446,27 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     if AHEAD:
-        s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
+        s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         for j in range(n_tiles - 1):
             m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                                                v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
                                                turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
                                                QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
-                                               1 if CID == 0 else 0, KS_TMA, PERMK)
+                                               1 if CID == 0 else 0, KS_TMA, PERMK, TARRIVE)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
+            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                         p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
-                                        P_SMEM, False, PERMK)
+                                        P_SMEM, False, PERMK, TARRIVE)
             ks = ks_next
-        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES)
+        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                                p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True)
+                                p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True,
+                                0, TARRIVE)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -508,7 +516,7 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-              PERMK: gl.constexpr):
+              PERMK: gl.constexpr, TARRIVE: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
     descs, smem, bars, ptrs, ints, qk_scale = args
@@ -546,6 +554,7 @@ def _sage_fwd_ws(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
     PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
+    TARRIVE: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer); ``SOLO``:
     grid ``(cdiv(Sq, 64), B · Hq)`` with consumer 0 and the producer only, two CTAs per SM (each consumer then has
@@ -588,7 +597,8 @@ def _sage_fwd_ws(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_free.index(i), count=NC)  # every consumer arrives on each release event
+        # every consumer (TARRIVE: every consumer thread) arrives on each release event
+        mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
 
     args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
             (q_bar, k_ready, v_ready, kv_free, turn),
@@ -600,18 +610,18 @@ def _sage_fwd_ws(
     if SOLO:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE)),
         ], [1], [PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -633,7 +643,9 @@ class GluonConfig:
     ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P reaches the P·V
     wgmma without shuffles, where the K layout allows it (**not yet run on hardware**); ``solo``: one consumer
     warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
-    ring (each streams K/V itself: twice the L2 reads) (**not yet run on hardware**). FlashAttention-3's
+    ring (each streams K/V itself: twice the L2 reads) (**not yet run on hardware**); ``tarrive``: every consumer
+    thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
+    warpgroup ``bar.sync`` and one thread's arrive (**not yet run on hardware**). FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
@@ -645,8 +657,9 @@ class GluonConfig:
     pingpong: int = 0
     permk: int = 0
     solo: int = 0
+    tarrive: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -667,7 +680,7 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo]"`` or ``str()`` of a config
+        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive]"`` or ``str()`` of a config
         (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
@@ -678,7 +691,7 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo]' such as "
+                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive]' such as "
                              "'128,2,ahead'")
         return cls(*numbers, **flags)
 
@@ -693,7 +706,8 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
-           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1))
+           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
+           GluonConfig(128, 3, ahead=1, tarrive=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -825,7 +839,7 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
-                PERMK=int(permuted is not None), SOLO=config.solo)
+                PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive)
     grid = (triton.cdiv(sq, (1 if config.solo else CONSUMERS) * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
