@@ -62,6 +62,16 @@ def test_default_configs_and_env_override(monkeypatch):
         assert gs.current_config(128) == gs.GluonConfig(64, 3, ahead=1)
 
 
+def test_tuning_key_and_tuned_configs():
+    q = torch.empty(2, 24, 4608, 128, dtype=torch.int8, device="meta")
+    k = torch.empty(2, 24, 300, 128, dtype=torch.int8, device="meta")
+    assert gs._tuning_key(q, k, 1, 16, False) == (128, "int8", 1, 16, False, 16384, 1024, 64)
+    assert gs._tuning_key(q[:1, :3], k, 0, 0, True)[-1] == 4
+    assert gs.TUNER.candidates == [str(c) for c in gs.TUNED_CONFIGS]
+    assert set(gs.TUNED_CONFIGS) <= set(gs.CONFIGS)  # every tuned config is also GPU-tested
+    assert gs.TUNER.default((64,)) == str(gs.DEFAULT_CONFIGS[64])
+
+
 def test_cpu_tensors_are_refused_with_the_reason():
     q, qs, k, ks, v, vs, qb, kb = (torch.empty_like(x, device="cpu") if isinstance(x, torch.Tensor) else x
                                    for x in _meta_inputs(s=64))

@@ -18,7 +18,7 @@ for s in "$@"; do
     cpu-tests) TAIL=25 step cpu-tests 150 python3 -m pytest -q -rf -p no:cacheprovider -m "not gpu" -n 8 ${CPU_TESTS:-tests/test_golden_graphs.py tests/test_backend.py tests/test_diffusers_models.py tests/test_attention_ops.py} ;;
     lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
     triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
-    gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -rfEs -x --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
+    gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
     tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 benchmarks/tune_triton_sage.py --kernel gluon --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     triton-smoke) step triton-smoke 120 python3 tools/triton_smoke.py ;;
     ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \

@@ -22,10 +22,13 @@ schedule, which plain Triton 3.6 cannot express:
   Q·Kᵀ in flight during this tile's exponentials; the default), optionally ``pingpong`` (measured slower).
   Tiles are full except the last, which is handled after the loop with masks: a per-tile branch
   between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's Gluon (wrong values and
-  NaN on the H200), so no schedule has one.
+  NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change the data layout, the CTA
+  shape and the slot release; which schedule is fastest depends on the shape, so calls are autotuned per problem
+  key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
 
-Measured on the H200 (BENCHMARKS.md): ~760-780 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe, output
-identical to triton_sage's (same tiles, same operation order).
+Measured on the H200 (BENCHMARKS.md): ~750-815 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe; output
+identical to triton_sage's (same tiles, same operation order) except under ``permk``, which sums each P·V tile's
+keys in another order (differences at fp32 rounding level).
 
 Inputs (validated by :func:`qattn_fx.kernels.triton_sage._validate`, plus :func:`ineligible`): int8 / e4m3 /
 bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D and 16-byte aligned base and
@@ -45,6 +48,7 @@ from typing import Iterator, Optional
 import torch
 
 from . import triton_sage as ts
+from ._config_tuner import ConfigTuner
 
 try:  # GPU libraries are optional at import time; attention() raises a clear error without them.
     import triton
@@ -641,11 +645,11 @@ class GluonConfig:
     ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
     inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md);
     ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P reaches the P·V
-    wgmma without shuffles, where the K layout allows it (**not yet run on hardware**); ``solo``: one consumer
+    wgmma without shuffles, where the K layout allows it; ``solo``: one consumer
     warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
-    ring (each streams K/V itself: twice the L2 reads) (**not yet run on hardware**); ``tarrive``: every consumer
+    ring (each streams K/V itself: twice the L2 reads); ``tarrive``: every consumer
     thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
-    warpgroup ``bar.sync`` and one thread's arrive (**not yet run on hardware**). FlashAttention-3's
+    warpgroup ``bar.sync`` and one thread's arrive. FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
@@ -696,25 +700,29 @@ class GluonConfig:
         return cls(*numbers, **flags)
 
 
-#: Default config per head_dim, from the 2026-11-30 H200 tuning runs (BENCHMARKS.md): with the K-scale TMA and the
-#: single release barrier, ``128,3,ahead`` was the fastest config at all four benchmark shapes (``128,2,ahead``
-#: within 1 %, ``tree`` 1-4 % slower, ``pingpong`` 5-13 % slower). CONFIGS are swept by
-#: benchmarks/tune_triton_sage.py --kernel gluon and each one is tested on the GPU; ``psmem`` and ``pingpong``
-#: were measured slower and stay for re-measuring.
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1), 64: GluonConfig(128, 3, ahead=1)}
+#: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
+#: 2026-11-30 H200 tuning runs (BENCHMARKS.md): ``128,3,ahead`` at head_dim 128 (fastest or within 3 % at the Wan
+#: shapes); ``128,3,ahead,solo`` at head_dim 64 (6 % faster than ``128,3,ahead`` at the d64 shape).
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1), 64: GluonConfig(128, 3, ahead=1, solo=1)}
+#: What the autotuner times per problem key (:data:`TUNER`): each was the fastest at one benchmark shape on the H200
+#: (BENCHMARKS.md, fourth session): ``permk`` at wan1.3b-480p, plain ``ahead`` at wan14b-720p, ``solo`` at d64,
+#: ``permk,solo,tarrive`` at flux-1024.
+TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
+                 GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
+#: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
            GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
-           GluonConfig(128, 3, ahead=1, tarrive=1))
+           GluonConfig(128, 3, ahead=1, tarrive=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 
 _forced: Optional[GluonConfig] = None
 
 
 @contextlib.contextmanager
 def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
-    """Force one config inside the block (``None``: ``$QATTN_GLUON_SAGE_CONFIG`` or :data:`DEFAULT_CONFIGS`)."""
+    """Force one config inside the block (``None``: ``$QATTN_GLUON_SAGE_CONFIG``, else autotuning)."""
     global _forced
     previous = _forced
     _forced = GluonConfig.parse(config) if isinstance(config, str) else config
@@ -724,13 +732,32 @@ def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
         _forced = previous
 
 
-def current_config(head_dim: int = 128) -> GluonConfig:
-    """The config a call with this head_dim uses: :func:`use_config`'s, else ``$QATTN_GLUON_SAGE_CONFIG``, else
-    :data:`DEFAULT_CONFIGS`."""
+def forced_config() -> Optional[GluonConfig]:
+    """The config every call uses instead of autotuning: :func:`use_config`'s, else ``$QATTN_GLUON_SAGE_CONFIG``,
+    else ``None``."""
     if _forced is not None:
         return _forced
     text = os.environ.get(ENV_CONFIG)
-    return GluonConfig.parse(text) if text else DEFAULT_CONFIGS[head_dim]
+    return GluonConfig.parse(text) if text else None
+
+
+def current_config(head_dim: int = 128) -> GluonConfig:
+    """The forced config (:func:`forced_config`), else the untuned default of this head_dim
+    (:data:`DEFAULT_CONFIGS`)."""
+    return forced_config() or DEFAULT_CONFIGS[head_dim]
+
+
+def _tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool) -> tuple:
+    """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket)``: lengths in powers of 4
+    from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2."""
+    bsz, hq, sq, d = q.shape
+    return (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), ts._seq_bucket(sq),
+            ts._seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
+
+
+#: The autotuner: one timing of :data:`TUNED_CONFIGS` per :func:`_tuning_key`, cached in memory and on disk
+#: (:mod:`._config_tuner`); under graph capture before any tuning it uses :data:`DEFAULT_CONFIGS`.
+TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]))
 
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
@@ -853,7 +880,10 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     """``qattn::scaled_attention`` on the warp-specialized sm_90 kernel (layouts/dtypes: the module docstring).
 
     Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
-    :func:`ineligible` found. Launches on the current stream and never synchronizes.
+    :func:`ineligible` found. Launches on the current stream; the config is the forced one
+    (:func:`forced_config`), else :data:`TUNER`'s choice for this problem key. The first call of a key not in the
+    tuning cache times every :data:`TUNED_CONFIGS` entry on these inputs (and synchronizes to do so); later calls
+    never synchronize.
     """
     ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     reason = ineligible(q, k, v)
@@ -865,10 +895,19 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
-    grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
-                                    return_lse, current_config(q.shape[-1]))
-    with torch.cuda.device(q.device):
+
+    def launch(config: GluonConfig) -> None:
+        grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
+                                        return_lse, config)
         _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=_launch_maxnreg(meta))
+
+    with torch.cuda.device(q.device):
+        config = forced_config()
+        if config is None:
+            name = TUNER.choose(_tuning_key(q, k, q_block, k_block, return_lse),
+                                lambda text: launch(GluonConfig.parse(text)))
+            config = GluonConfig.parse(name)
+        launch(config)
     return (out, lse) if return_lse else out
 
 

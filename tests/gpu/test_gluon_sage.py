@@ -104,6 +104,32 @@ def test_permuted_k(case):
     assert_fp32_level(out.float(), plain.float(), "permk vs plain")
 
 
+@needs_sm90
+def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path, monkeypatch):
+    """Without a forced config the first call of a problem key times every TUNED_CONFIGS entry, writes the choice
+    to the tuning cache and returns the chosen config's output; the next call reads the choice back."""
+    monkeypatch.delenv(gs.ENV_CONFIG, raising=False)
+    monkeypatch.setattr(gs.TUNER, "cache_path", tmp_path / "tuning.json")
+    gs.TUNER.clear()
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    sm_scale = 1.0 / math.sqrt(128)
+    out = gs.scaled_attention(*args, sm_scale, torch.float32)
+    assert gs.TUNER.last_source() == "tuned"
+    (entry, timings), = gs.TUNER.timings().items()
+    assert sorted(timings) == sorted(gs.TUNER.candidates) and all(ms > 0 for ms in timings.values())
+    best = min(timings, key=timings.__getitem__)
+    assert (tmp_path / "tuning.json").read_text().count(best) == 1
+    with gs.use_config(best):
+        forced = gs.scaled_attention(*args, sm_scale, torch.float32)
+    torch.testing.assert_close(out, forced, rtol=0, atol=0)
+    gs.TUNER.clear()
+    again = gs.scaled_attention(*args, sm_scale, torch.float32)
+    assert gs.TUNER.last_source() == "cache"
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    assert_close_to_reference(out, reference.scaled_attention(*args, sm_scale, torch.float32), f"tuned {best}")
+    gs.TUNER.clear()
+
+
 SHAPES = support.GPU_SHAPE_CLASSES
 
 

@@ -1,0 +1,159 @@
+"""Pick a kernel's launch config per problem key by timing the candidates once, and remember the choice.
+
+:class:`ConfigTuner` is the autotuner of kernels whose configs change more than Triton's ``triton.autotune`` can
+express (the grid, the TMA descriptors and ``maxnreg`` depend on the config, as in :mod:`.gluon_sage`). For a key
+seen for the first time it runs every candidate once to compile it, then times each with CUDA events and keeps the
+fastest. Choices live in memory and, unless disabled, in a JSON file shared across processes
+(``$QATTN_TUNING_CACHE``, default ``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version
+and problem key, so later processes start tuned.
+
+A call made while the current CUDA stream is capturing a graph cannot be timed: it uses the cached choice, or the
+kernel's default when the key was never tuned (and says so through :meth:`ConfigTuner.last_source`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+ENV_CACHE = "QATTN_TUNING_CACHE"
+#: Set to ``0`` to time nothing: every call then uses the cached choice or the kernel's default.
+ENV_ENABLE = "QATTN_AUTOTUNE"
+
+
+def default_cache_path() -> Optional[Path]:
+    """``$QATTN_TUNING_CACHE`` (empty: no file, memory only), else ``~/.cache/qattn_fx/tuning.json``."""
+    text = os.environ.get(ENV_CACHE)
+    if text is not None:
+        return Path(text) if text else None
+    return Path.home() / ".cache" / "qattn_fx" / "tuning.json"
+
+
+def tuning_enabled() -> bool:
+    value = os.environ.get(ENV_ENABLE, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"${ENV_ENABLE}={value!r} is invalid; valid: '0' (use cached or default configs), '1'")
+    return value == "1"
+
+
+def cuda_time_ms(run: Callable[[], None], budget_ms: float = 40.0, max_reps: int = 20) -> float:
+    """Median milliseconds of ``run()`` on the current CUDA stream (CUDA events; ``run`` was already called once,
+    so compilation is not timed). Repeats until about ``budget_ms`` of GPU time, at least 3 and at most
+    ``max_reps`` times."""
+    stream = torch.cuda.current_stream()
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < 3 or (spent < budget_ms and len(times) < max_reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        run()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        spent += times[-1]
+    return sorted(times)[len(times) // 2]
+
+
+@dataclass
+class ConfigTuner:
+    """Autotuner of one kernel: ``candidates`` are config names (the kernel parses them), ``default(key)`` the
+    config used when timing is impossible (graph capture) or disabled (``$QATTN_AUTOTUNE=0``).
+
+    ``timer(run) -> ms`` and ``capturing() -> bool`` are injectable for tests; ``cache_path=None`` keeps choices
+    in memory only."""
+
+    kernel: str
+    candidates: Sequence[str]
+    default: Callable[[tuple], str]
+    cache_path: Optional[Path] = field(default_factory=default_cache_path)
+    timer: Callable[[Callable[[], None]], float] = cuda_time_ms
+    capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
+    device_tag: Callable[[], str] = lambda: ConfigTuner.cuda_device_tag()  # noqa: E731 - resolved at call time
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ValueError(f"{self.kernel}: ConfigTuner needs at least one candidate config")
+        self._choices: dict[str, str] = {}
+        self._timings: dict[str, dict[str, float]] = {}
+        self._loaded = False
+        self._lock = threading.Lock()
+        self._last_source = "none"
+
+    @staticmethod
+    def cuda_device_tag() -> str:
+        import triton  # the caller is a Triton kernel: triton is importable here
+
+        return f"{torch.cuda.get_device_name()}|triton {triton.__version__}"
+
+    def _entry(self, key: tuple) -> str:
+        return f"{self.kernel}|{self.device_tag()}|{key!r}"
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        path = self.cache_path
+        if path is None or not path.exists():
+            return
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+                raise ValueError("not a JSON object of strings")
+        except ValueError as exc:
+            raise ValueError(f"tuning cache {path} is unreadable ({exc}); delete it or point ${ENV_CACHE} "
+                             "elsewhere") from exc
+        self._choices.update({k: v for k, v in data.items() if v in self.candidates})
+
+    def _store(self) -> None:
+        path = self.cache_path
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.update({k: v for k, v in self._choices.items() if k.startswith(f"{self.kernel}|")})
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    def choose(self, key: tuple, run: Callable[[str], None]) -> str:
+        """The config for ``key``: remembered, else the fastest candidate after timing ``run(config)`` for each
+        (``run`` launches the kernel with that config on the real inputs), else (graph capture, tuning disabled)
+        ``default(key)``. :meth:`last_source` tells which."""
+        entry = self._entry(key)
+        with self._lock:
+            self._load()
+            if entry in self._choices:
+                self._last_source = "cache"
+                return self._choices[entry]
+            if self.capturing() or not tuning_enabled():
+                self._last_source = "default"
+                return self.default(key)
+            for config in self.candidates:  # compile and warm every candidate before timing any
+                run(config)
+            timings = {config: self.timer(lambda c=config: run(c)) for config in self.candidates}
+            best = min(self.candidates, key=timings.__getitem__)
+            self._choices[entry], self._timings[entry] = best, timings
+            self._store()
+            self._last_source = "tuned"
+            return best
+
+    def last_source(self) -> str:
+        """Where the latest :meth:`choose` got its answer: ``cache``, ``tuned``, ``default`` (or ``none``)."""
+        return self._last_source
+
+    def timings(self) -> dict[str, dict[str, float]]:
+        """Milliseconds per candidate for the keys this process timed, by cache entry."""
+        return {k: dict(v) for k, v in self._timings.items()}
+
+    def clear(self) -> None:
+        """Forget the in-memory choices (the file stays; it is read again on the next call)."""
+        with self._lock:
+            self._choices.clear()
+            self._timings.clear()
+            self._loaded = False
