@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from qattn_fx.kernels import _config_tuner
 from qattn_fx.kernels._config_tuner import ENV_CACHE, ENV_ENABLE, ConfigTuner, default_cache_path
 
 MS = {"a": 3.0, "b": 1.0, "c": 2.0}
@@ -16,23 +17,32 @@ def make(tmp_path, capturing=False, cache=True):
     def timer(run):
         run()
         timed.append(runs[-1])
-        return MS[runs[-1]]
+        return 100.0 if timed == ["a", "b"] else MS[runs[-1]]  # one outlier: b's first timing
 
     tuner = ConfigTuner("k", ["a", "b", "c"], default=lambda key: "c", cache_path=tmp_path / "t.json" if cache
                         else None, timer=timer, capturing=lambda: capturing, device_tag=lambda: "GPU X|triton 9")
     return tuner, runs, timed
 
 
-def test_times_every_candidate_once_then_remembers_the_fastest(tmp_path):
+def test_times_the_candidates_in_interleaved_rounds_then_remembers_the_lowest_median(tmp_path):
     tuner, runs, timed = make(tmp_path)
-    assert tuner.choose((128, 4096), runs.append) == "b"
+    assert tuner.choose((128, 4096), runs.append) == "b"  # b's outlier does not move its median
     assert tuner.last_source() == "tuned"
-    assert runs == ["a", "b", "c", "a", "b", "c"]  # one warm-up (compile) call each, then the timed ones
-    assert timed == ["a", "b", "c"]
+    rounds = _config_tuner.MAX_ROUNDS  # 6 ms per round: the budget never runs out first
+    assert runs == ["a", "b", "c"] + ["a", "b", "c"] * rounds  # one warm-up (compile) call each, then the rounds
+    assert timed == ["a", "b", "c"] * rounds
     assert tuner.timings() == {"k|GPU X|triton 9|(128, 4096)": MS}
     runs.clear()
     assert tuner.choose((128, 4096), runs.append) == "b" and runs == [] and tuner.last_source() == "cache"
-    assert tuner.choose((64, 4096), runs.append) == "b" and len(runs) == 6  # another key is tuned again
+    assert tuner.choose((64, 4096), runs.append) == "b" and len(runs) == 3 + 3 * rounds  # another key: tuned again
+
+
+def test_slow_candidates_stop_after_the_minimum_rounds(tmp_path, monkeypatch):
+    runs = []
+    tuner = ConfigTuner("k", ["a", "b"], default=lambda key: "a", cache_path=None,
+                        timer=lambda run: (run(), 200.0)[1], capturing=lambda: False, device_tag=lambda: "X")
+    tuner.choose((1,), runs.append)
+    assert len(runs) == 2 + 2 * _config_tuner.MIN_ROUNDS  # 400 ms per round: past the 300 ms budget at once
 
 
 def test_choices_persist_on_disk_per_device_and_kernel(tmp_path):

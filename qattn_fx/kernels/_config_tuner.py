@@ -2,8 +2,8 @@
 
 :class:`ConfigTuner` is the autotuner of kernels whose configs change more than Triton's ``triton.autotune`` can
 express (the grid, the TMA descriptors and ``maxnreg`` depend on the config, as in :mod:`.gluon_sage`). For a key
-seen for the first time it runs every candidate once to compile it, then times each with CUDA events and keeps the
-fastest. Choices live in memory and, unless disabled, in a JSON file shared across processes
+seen for the first time it runs every candidate once to compile it, then times them in interleaved rounds (one
+call of each per round, so clock and temperature drift hit all alike) and keeps the lowest median. Choices live in memory and, unless disabled, in a JSON file shared across processes
 (``$QATTN_TUNING_CACHE``, default ``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version
 and problem key, so later processes start tuned.
 
@@ -42,22 +42,19 @@ def tuning_enabled() -> bool:
     return value == "1"
 
 
-def cuda_time_ms(run: Callable[[], None], budget_ms: float = 40.0, max_reps: int = 20) -> float:
-    """Median milliseconds of ``run()`` on the current CUDA stream (CUDA events; ``run`` was already called once,
-    so compilation is not timed). Repeats until about ``budget_ms`` of GPU time, at least 3 and at most
-    ``max_reps`` times."""
+def cuda_time_ms(run: Callable[[], None]) -> float:
+    """Milliseconds of one ``run()`` on the current CUDA stream (CUDA events, synchronized)."""
     stream = torch.cuda.current_stream()
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < 3 or (spent < budget_ms and len(times) < max_reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        run()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-        spent += times[-1]
-    return sorted(times)[len(times) // 2]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    run()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+#: Timing rounds: at least :data:`MIN_ROUNDS`, more while the rounds so far took under :data:`BUDGET_MS` in all.
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_MS = 3, 15, 300.0
 
 
 @dataclass
@@ -65,7 +62,7 @@ class ConfigTuner:
     """Autotuner of one kernel: ``candidates`` are config names (the kernel parses them), ``default(key)`` the
     config used when timing is impossible (graph capture) or disabled (``$QATTN_AUTOTUNE=0``).
 
-    ``timer(run) -> ms`` and ``capturing() -> bool`` are injectable for tests; ``cache_path=None`` keeps choices
+    ``timer(run) -> ms`` (one call) and ``capturing() -> bool`` are injectable for tests; ``cache_path=None`` keeps choices
     in memory only."""
 
     kernel: str
@@ -122,7 +119,7 @@ class ConfigTuner:
         os.replace(tmp, path)
 
     def choose(self, key: tuple, run: Callable[[str], None]) -> str:
-        """The config for ``key``: remembered, else the fastest candidate after timing ``run(config)`` for each
+        """The config for ``key``: remembered, else the candidate with the lowest median time of ``run(config)``
         (``run`` launches the kernel with that config on the real inputs), else (graph capture, tuning disabled)
         ``default(key)``. :meth:`last_source` tells which."""
         entry = self._entry(key)
@@ -136,7 +133,14 @@ class ConfigTuner:
                 return self.default(key)
             for config in self.candidates:  # compile and warm every candidate before timing any
                 run(config)
-            timings = {config: self.timer(lambda c=config: run(c)) for config in self.candidates}
+            samples: dict[str, list[float]] = {config: [] for config in self.candidates}
+            spent = 0.0
+            while (rounds := len(samples[self.candidates[0]])) < MIN_ROUNDS or (
+                    spent < BUDGET_MS and rounds < MAX_ROUNDS):
+                for config in self.candidates:
+                    samples[config].append(self.timer(lambda c=config: run(c)))
+                    spent += samples[config][-1]
+            timings = {config: sorted(ms)[len(ms) // 2] for config, ms in samples.items()}
             best = min(self.candidates, key=timings.__getitem__)
             self._choices[entry], self._timings[entry] = best, timings
             self._store()

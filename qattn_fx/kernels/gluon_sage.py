@@ -747,6 +747,11 @@ def current_config(head_dim: int = 128) -> GluonConfig:
     return forced_config() or DEFAULT_CONFIGS[head_dim]
 
 
+@functools.lru_cache(maxsize=None)
+def _config_named(name: str) -> GluonConfig:
+    return GluonConfig.parse(name)
+
+
 def _tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool) -> tuple:
     """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket)``: lengths in powers of 4
     from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2."""
@@ -905,8 +910,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         config = forced_config()
         if config is None:
             name = TUNER.choose(_tuning_key(q, k, q_block, k_block, return_lse),
-                                lambda text: launch(GluonConfig.parse(text)))
-            config = GluonConfig.parse(name)
+                                lambda text: launch(_config_named(text)))
+            config = _config_named(name)
         launch(config)
     return (out, lse) if return_lse else out
 

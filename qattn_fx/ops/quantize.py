@@ -8,6 +8,7 @@ op                                                     returns
 =====================================================  ==========================================================
 ``smooth_k(k)``                                        ``k - mean_S(k)`` in k's dtype (exact under softmax)
 ``quantize_per_block(x, block, dtype)``                data like x (int8/e4m3), scale ``(B, H, ceil(S/block))``
+                                                       (each head's row stored padded to 16 bytes)
 ``quantize_per_head(x, dtype, seq_major)``             data, scale ``(1, H, 1)``
 ``quantize_per_tensor(x, dtype, seq_major)``           data, scale ``(1, 1, 1)``
 ``quantize_per_channel(x, dtype, seq_major)``          data, scale ``(B, H, D)`` (V: amax over tokens)
@@ -63,6 +64,16 @@ def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
     return rows.contiguous()[..., :s].transpose(-1, -2)
 
 
+def _rows_16_byte_aligned(scale: torch.Tensor) -> torch.Tensor:
+    """fp32 ``(B, H, G)`` scales stored with each head's row padded to a multiple of 4 elements (16 bytes) and viewed
+    back as ``(B, H, G)``: every head's scales then start 16-byte aligned, which a kernel loading them with TMA
+    needs (e.g. 75600 tokens in groups of 16 give 4725 scales per head; the row is stored as 4728)."""
+    pad = (-scale.shape[-1]) % 4
+    if not pad:
+        return scale
+    return torch.nn.functional.pad(scale, (0, pad))[..., : scale.shape[-1]]
+
+
 def smooth_k(k: torch.Tensor) -> torch.Tensor:
     _check_4d("smooth_k", k)
     return (k.float() - k.float().mean(dim=-2, keepdim=True)).to(k.dtype)
@@ -75,7 +86,7 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
         raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
     scale = formats.seq_block_amax(x, block) / formats.qmax(dtype)
     data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
-    return data, scale
+    return data, _rows_16_byte_aligned(scale)
 
 
 def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
