@@ -330,6 +330,11 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> dict:
         del out_b
         row["ms_total"] = _ms(lambda: fn(q, k, v), s)
         row["note"] = f"compile {row['compile_s']:.0f} s"
+        if m.kernel == "gluon_sage":  # the config the autotuner (or a forced one) ran, for the table and JSON
+            from qattn_fx.kernels import gluon_sage  # noqa: PLC0415
+
+            row["config"] = str(gluon_sage.last_config())
+            row["note"] += f"; {row['config']}"
     except Exception as exc:  # noqa: BLE001 — the kernel-only number still stands
         row.update(eager_acc)
         row["note"] = f"compile failed: {type(exc).__name__}: {str(exc)[:120]}"
@@ -446,7 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = os.path.dirname(a.out)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    common.write_json(a.out, {"env": env, "settings": vars(a), "rows": results})
+    tuning = {}
+    if any(m.kernel == "gluon_sage" for m in methods):
+        from qattn_fx.kernels import gluon_sage  # noqa: PLC0415
+
+        tuning["gluon_sage"] = gluon_sage.TUNER.timings()  # ms per candidate, per key timed in this run
+    common.write_json(a.out, {"env": env, "settings": vars(a), "rows": results, "tuning": tuning})
     png = a.png or os.path.splitext(a.out)[0] + ".png"
     if common.plot_speed_accuracy(results, png):
         print(f"wrote {a.out} and {png}")

@@ -1,4 +1,5 @@
-"""Test configuration: GPU tests skip cleanly without CUDA; compiles use a per-session Inductor cache."""
+"""Test configuration: GPU tests skip cleanly without CUDA; compiles use a per-session Inductor cache; kernel
+autotuning keeps its choices in memory."""
 
 import os
 import tempfile
@@ -8,6 +9,8 @@ import torch
 
 # Keep Inductor's on-disk caches inside this test session (so cache tests start cold and CI starts clean).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="qattn_fx_inductor_"))
+# Autotuning choices (gluon_sage) in memory only: tests neither read nor write the user's tuning cache.
+os.environ.setdefault("QATTN_TUNING_CACHE", "")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,10 +14,11 @@ def make(tmp_path, capturing=False, cache=True):
     runs = []
     timed = []
 
-    def timer(run):
-        run()
-        timed.append(runs[-1])
-        return 100.0 if timed == ["a", "b"] else MS[runs[-1]]  # one outlier: b's first timing
+    def timer(run, reps):
+        for _ in range(reps):
+            run()
+        timed.append((runs[-1], reps))
+        return 100.0 if len(timed) == 3 else MS[runs[-1]]  # one outlier: b's first timing in the rounds
 
     tuner = ConfigTuner("k", ["a", "b", "c"], default=lambda key: "c", cache_path=tmp_path / "t.json" if cache
                         else None, timer=timer, capturing=lambda: capturing, device_tag=lambda: "GPU X|triton 9")
@@ -29,20 +30,35 @@ def test_times_the_candidates_in_interleaved_rounds_then_remembers_the_lowest_me
     assert tuner.choose((128, 4096), runs.append) == "b"  # b's outlier does not move its median
     assert tuner.last_source() == "tuned"
     rounds = _config_tuner.MAX_ROUNDS  # 6 ms per round: the budget never runs out first
-    assert runs == ["a", "b", "c"] + ["a", "b", "c"] * rounds  # one warm-up (compile) call each, then the rounds
-    assert timed == ["a", "b", "c"] * rounds
+    # one warm-up (compile) call each, one timed call of the first to size the measurements (3 ms: 1 call of a),
+    # then the rounds
+    assert runs == ["a", "b", "c"] + ["a"] + ["a", "b", "c"] * rounds
+    assert timed == [("a", 1)] + [("a", 1), ("b", 1), ("c", 1)] * rounds
     assert tuner.timings() == {"k|GPU X|triton 9|(128, 4096)": MS}
     runs.clear()
     assert tuner.choose((128, 4096), runs.append) == "b" and runs == [] and tuner.last_source() == "cache"
-    assert tuner.choose((64, 4096), runs.append) == "b" and len(runs) == 3 + 3 * rounds  # another key: tuned again
+    assert tuner.choose((64, 4096), runs.append) == "b" and len(runs) == 4 + 3 * rounds  # another key: tuned again
+
+
+def test_short_calls_are_measured_back_to_back(tmp_path):
+    timed = []
+
+    def timer(run, reps):
+        timed.append(reps)
+        return 0.25
+
+    tuner = ConfigTuner("k", ["a"], default=lambda key: "a", cache_path=None, timer=timer,
+                        capturing=lambda: False, device_tag=lambda: "X")
+    tuner.choose((1,), lambda c: None)
+    assert timed[0] == 1 and set(timed[1:]) == {12}  # 3 ms / 0.25 ms
 
 
 def test_slow_candidates_stop_after_the_minimum_rounds(tmp_path, monkeypatch):
     runs = []
     tuner = ConfigTuner("k", ["a", "b"], default=lambda key: "a", cache_path=None,
-                        timer=lambda run: (run(), 200.0)[1], capturing=lambda: False, device_tag=lambda: "X")
+                        timer=lambda run, reps: (run(), 200.0)[1], capturing=lambda: False, device_tag=lambda: "X")
     tuner.choose((1,), runs.append)
-    assert len(runs) == 2 + 2 * _config_tuner.MIN_ROUNDS  # 400 ms per round: past the 300 ms budget at once
+    assert len(runs) == 3 + 2 * _config_tuner.MIN_ROUNDS  # 400 ms per round: past the 300 ms budget at once
 
 
 def test_choices_persist_on_disk_per_device_and_kernel(tmp_path):
@@ -53,7 +69,7 @@ def test_choices_persist_on_disk_per_device_and_kernel(tmp_path):
     again, runs2, _ = make(tmp_path)
     assert again.choose((128,), runs2.append) == "b" and runs2 == [] and again.last_source() == "cache"
     other_gpu = ConfigTuner("k", ["a", "b"], default=lambda key: "a", cache_path=tmp_path / "t.json",
-                            timer=lambda run: 1.0, capturing=lambda: True, device_tag=lambda: "GPU Y|triton 9")
+                            timer=lambda run, reps: 1.0, capturing=lambda: True, device_tag=lambda: "GPU Y|triton 9")
     assert other_gpu.choose((128,), lambda c: None) == "a" and other_gpu.last_source() == "default"
 
 

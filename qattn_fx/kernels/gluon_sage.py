@@ -701,21 +701,25 @@ class GluonConfig:
 
 
 #: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
-#: 2026-11-30 H200 tuning runs (BENCHMARKS.md): ``128,3,ahead`` at head_dim 128 (fastest or within 3 % at the Wan
-#: shapes); ``128,3,ahead,solo`` at head_dim 64 (6 % faster than ``128,3,ahead`` at the d64 shape).
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1), 64: GluonConfig(128, 3, ahead=1, solo=1)}
-#: What the autotuner times per problem key (:data:`TUNER`): each was the fastest at one benchmark shape on the H200
-#: (BENCHMARKS.md, fourth session): ``permk`` at wan1.3b-480p, plain ``ahead`` at wan14b-720p, ``solo`` at d64,
-#: ``permk,solo,tarrive`` at flux-1024.
+#: 2026-11-30 H200 tuning runs (BENCHMARKS.md, fourth session): ``128,3,ahead,permk`` at head_dim 128 (fastest at
+#: both Wan shapes, 3-7 % over ``128,3,ahead``); ``128,3,ahead,permk,solo,tarrive`` at head_dim 64 (6-8 % over
+#: ``128,3,ahead`` at the d64 shape).
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, permk=1), 64: GluonConfig(128, 3, ahead=1, permk=1, solo=1,
+                                                                                tarrive=1)}
+#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``permk`` at the Wan
+#: shapes, ``permk,solo,tarrive`` at flux-1024, ``permk,solo`` / ``permk,solo,tarrive`` at d64; ``ahead`` and
+#: ``solo`` stay for inputs whose K layout ``permk`` cannot view (it then runs the plain schedule).
 TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
-                 GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
+                 GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1),
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
            GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
-           GluonConfig(128, 3, ahead=1, tarrive=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
+           GluonConfig(128, 3, ahead=1, tarrive=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1),
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -745,6 +749,14 @@ def current_config(head_dim: int = 128) -> GluonConfig:
     """The forced config (:func:`forced_config`), else the untuned default of this head_dim
     (:data:`DEFAULT_CONFIGS`)."""
     return forced_config() or DEFAULT_CONFIGS[head_dim]
+
+
+_last_config: Optional[GluonConfig] = None
+
+
+def last_config() -> Optional[GluonConfig]:
+    """The config of this process's latest launch (forced, tuned or default), for reports; ``None`` before any."""
+    return _last_config
 
 
 @functools.lru_cache(maxsize=None)
@@ -913,6 +925,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
                                 lambda text: launch(_config_named(text)))
             config = _config_named(name)
         launch(config)
+    global _last_config
+    _last_config = config
     return (out, lse) if return_lse else out
 
 
