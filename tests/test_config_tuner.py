@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from qattn_fx.kernels import _config_tuner
 from qattn_fx.kernels._config_tuner import ENV_CACHE, ENV_ENABLE, ConfigTuner, default_cache_path
 
 MS = {"a": 3.0, "b": 1.0, "c": 2.0}
@@ -12,81 +11,53 @@ MS = {"a": 3.0, "b": 1.0, "c": 2.0}
 
 def make(tmp_path, capturing=False, cache=True):
     runs = []
-    timed = []
 
-    def timer(run, reps):
-        for _ in range(reps):
-            run()
-        timed.append((runs[-1], reps))
-        return 100.0 if len(timed) == 3 else MS[runs[-1]]  # one outlier: b's first timing in the rounds
+    def timer(run):
+        run()
+        return MS[runs[-1]]
 
     tuner = ConfigTuner("k", ["a", "b", "c"], default=lambda key: "c", cache_path=tmp_path / "t.json" if cache
                         else None, timer=timer, capturing=lambda: capturing, device_tag=lambda: "GPU X|triton 9")
-    return tuner, runs, timed
+    return tuner, runs
 
 
-def test_times_the_candidates_in_interleaved_rounds_then_remembers_the_lowest_median(tmp_path):
-    tuner, runs, timed = make(tmp_path)
-    assert tuner.choose((128, 4096), runs.append) == "b"  # b's outlier does not move its median
+def test_times_every_candidate_once_then_remembers_the_fastest(tmp_path):
+    tuner, runs = make(tmp_path)
+    assert tuner.choose((128, 4096), runs.append) == "b"
     assert tuner.last_source() == "tuned"
-    rounds = _config_tuner.MAX_ROUNDS  # 6 ms per round: the budget never runs out first
-    # one warm-up (compile) call each, one timed call of the first to size the measurements (3 ms: 1 call of a),
-    # then the rounds
-    assert runs == ["a", "b", "c"] + ["a"] + ["a", "b", "c"] * rounds
-    assert timed == [("a", 1)] + [("a", 1), ("b", 1), ("c", 1)] * rounds
+    assert runs == ["a", "b", "c"]
     assert tuner.timings() == {"k|GPU X|triton 9|(128, 4096)": MS}
     runs.clear()
     assert tuner.choose((128, 4096), runs.append) == "b" and runs == [] and tuner.last_source() == "cache"
-    assert tuner.choose((64, 4096), runs.append) == "b" and len(runs) == 4 + 3 * rounds  # another key: tuned again
-
-
-def test_short_calls_are_measured_back_to_back(tmp_path):
-    timed = []
-
-    def timer(run, reps):
-        timed.append(reps)
-        return 0.25
-
-    tuner = ConfigTuner("k", ["a"], default=lambda key: "a", cache_path=None, timer=timer,
-                        capturing=lambda: False, device_tag=lambda: "X")
-    tuner.choose((1,), lambda c: None)
-    assert timed[0] == 1 and set(timed[1:]) == {12}  # 3 ms / 0.25 ms
-
-
-def test_slow_candidates_stop_after_the_minimum_rounds(tmp_path, monkeypatch):
-    runs = []
-    tuner = ConfigTuner("k", ["a", "b"], default=lambda key: "a", cache_path=None,
-                        timer=lambda run, reps: (run(), 200.0)[1], capturing=lambda: False, device_tag=lambda: "X")
-    tuner.choose((1,), runs.append)
-    assert len(runs) == 3 + 2 * _config_tuner.MIN_ROUNDS  # 400 ms per round: past the 300 ms budget at once
+    assert tuner.choose((64, 4096), runs.append) == "b" and runs == ["a", "b", "c"]  # another key: tuned again
 
 
 def test_choices_persist_on_disk_per_device_and_kernel(tmp_path):
-    tuner, runs, _ = make(tmp_path)
+    tuner, runs = make(tmp_path)
     tuner.choose((128,), runs.append)
     data = json.loads((tmp_path / "t.json").read_text())
     assert data == {"k|GPU X|triton 9|(128,)": "b"}
-    again, runs2, _ = make(tmp_path)
+    again, runs2 = make(tmp_path)
     assert again.choose((128,), runs2.append) == "b" and runs2 == [] and again.last_source() == "cache"
     other_gpu = ConfigTuner("k", ["a", "b"], default=lambda key: "a", cache_path=tmp_path / "t.json",
-                            timer=lambda run, reps: 1.0, capturing=lambda: True, device_tag=lambda: "GPU Y|triton 9")
+                            timer=lambda run: 1.0, capturing=lambda: True, device_tag=lambda: "GPU Y|triton 9")
     assert other_gpu.choose((128,), lambda c: None) == "a" and other_gpu.last_source() == "default"
 
 
 def test_cached_choice_no_longer_a_candidate_is_ignored(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"k|GPU X|triton 9|(1,)": "gone"}))
-    tuner, runs, _ = make(tmp_path)
+    tuner, runs = make(tmp_path)
     assert tuner.choose((1,), runs.append) == "b" and tuner.last_source() == "tuned"
 
 
 def test_graph_capture_uses_the_default_without_timing(tmp_path):
-    tuner, runs, _ = make(tmp_path, capturing=True)
+    tuner, runs = make(tmp_path, capturing=True)
     assert tuner.choose((1,), runs.append) == "c" and runs == [] and tuner.last_source() == "default"
     assert not (tmp_path / "t.json").exists()
 
 
 def test_tuning_can_be_switched_off_and_bad_values_are_named(tmp_path, monkeypatch):
-    tuner, runs, _ = make(tmp_path)
+    tuner, runs = make(tmp_path)
     monkeypatch.setenv(ENV_ENABLE, "0")
     assert tuner.choose((1,), runs.append) == "c" and runs == []
     monkeypatch.setenv(ENV_ENABLE, "yes")
@@ -96,14 +67,14 @@ def test_tuning_can_be_switched_off_and_bad_values_are_named(tmp_path, monkeypat
 
 def test_unreadable_cache_file_is_an_error_naming_the_file(tmp_path):
     (tmp_path / "t.json").write_text("{not json")
-    tuner, runs, _ = make(tmp_path)
+    tuner, runs = make(tmp_path)
     with pytest.raises(ValueError, match=r"tuning cache .*t\.json is unreadable .*delete it or point "
                                          r"\$QATTN_TUNING_CACHE elsewhere"):
         tuner.choose((1,), runs.append)
 
 
 def test_memory_only_and_cache_path_from_the_environment(tmp_path, monkeypatch):
-    tuner, runs, _ = make(tmp_path, cache=False)
+    tuner, runs = make(tmp_path, cache=False)
     assert tuner.choose((1,), runs.append) == "b" and list(tmp_path.iterdir()) == []
     monkeypatch.setenv(ENV_CACHE, "")
     assert default_cache_path() is None

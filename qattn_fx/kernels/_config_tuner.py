@@ -2,11 +2,11 @@
 
 :class:`ConfigTuner` is the autotuner of kernels whose configs change more than Triton's ``triton.autotune`` can
 express (the grid, the TMA descriptors and ``maxnreg`` depend on the config, as in :mod:`.gluon_sage`). For a key
-seen for the first time it runs every candidate once to compile it, then times them in interleaved rounds (each
-round measures every candidate once, as back-to-back calls of about 3 ms, so clock and temperature drift hit all
-alike) and keeps the lowest median. Choices live in memory and, unless disabled, in a JSON file shared across processes
-(``$QATTN_TUNING_CACHE``, default ``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version
-and problem key, so later processes start tuned.
+seen for the first time it times every candidate with ``triton.testing.do_bench`` (:func:`do_bench_ms`: warm-up
+calls, which also compile, then timed calls with the L2 flushed before each) and keeps the lowest median. Choices
+live in memory and, unless disabled, in a JSON file shared across processes (``$QATTN_TUNING_CACHE``, default
+``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version and problem key, so later processes
+start tuned.
 
 A call made while the current CUDA stream is capturing a graph cannot be timed: it uses the cached choice, or the
 kernel's default when the key was never tuned (and says so through :meth:`ConfigTuner.last_source`).
@@ -15,7 +15,6 @@ kernel's default when the key was never tuned (and says so through :meth:`Config
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -44,23 +43,14 @@ def tuning_enabled() -> bool:
     return value == "1"
 
 
-def cuda_time_ms(run: Callable[[], None], reps: int = 1) -> float:
-    """Milliseconds per call of ``reps`` back-to-back ``run()`` calls on the current CUDA stream (CUDA events around
-    all of them, then one synchronize): the GPU stays busy as it does inside a model, rather than starting each
-    timed call from idle."""
-    stream = torch.cuda.current_stream()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    for _ in range(reps):
-        run()
-    end.record(stream)
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+def do_bench_ms(run: Callable[[], None]) -> float:
+    """Median milliseconds of ``run()`` by ``triton.testing.do_bench`` (25 ms of warm-up calls, then about 100 ms
+    of timed calls, L2 flushed before each; at least one of each): the protocol of
+    ``benchmarks/tune_triton_sage.py``, whose rankings of gluon_sage's configs held across four H200 runs. It
+    allocates triton's 256 MB L2-flush buffer while it runs."""
+    from triton.testing import do_bench  # the kernels tuned here are Triton kernels: triton is importable
 
-
-#: Timing rounds: at least :data:`MIN_ROUNDS`, more while the rounds so far took under :data:`BUDGET_MS` in all;
-#: each measurement repeats the call back to back for about :data:`MEASURE_MS`.
-MIN_ROUNDS, MAX_ROUNDS, BUDGET_MS, MEASURE_MS = 3, 15, 300.0, 3.0
+    return float(do_bench(run, warmup=25, rep=100, return_mode="median"))
 
 
 @dataclass
@@ -68,14 +58,14 @@ class ConfigTuner:
     """Autotuner of one kernel: ``candidates`` are config names (the kernel parses them), ``default(key)`` the
     config used when timing is impossible (graph capture) or disabled (``$QATTN_AUTOTUNE=0``).
 
-    ``timer(run, reps) -> ms per call`` and ``capturing() -> bool`` are injectable for tests; ``cache_path=None`` keeps choices
+    ``timer(run) -> ms`` and ``capturing() -> bool`` are injectable for tests; ``cache_path=None`` keeps choices
     in memory only."""
 
     kernel: str
     candidates: Sequence[str]
     default: Callable[[tuple], str]
     cache_path: Optional[Path] = field(default_factory=default_cache_path)
-    timer: Callable[[Callable[[], None], int], float] = cuda_time_ms
+    timer: Callable[[Callable[[], None]], float] = do_bench_ms
     capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
     device_tag: Callable[[], str] = lambda: ConfigTuner.cuda_device_tag()  # noqa: E731 - resolved at call time
 
@@ -137,17 +127,7 @@ class ConfigTuner:
             if self.capturing() or not tuning_enabled():
                 self._last_source = "default"
                 return self.default(key)
-            for config in self.candidates:  # compile and warm every candidate before timing any
-                run(config)
-            first = self.candidates[0]
-            reps = max(1, math.ceil(MEASURE_MS / max(self.timer(lambda: run(first), 1), 1e-3)))
-            samples: dict[str, list[float]] = {config: [] for config in self.candidates}
-            spent = 0.0
-            while (rounds := len(samples[first])) < MIN_ROUNDS or (spent < BUDGET_MS and rounds < MAX_ROUNDS):
-                for config in self.candidates:
-                    samples[config].append(self.timer(lambda c=config: run(c), reps))
-                    spent += samples[config][-1] * reps
-            timings = {config: sorted(ms)[len(ms) // 2] for config, ms in samples.items()}
+            timings = {config: self.timer(lambda c=config: run(c)) for config in self.candidates}
             best = min(self.candidates, key=timings.__getitem__)
             self._choices[entry], self._timings[entry] = best, timings
             self._store()
