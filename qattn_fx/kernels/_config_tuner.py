@@ -14,6 +14,7 @@ kernel's default when the key was never tuned (and says so through :meth:`Config
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -53,6 +54,13 @@ def do_bench_ms(run: Callable[[], None]) -> float:
     return float(do_bench(run, warmup=25, rep=100, return_mode="median"))
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_device_tag(index: int) -> str:
+    import triton  # the kernels tuned here are Triton kernels: triton is importable
+
+    return f"{torch.cuda.get_device_name(index)}|triton {triton.__version__}"
+
+
 @dataclass
 class ConfigTuner:
     """Autotuner of one kernel: ``candidates`` are config names (the kernel parses them), ``default(key)`` the
@@ -80,9 +88,8 @@ class ConfigTuner:
 
     @staticmethod
     def cuda_device_tag() -> str:
-        import triton  # the caller is a Triton kernel: triton is importable here
-
-        return f"{torch.cuda.get_device_name()}|triton {triton.__version__}"
+        """``"<GPU name>|triton <version>"`` of the current CUDA device (looked up once per device)."""
+        return _cuda_device_tag(torch.cuda.current_device())
 
     def _entry(self, key: tuple) -> str:
         return f"{self.kernel}|{self.device_tag()}|{key!r}"

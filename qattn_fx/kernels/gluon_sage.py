@@ -736,13 +736,18 @@ def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
         _forced = previous
 
 
+@functools.lru_cache(maxsize=None)
+def _config_named(name: str) -> GluonConfig:
+    return GluonConfig.parse(name)
+
+
 def forced_config() -> Optional[GluonConfig]:
     """The config every call uses instead of autotuning: :func:`use_config`'s, else ``$QATTN_GLUON_SAGE_CONFIG``,
     else ``None``."""
     if _forced is not None:
         return _forced
     text = os.environ.get(ENV_CONFIG)
-    return GluonConfig.parse(text) if text else None
+    return _config_named(text) if text else None
 
 
 def current_config(head_dim: int = 128) -> GluonConfig:
@@ -757,11 +762,6 @@ _last_config: Optional[GluonConfig] = None
 def last_config() -> Optional[GluonConfig]:
     """The config of this process's latest launch (forced, tuned or default), for reports; ``None`` before any."""
     return _last_config
-
-
-@functools.lru_cache(maxsize=None)
-def _config_named(name: str) -> GluonConfig:
-    return GluonConfig.parse(name)
 
 
 def _tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool) -> tuple:
