@@ -48,6 +48,16 @@ def _check_8bit(dtype: torch.dtype) -> None:
     formats.qmax(dtype)  # raises with the valid choices
 
 
+def _rows_padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``x`` stored contiguously with its last-dim rows padded to a multiple of ``multiple`` elements (zeros),
+    viewed back as ``x``'s shape: every row then starts on that many elements' alignment."""
+    n = x.shape[-1]
+    pad = (-n) % multiple
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
+    return x.contiguous()[..., :n]
+
+
 def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
     """Data keeps the input's memory order (a BSHD view stays BSHD) unless ``seq_major`` asks for S fastest.
 
@@ -56,22 +66,7 @@ def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
     """
     if not seq_major:
         return data
-    s = data.shape[-2]
-    pad = (-s) % 16
-    rows = data.transpose(-1, -2)
-    if pad:
-        rows = torch.nn.functional.pad(rows, (0, pad))
-    return rows.contiguous()[..., :s].transpose(-1, -2)
-
-
-def _rows_16_byte_aligned(scale: torch.Tensor) -> torch.Tensor:
-    """fp32 ``(B, H, G)`` scales stored with each head's row padded to a multiple of 4 elements (16 bytes) and viewed
-    back as ``(B, H, G)``: every head's scales then start 16-byte aligned, which a kernel loading them with TMA
-    needs (e.g. 75600 tokens in groups of 16 give 4725 scales per head; the row is stored as 4728)."""
-    pad = (-scale.shape[-1]) % 4
-    if not pad:
-        return scale
-    return torch.nn.functional.pad(scale, (0, pad))[..., : scale.shape[-1]]
+    return _rows_padded(data.transpose(-1, -2), 16).transpose(-1, -2)
 
 
 def smooth_k(k: torch.Tensor) -> torch.Tensor:
@@ -86,7 +81,9 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
         raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
     scale = formats.seq_block_amax(x, block) / formats.qmax(dtype)
     data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
-    return data, _rows_16_byte_aligned(scale)
+    # each head's row padded to 4 fp32 (16 bytes), so every head's scales start where a TMA load can (75600 tokens
+    # in groups of 16 give 4725 scales per head; the row is stored as 4728)
+    return data, _rows_padded(scale, 4)
 
 
 def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
