@@ -172,6 +172,14 @@ def _k_scales_at_use(j, ks, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.con
         return ks
 
 
+@_constexpr_function
+def _scales_read_early(KS_TMA, K_BLOCK):
+    """Whether the ``ahead`` schedule reads tile ``j+1``'s K scales from the TMA ring as soon as its K tile has
+    arrived (one step before use) rather than at use: for group scales (``k_block > 1``: a few registers per
+    thread); per-column scales (32 registers per thread) carried across a step make ptxas spill."""
+    return bool(KS_TMA) and K_BLOCK > 1
+
+
 @_jit
 def _row_reduce(x, TREE: gl.constexpr, IS_MAX: gl.constexpr):
     """Max or sum over axis 1 of a ``(64, BLOCK_N)`` wgmma-layout tile. ``TREE``: first over the
@@ -365,10 +373,16 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     and arrives ``n - 1`` times (``n`` tiles; the tail tile runs outside the turns): no wait is left unmatched.
     """
     if KS_TMA:
-        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
+        if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
+            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)  # placeholder
+        if EARLY:  # tile j+1's K and scales have arrived (waited just above): the shared load's latency then
+            # passes under this tile's exponentials instead of stalling the next tile's scaling
+            ks_next = _tile_k_scales(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        else:
+            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     else:  # the global load first, as early as possible (this order measured ~10 % faster for this path)
         ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
@@ -451,6 +465,8 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     if AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
+        if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
+            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         for j in range(n_tiles - 1):
             m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                                                v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
@@ -467,7 +483,8 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
                                         P_SMEM, False, PERMK, TARRIVE)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-    ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
+        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                 p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True,
                                 0, TARRIVE)
@@ -709,7 +726,7 @@ DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, permk=1), 64: GluonConfig(1
 #: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``permk`` at the Wan
 #: shapes, ``permk,solo,tarrive`` at flux-1024, ``permk,solo`` / ``permk,solo,tarrive`` at d64; ``ahead`` and
 #: ``solo`` stay for inputs whose K layout ``permk`` cannot view (it then runs the plain schedule).
-TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
+TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
                  GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1),
                  GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
@@ -717,7 +734,7 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
-           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
+           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
            GluonConfig(128, 3, ahead=1, tarrive=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 
