@@ -75,23 +75,6 @@ def seq_block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
     return a.reshape(b, h, nb, block * d).amax(dim=-1)
 
 
-def quantize_seq_blocks(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x (B,H,S,D)`` scaled into ``dtype`` with one scale per ``block`` tokens (all channels): ``(data, scale)``,
-    data with ``x``'s strides, scale ``(B, H, ceil(S/block))``. When the blocks tile ``S`` exactly the amax and the
-    cast are written over one ``(B, H, S/block, block, D)`` view of ``x``, the shape of a row reduction with its
-    epilogue, which Inductor emits as one kernel (one read of ``x``); otherwise the amax runs over a zero-padded
-    copy and the cast reads a per-token expansion of the scales (Inductor: a reduction kernel, then a pointwise
-    one). Both give the same values."""
-    b, h, s, d = x.shape
-    limit = qmax(dtype)
-    if s % block:
-        scale = seq_block_amax(x, block) / limit
-        return cast_scaled(x, expand_seq_scale(scale, block, s), dtype), scale
-    blocks = x.unflatten(-2, (s // block, block))  # a view in x's memory order
-    scale = blocks.abs().float().amax(dim=(-2, -1), keepdim=True) / limit
-    return cast_scaled(blocks, scale, dtype).flatten(-3, -2), scale.reshape(b, h, s // block)
-
-
 def expand_seq_scale(scale: torch.Tensor, block: int, seq_len: int) -> torch.Tensor:
     """Per-token view of a ``(Bs, Hs, NB)`` Q/K scale: ``(Bs, Hs, S, 1)``; ``block == 0`` means one scale."""
     if block == 0:
