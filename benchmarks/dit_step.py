@@ -35,9 +35,13 @@ CONFIGS = {
     "14b": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40),
 }
 SAGE = Recipe("int8", "fp8", 1, 16, 1)
+#: The TRITON rows name their kernel: on sm_90 the backend's first choice is gluon_sage, on sm_89 triton_sage.
 VARIANTS = {
-    "qattn triton_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE)),
-    "qattn triton_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE),
+    "qattn gluon_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
+    "qattn gluon_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage"),
+                                          rules=(Rule(Match(role=("cross",)), "dense"),)),
+    "qattn triton_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage")),
+    "qattn triton_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage"),
                                            rules=(Rule(Match(role=("cross",)), "dense"),)),
     "qattn cudnn_fp8 per-tensor": Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8"))),
     "qattn flashinfer_fa3_fp8 per-head": Spec(default=AttentionSpec("FLASHINFER", Recipe("fp8", "fp8",
