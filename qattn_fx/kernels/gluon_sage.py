@@ -725,18 +725,20 @@ class GluonConfig:
 DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, permk=1), 64: GluonConfig(128, 3, ahead=1, permk=1, solo=1,
                                                                                 tarrive=1)}
 #: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``permk`` at the Wan
-#: shapes, ``permk,solo,tarrive`` at flux-1024, ``permk,solo`` / ``permk,solo,tarrive`` at d64; ``ahead`` and
-#: ``solo`` stay for inputs whose K layout ``permk`` cannot view (it then runs the plain schedule).
-TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
-                 GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
+#: shapes (2, 3 or 4 stages within 1 %, so ``128,2,ahead,permk`` is timed too), ``permk,solo,tarrive`` at flux-1024,
+#: ``permk,solo`` / ``permk,solo,tarrive`` at d64; ``ahead`` and ``solo`` stay for inputs whose K layout ``permk``
+#: cannot view (it then runs the plain schedule).
+TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
+                 GluonConfig(128, 2, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
            GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
            GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
-           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
-           GluonConfig(128, 3, ahead=1, tarrive=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1),
+           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
+           GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, tarrive=1),
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 
 _forced: Optional[GluonConfig] = None
