@@ -730,7 +730,8 @@ DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, permk=1), 64: GluonConfig(1
 #: cannot view (it then runs the plain schedule).
 TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
                  GluonConfig(128, 2, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, solo=1), GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1),
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
