@@ -545,12 +545,10 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
     q_desc = descs[0]
     q_smem = smem[0]
     q_bar = bars[0]
-    SEQ_KV = ints[14]
-    b = ints[15]
-    h = ints[16]
-    hk = ints[17]
-    start_m = ints[18]
-    coords = (b, hk, b * ints[3] + hk * ints[4], hk * ints[19], b * ints[20] + hk * ints[21])
+    (_, _, _, stride_ksb, stride_ksh, _, _, _, _, _, _, _, _, _, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
+     kp_gh) = ints
+    # K scales' flat offset of this head (KS_TMA) and the permuted view's coordinates of this head (PERMK)
+    coords = (b, hk, b * stride_ksb + hk * stride_ksh, hk * kp_xh, b * kp_gb + hk * kp_gh)
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
@@ -854,7 +852,7 @@ def _permuted_k(k: torch.Tensor, k_block: int, block_n: int):
     ``None`` where the view cannot be built: K not 8-bit; K scales per 1 or 4 keys (the permutation crosses them;
     per 16, 32, ... keys, per head or per tensor are kept); heads neither interleaved (BSHD) nor stacked (BHSD)
     with contiguous batches; several batches or heads folded into the groups but ``Skv`` not a multiple of 16."""
-    if k.element_size() != 1 or (k_block not in (0,) and k_block % 16):
+    if k.element_size() != 1 or k_block % 16:
         return None
     bsz, hkv, skv, d = k.shape
     sb, sh, ss, _ = k.stride()
