@@ -107,12 +107,13 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return (err.max() / ref.double().abs().max()).item(), (err.mean() / ref.double().abs().mean()).item()
 
 
-def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n):
+def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False):
     """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
 
     Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
-    log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``.
-    Shared by the interpreter tests (exact fp32 agreement) and the GPU tests.
+    log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``;
+    ``l = l·alpha + ΣP448`` (``mmasum``: ``Σ e4m3(P448)``, gluon_sage's ones-MMA). Shared by the interpreter
+    tests (exact fp32 agreement) and the GPU tests.
     """
     b, hq, sq, _ = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -150,7 +151,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         m_new = torch.maximum(m, t.amax(-1) * r)
         p = torch.exp2(t * r[..., None] - (m_new - ts.LOG2_448)[..., None])
         alpha = torch.exp2(m - m_new)
-        l = l * alpha + p.sum(-1)
+        l = l * alpha + (p.to(FP8).float().sum(-1) if mmasum else p.sum(-1))
         acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
         m = m_new
     vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]

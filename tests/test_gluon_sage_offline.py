@@ -44,7 +44,7 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]"
-            r"\[,permk\]\[,solo\]\[,tarrive\]'"),
+            r"\[,permk\]\[,solo\]\[,tarrive\]\[,mmasum\]'"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
     ("128,2,ahead,pingpong,solo", r"pingpong takes turns between two consumers; solo has one"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
@@ -215,3 +215,17 @@ def test_thread_arrive_replaces_the_warpgroup_barrier():
     per_thread = gs.compile_for(gs.GluonConfig.parse("128,3,ahead,tarrive"), q, qs, k, ks, v, vs, qb, kb).asm["ptx"]
     assert "cp.async.mbarrier.arrive.noinc" in per_thread and "cp.async.mbarrier.arrive" not in plain
     assert per_thread.count("bar.sync \t2, 128") < plain.count("bar.sync \t2, 128")
+
+
+@pytest.mark.parametrize("config", ["128,3,ahead,permk,mmasum", "128,2,mmasum", "128,2,ahead,psmem,mmasum"])
+def test_mmasum_takes_the_row_sum_from_a_second_wgmma(config):
+    """``mmasum``: a second FP8 wgmma per tile (``P8 · 1``, an n8 accumulator) replaces the fp32 row sum: twice
+    the FP8 (QGMMA) instructions, and the ~64 FADDs per tile and consumer are gone; no spills."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    plain = gs.compile_for(gs.GluonConfig.parse(config.replace(",mmasum", "")), q, qs, k, ks, v, vs, qb, kb)
+    summed = gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb)
+    assert re.search(r"wgmma\.mma_async\.sp?\S*\.m64n8k32\.f32\.e4m3\.e4m3", summed.asm["ptx"])
+    assert "m64n8k32" not in plain.asm["ptx"]
+    assert summed.asm["ptx"].count("add.f32") < plain.asm["ptx"].count("add.f32") - 100
+    report = ts.ptxas_report(summed, (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] == 0, report

@@ -255,26 +255,43 @@ def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK:
 
 @_jit
 def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
-             MASK: gl.constexpr):
+             MASK: gl.constexpr, MMASUM: gl.constexpr = 0):
     """Second half: ``(p8, alpha, l)``: e4m3 ``448 · exp2(z - m)`` (0 past ``SEQ_KV`` when ``MASK``), the factor
-    rescaling earlier tiles, row sum."""
+    rescaling earlier tiles, row sum (``MMASUM``: ``l`` is returned as given; the P·V step's ones-MMA sums P)."""
     p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
         p = gl.where((offs_n < SEQ_KV)[None, :], p, 0.0)
     alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + _row_reduce(p, TREE, False)
+    if not MMASUM:
+        l_i = l_i * alpha + _row_reduce(p, TREE, False)
     return p.to(gl.float8e4nv), alpha, l_i
 
 
 @_jit
 def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
              QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
-             MASK: gl.constexpr):
+             MASK: gl.constexpr, MMASUM: gl.constexpr = 0):
     """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``."""
     t, rs_t, m_new = _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, TREE, MASK)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, TREE, MASK, MMASUM)
     return p8, alpha, l_i, m_new
+
+
+@_constexpr_function
+def _sum_layout(num_warps):
+    """Accumulator layout of the ones-MMA (``mmasum``): ``(64, 8)`` fp32, every column the row sum of P."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 32])
+
+
+@_jit
+def _fill_ones(ones_smem):
+    """Write e4m3 1.0 into this consumer's ``(8, BLOCK_N)`` ones buffer (the ones-MMA's B operand, K-major: 8
+    "channels" of ones over the tile's keys) and fence it for the async proxy. Once per CTA."""
+    BN: gl.constexpr = ones_smem.type.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, BN // 16], [2, 16], [gl.num_warps(), 1], [1, 0])
+    ones_smem.store(gl.full([8, BN], 0x38, gl.int8, layout).to(gl.float8e4nv, bitcast=True))  # e4m3 1.0
+    fence_async_shared()
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -317,19 +334,28 @@ def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.
 
 @_jit
 def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, P_SMEM: gl.constexpr, PERMK: gl.constexpr = 0):
+              STAGES: gl.constexpr, P_SMEM: gl.constexpr, PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None,
+              MMASUM: gl.constexpr = 0):
     """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator. ``P_SMEM``: P goes through this
     consumer's shared-memory buffer ``p_buf`` (its registers are free at once, and no cross-thread shuffles);
     else P is the register A operand (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were
     loaded permuted (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key
-    ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles)."""
+    ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles).
+
+    Returns ``(pv, pl)``: ``MMASUM`` also issues ``P8 · 1`` (B: ``ones_smem``, ``(8, BLOCK_N)`` e4m3 ones) into
+    a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
+    (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
     slot = j % STAGES
     v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
     if P_SMEM:
         p_buf.store(p8)
         fence_async_shared()
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        return warpgroup_mma(p_buf, v_tile, pv_zero, use_acc=False, is_async=True)
+        pv = warpgroup_mma(p_buf, v_tile, pv_zero, use_acc=False, is_async=True)
+        if MMASUM:
+            pl = warpgroup_mma(p_buf, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
+        else:
+            pl = 0.0
     else:
         if PERMK:
             BM: gl.constexpr = p8.type.shape[0]
@@ -338,22 +364,46 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
         else:
             p_op = gl.convert_layout(p8, p_layout)
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        return warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
+        pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
+        if MMASUM:
+            p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_zero.type.layout,
+                                                              k_width=4), assert_trivial=True)
+            pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
+        else:
+            pl = 0.0
+    return pv, pl
+
+
+@_jit
+def _accumulate(acc, l_i, alpha, pv, pl, row_o: gl.constexpr, MMASUM: gl.constexpr):
+    """``acc · alpha + pv`` (fp32: the two-level accumulation) and, with ``MMASUM``, ``l · alpha + pl`` (``l`` a
+    ``(64, 8)`` tile, each column the running denominator)."""
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+    if MMASUM:
+        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout))[:, None] + pl
+    return acc, l_i
 
 
 @_jit
 def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_buf,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
-                P_SMEM: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr):
+                P_SMEM: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr,
+                sums=None, MMASUM: gl.constexpr = 0):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
-    the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it."""
-    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
-    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK)
-    pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+    the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
+    ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums (:func:`_pv_issue`)."""
+    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK,
+                                   MMASUM)
+    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK, sums[0],
+                       sums[1], MMASUM)
+    if MMASUM:
+        pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
+    else:
+        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     if LAST:
         _release(j + 1, kv_free, STAGES, TARRIVE)
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+    acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
     return m_i, l_i, acc
 
 
@@ -363,9 +413,9 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                 col_s: gl.constexpr, grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr,
                 PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr,
-                TARRIVE: gl.constexpr):
+                TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
-    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales.
+    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``sums``, ``MMASUM``: as :func:`_softmax_pv`'s.
 
     ``PINGPONG``: the softmax (row max, exponentials, P·V issue) is taken in turns with the other consumer through
     the ``my_turn`` / ``other_turn`` mbarriers, so that each has the exponent unit (MUFU, as busy per tile as the
@@ -391,14 +441,18 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
         mbarrier.wait(my_turn, (j & 1) ^ FIRST)
     m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False, MMASUM)
     m_i = m_new
-    pv = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK)
+    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK, sums[0],
+                       sums[1], MMASUM)
     if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
         mbarrier.arrive(other_turn, count=1)
-    s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
+    if MMASUM:
+        s_next, pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv, pl))
+    else:
+        s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
     _release(j + 1, kv_free, STAGES, TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None] + pv
+    acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
     return m_i, l_i, acc, s_next, ks_next
 
 
@@ -406,11 +460,11 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-             PERMK: gl.constexpr, TARRIVE: gl.constexpr):
+             PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
-    q_smem, k_smem, v_smem, p_smem, ks_smem = smem
+    q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free, turn = bars
     QS, KS, VS, Out, Lse = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
@@ -453,10 +507,19 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
             rs = rs * gl.load(ks_ptr)
 
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
-    l_i = gl.full([BM], 0.0, gl.float32, row_s)
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
     q = q_smem.index(CID).reshape([BM, HEAD_DIM])
     p_buf = p_smem.index(CID)
+    if MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
+        l_zero = gl.zeros([BM, 8], gl.float32, _sum_layout(NW))
+        l_i = l_zero
+        ones = ones_smem.index(CID)
+        _fill_ones(ones)
+    else:
+        l_zero = pv_zero  # unused
+        l_i = gl.full([BM], 0.0, gl.float32, row_s)
+        ones = p_buf  # unused
+    sums = (ones, l_zero)
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
     mbarrier.wait(q_bar, 0)
@@ -473,7 +536,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
                                                v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
                                                turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
                                                QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
-                                               1 if CID == 0 else 0, KS_TMA, PERMK, TARRIVE)
+                                               1 if CID == 0 else 0, KS_TMA, PERMK, TARRIVE, sums, MMASUM)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
@@ -481,18 +544,20 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                         p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
-                                        P_SMEM, False, PERMK, TARRIVE)
+                                        P_SMEM, False, PERMK, TARRIVE, sums, MMASUM)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
         ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                 p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True,
-                                0, TARRIVE)
+                                0, TARRIVE, sums, MMASUM)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
     vs = gl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
+    if MMASUM:  # its 8 columns hold the same sums: take one (max: exact)
+        l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s)
     inv_l = gl.convert_layout(1.0 / l_i, row_o)
     out = acc * inv_l[:, None] * vs[None, :]
     offs_mo = row0 + gl.arange(0, BM, layout=row_o)
@@ -510,7 +575,7 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
     """Tile ``j``'s K (with its scales) and V, each into its ring slot once the consumers have freed it.
     ``PERMUTED``: K through the permuting 5-D view (:func:`_permuted_k`), for full tiles only."""
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
-    q_smem, k_smem, v_smem, p_smem, ks_smem = smem
+    q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free, turn = bars
     b, hk, ks_base, kp_x, kp_g = coords
     slot = j % STAGES
@@ -538,7 +603,7 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-              PERMK: gl.constexpr, TARRIVE: gl.constexpr):
+              PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
     descs, smem, bars, ptrs, ints, qk_scale = args
@@ -574,7 +639,7 @@ def _sage_fwd_ws(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
     PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
-    TARRIVE: gl.constexpr = 0,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer); ``SOLO``:
     grid ``(cdiv(Sq, 64), B · Hq)`` with consumer 0 and the producer only, two CTAs per SM (each consumer then has
@@ -606,6 +671,11 @@ def _sage_fwd_ws(
         ks_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES] + ks_desc.block_type.shape, ks_desc.layout)
     else:
         ks_smem = p_smem  # unused
+    if MMASUM:  # each consumer's ones-MMA B operand: 8 rows of e4m3 ones over the tile's keys
+        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [NC, 8, BLOCK_N],
+                                              gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv))
+    else:
+        ones_smem = p_smem  # unused
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -620,7 +690,7 @@ def _sage_fwd_ws(
         # every consumer (TARRIVE: every consumer thread) arrives on each release event
         mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
 
-    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem),
+    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem),
             (q_bar, k_ready, v_ready, kv_free, turn),
             (QS, KS, VS, Out, Lse),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
@@ -630,18 +700,18 @@ def _sage_fwd_ws(
     if SOLO:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
         ], [1], [PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -665,7 +735,10 @@ class GluonConfig:
     warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
     ring (each streams K/V itself: twice the L2 reads); ``tarrive``: every consumer
     thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
-    warpgroup ``bar.sync`` and one thread's arrive. FlashAttention-3's
+    warpgroup ``bar.sync`` and one thread's arrive; ``mmasum``: the softmax denominator comes from the tensor
+    cores, a second wgmma per tile multiplying P by a shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums
+    added like P·V's), instead of ~70 fp32 adds and shuffles per thread and tile: ``l`` is then the sum of the
+    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P. FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
@@ -678,8 +751,9 @@ class GluonConfig:
     permk: int = 0
     solo: int = 0
     tarrive: int = 0
+    mmasum: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive", "mmasum")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -700,7 +774,7 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive]"`` or ``str()`` of a config
+        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum]"`` or ``str()`` of a config
         (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
@@ -711,7 +785,7 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive]' such as "
+                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum]' such as "
                              "'128,2,ahead'")
         return cls(*numbers, **flags)
 
@@ -738,7 +812,11 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
            GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, tarrive=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1),
-           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1))
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
+           GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1),
+           GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 2, mmasum=1),
+           GluonConfig(128, 2, ahead=1, psmem=1, mmasum=1), GluonConfig(64, 3, ahead=1, mmasum=1),
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -902,7 +980,7 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
-                PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive)
+                PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum)
     grid = (triton.cdiv(sq, (1 if config.solo else CONSUMERS) * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
