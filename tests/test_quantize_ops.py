@@ -82,8 +82,6 @@ OPCHECK_CASES = [
     (ops.smooth_k.default, (_XB,)),
     (ops.quantize_per_block.default, (_X, 16, I8)),
     (ops.quantize_per_block.default, (_XB, 4, F8)),
-    (ops.smooth_quantize_per_block.default, (_X, 16, I8)),
-    (ops.smooth_quantize_per_block.default, (_XB, 4, F8)),
     (ops.quantize_per_head.default, (_X, F8, True)),
     (ops.quantize_per_head.default, (_XB, I8, False)),
     (ops.quantize_per_tensor.default, (_X, I8, False)),
@@ -99,7 +97,7 @@ OPCHECK_CASES = [
 
 def test_opcheck_cases_cover_every_quantize_op():
     assert {op for op, _ in OPCHECK_CASES} == set(QUANTIZE_OPS)
-    assert len(QUANTIZE_OPS) == 8
+    assert len(QUANTIZE_OPS) == 7
 
 
 @pytest.mark.parametrize("op, args", OPCHECK_CASES, ids=lambda v: getattr(v, "__name__", None) or "")
@@ -122,10 +120,6 @@ def test_opcheck(op, args):
         (lambda: ops.quantize_mxfp8(_X, 1), "quantize_mxfp8: axis=1 is invalid; valid: -1 (channels, Q/K), -2 "
                                             "(tokens, V)"),
         (lambda: ops.smooth_k(_X[0, 0]), "smooth_k expects a (B, H, S, D) tensor; got shape (37, 64)"),
-        (lambda: ops.smooth_quantize_per_block(_X, -1, I8),
-         "smooth_quantize_per_block: block=-1 is invalid; valid: an int >= 1 (tokens per scale)"),
-        (lambda: ops.smooth_quantize_per_block(_X, 16, torch.bfloat16),
-         "dtype=torch.bfloat16 is not a scaled 8-bit format; valid: torch.int8, torch.float8_e4m3fn"),
         (lambda: ops.quantize_nvfp4(_X[0], False), "quantize_nvfp4 expects a (B, H, S, D) tensor; got shape "
                                                    "(2, 37, 64)"),
     ],
@@ -227,31 +221,6 @@ def test_smooth_k_subtracts_the_token_mean_and_keeps_dtype():
     expected = (k.float() - k.float().mean(dim=2, keepdim=True)).to(torch.bfloat16)
     assert torch.equal(out, expected)
     assert out.float().mean(dim=2).abs().max() < 0.05
-
-
-@pytest.mark.parametrize("dtype", [I8, F8])
-@pytest.mark.parametrize("s,block", [(64, 16), (50, 16), (37, 4), (33, 1), (40, 64)])
-def test_smooth_quantize_per_block_equals_smooth_then_quantize(s, block, dtype):
-    """Bit-identical to ``quantize_per_block(smooth_k(k))`` where the channel sums are exact in any order (integer
-    K, outlier channels): both means are then the same fp32 quotient, and only the one-pass block amax differs."""
-    torch.manual_seed(s + block)
-    k = torch.randint(-40, 41, (2, s, 3, 64)) + torch.randint(-100, 101, (1, 1, 3, 64))
-    k = k.to(torch.bfloat16).transpose(1, 2)  # a BSHD view
-    data, scale = ops.smooth_quantize_per_block(k, block, dtype)
-    want_data, want_scale = ops.quantize_per_block(ops.smooth_k(k), block, dtype)
-    assert data.stride() == want_data.stride() and scale.stride() == want_scale.stride()
-    assert torch.equal(scale, want_scale)
-    assert torch.equal(data.view(torch.int8), want_data.view(torch.int8))
-
-
-def test_smooth_quantize_per_block_matches_on_gaussian_k():
-    """Real-valued K (BSHD, outlier channels): the mean may round differently in the last place, nothing more."""
-    k = (bshd(2, 3, 75, 128, torch.float32) * 3 + 10 * torch.randn(1, 3, 1, 128)).to(torch.bfloat16)
-    data, scale = ops.smooth_quantize_per_block(k, 16, I8)
-    want_data, want_scale = ops.quantize_per_block(ops.smooth_k(k), 16, I8)
-    torch.testing.assert_close(scale, want_scale, rtol=1e-2, atol=0)
-    assert (data.float() - want_data.float()).abs().max() <= 1
-    assert (data != want_data).float().mean() < 0.01
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -75,33 +75,6 @@ def seq_block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
     return a.reshape(b, h, nb, block * d).amax(dim=-1)
 
 
-def smoothed_seq_block_amax(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K smoothing and its block amax from one pass over ``x (B,H,S,D)``: ``(mean, amax)``.
-
-    ``mean`` ``(B, H, 1, D)`` fp32 is x's per-channel mean over tokens; ``amax`` ``(B, H, ceil(S/block))`` fp32 is
-    :func:`seq_block_amax` of the smoothed ``(x.float() - mean).to(x.dtype)``, computed from per-(block, channel)
-    sums, maxima and minima of ``x`` (a ``(B, H, S/block, D)`` result of one reduction): ``|y - m|`` peaks at the
-    block's max or min, and fp32 subtraction and rounding to ``x.dtype`` are monotone and sign-symmetric, so the
-    amax is exactly that of the smoothed tensor. The mean is summed per block first (its fp32 rounding may differ
-    from ``x.float().mean(dim=-2)`` in the last place). Lets Inductor read K twice (this pass, then the cast)
-    instead of three times (mean, block amax, cast).
-    """
-    b, h, s, d = x.shape
-    nb = (s + block - 1) // block
-    pad = nb * block - s
-
-    def blocks(fill: float) -> torch.Tensor:
-        y = torch.nn.functional.pad(x, (0, 0, 0, pad), value=fill) if pad else x
-        return y.reshape(b, h, nb, block, d)
-
-    total = blocks(0.0).float().sum(dim=3)
-    hi = blocks(float("-inf")).amax(dim=3).float()
-    lo = blocks(float("inf")).amin(dim=3).float()
-    mean = total.sum(dim=2, keepdim=True) / s
-    deviation = torch.maximum(hi - mean, mean - lo).to(x.dtype).float()
-    return mean, deviation.amax(dim=-1)
-
-
 def expand_seq_scale(scale: torch.Tensor, block: int, seq_len: int) -> torch.Tensor:
     """Per-token view of a ``(Bs, Hs, NB)`` Q/K scale: ``(Bs, Hs, S, 1)``; ``block == 0`` means one scale."""
     if block == 0:

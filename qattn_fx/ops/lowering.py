@@ -1,5 +1,4 @@
-"""A recipe as a sequence of op calls: smooth K (alone, or fused with its per-block quantization), quantize Q/K/V,
-call the attention op.
+"""A recipe as a sequence of op calls: smooth K, quantize Q/K/V, call the attention op.
 
 :func:`quantized_attention` is written once against an *emitter* so the same code runs eagerly (the default
 emitter calls the ops) and builds FX nodes in the compile pass (``qattn_fx.fx.rewrite`` passes an emitter that
@@ -35,22 +34,14 @@ def _unpack(emit: Emitter, value: Any, names: tuple[str, ...]) -> tuple:
     return tuple(emit(operator.getitem, (value, i), name) for i, name in enumerate(names))
 
 
-def _fuses_smoothing(recipe: Recipe) -> bool:
-    """K's smoothing and per-block quantization are one op (``smooth_quantize_per_block``): scaled int8/fp8 K
-    with token blocks."""
-    return recipe.smooth_k and recipe.qk_dtype in ("int8", "fp8") and recipe.k_block_size > 0
-
-
 def _quantize_qk(emit: Emitter, x: Any, recipe: Recipe, block: int, role: str) -> tuple[Any, Any, Any]:
-    """(data, scale, tensor_scale) of Q or K for the recipe (K smoothed here where :func:`_fuses_smoothing`)."""
+    """(data, scale, tensor_scale) of Q or K for the recipe."""
     fmt = recipe.qk_dtype
     if fmt == "bf16":
         return x, None, None
     if fmt in ("int8", "fp8"):
         dtype = formats.torch_dtype(fmt)
-        if role == "k" and _fuses_smoothing(recipe):
-            res = emit(ops.smooth_quantize_per_block.default, (x, block, dtype), f"{role}_quant")
-        elif block > 0:
+        if block > 0:
             res = emit(ops.quantize_per_block.default, (x, block, dtype), f"{role}_quant")
         elif recipe.scale_scope == "head":
             res = emit(ops.quantize_per_head.default, (x, dtype), f"{role}_quant")
@@ -109,7 +100,7 @@ def quantized_attention(
     entry = kernels.info(kernel)
     if recipe.qk_dtype == "nvfp4" and head_dim % formats.NVFP4_BLOCK:
         raise ValueError(f"nvfp4 Q/K needs head_dim % 16 == 0; got head_dim={head_dim}")
-    if recipe.smooth_k and not _fuses_smoothing(recipe):
+    if recipe.smooth_k:
         k = emit(ops.smooth_k.default, (k,), "k_smooth")
     q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
     k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")

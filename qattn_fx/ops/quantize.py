@@ -9,8 +9,6 @@ op                                                     returns
 ``smooth_k(k)``                                        ``k - mean_S(k)`` in k's dtype (exact under softmax)
 ``quantize_per_block(x, block, dtype)``                data like x (int8/e4m3), scale ``(B, H, ceil(S/block))``
                                                        (each head's row stored padded to 16 bytes)
-``smooth_quantize_per_block(k, block, dtype)``         ``quantize_per_block(smooth_k(k), block, dtype)`` with K
-                                                       read twice, not three times (mean's rounding aside)
 ``quantize_per_head(x, dtype, seq_major)``             data, scale ``(1, H, 1)``
 ``quantize_per_tensor(x, dtype, seq_major)``           data, scale ``(1, 1, 1)``
 ``quantize_per_channel(x, dtype, seq_major)``          data, scale ``(B, H, D)`` (V: amax over tokens)
@@ -88,20 +86,6 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
     return data, _rows_padded(scale, 4)
 
 
-def smooth_quantize_per_block(k: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Smoothed per-block K in one op, so that Inductor reads K twice: the block sums/max/min (which give the mean
-    and every block's amax, :func:`formats.smoothed_seq_block_amax`), then the cast."""
-    _check_4d("smooth_quantize_per_block", k)
-    _check_8bit(dtype)
-    if block < 1:
-        raise ValueError(f"smooth_quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
-    mean, amax = formats.smoothed_seq_block_amax(k, block)
-    scale = amax / formats.qmax(dtype)
-    smoothed = (k.float() - mean).to(k.dtype)  # smooth_k's rounding
-    data = formats.cast_scaled(smoothed, formats.expand_seq_scale(scale, block, k.shape[-2]), dtype)
-    return data, _rows_padded(scale, 4)
-
-
 def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
     _check_4d("quantize_per_head", x)
     _check_8bit(dtype)
@@ -140,8 +124,6 @@ def quantize_nvfp4(x: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, torc
 
 _define("smooth_k(Tensor k) -> Tensor", smooth_k)
 _define("quantize_per_block(Tensor x, int block, ScalarType dtype) -> (Tensor, Tensor)", quantize_per_block)
-_define("smooth_quantize_per_block(Tensor k, int block, ScalarType dtype) -> (Tensor, Tensor)",
-        smooth_quantize_per_block)
 _define("quantize_per_head(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_head)
 _define(
     "quantize_per_tensor(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_tensor
@@ -155,7 +137,6 @@ _define("quantize_nvfp4(Tensor x, bool transpose) -> (Tensor, Tensor, Tensor)", 
 QUANTIZE_OPS = (
     torch.ops.qattn.smooth_k.default,
     torch.ops.qattn.quantize_per_block.default,
-    torch.ops.qattn.smooth_quantize_per_block.default,
     torch.ops.qattn.quantize_per_head.default,
     torch.ops.qattn.quantize_per_tensor.default,
     torch.ops.qattn.quantize_per_channel.default,
