@@ -26,7 +26,7 @@ schedule, which plain Triton 3.6 cannot express:
   shape and the slot release; which schedule is fastest depends on the shape, so calls are autotuned per problem
   key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
 
-Measured on the H200 (BENCHMARKS.md): 780-819 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe, level with cuDNN
+Measured on the H200 (BENCHMARKS.md): 780-833 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe, level with cuDNN
 FP8 (latency-bound: see "What bounds the kernel" there); output identical to triton_sage's (same tiles, same
 operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
