@@ -94,6 +94,7 @@ def test_tma_alignment_rule():
     ("128,2,ahead,pingpong", 128, torch.int8, (1, 16)),
     ("128,2", 128, torch.int8, (1, 16)),
     ("128,2,ahead,psmem", 128, torch.float8_e4m3fn, (1, 16)),
+    ("128,2,ahead,psmem,permk", 128, torch.int8, (1, 16)),
     ("128,2,ahead", 64, torch.bfloat16, (0, 0)),
 ])
 def test_offline_compile_is_warp_specialized_without_spills(config, d, qk, blocks):

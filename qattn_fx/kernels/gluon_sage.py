@@ -341,13 +341,19 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
     consumer's shared-memory buffer ``p_buf`` (its registers are free at once, and no cross-thread shuffles);
     else P is the register A operand (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were
     loaded permuted (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key
-    ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles).
+    ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles), on
+    either path (until 2026-11-30's sixth session ``psmem`` stored P unrelabeled: wrong with ``permk``, a
+    combination no config list held).
 
     Returns ``(pv, pl)``: ``MMASUM`` also issues ``P8 · 1`` (B: ``ones_smem``, ``(8, BLOCK_N)`` e4m3 ones) into
     a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
     (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
     slot = j % STAGES
     v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
+    if PERMK:  # keys back in operand order (a relabeling of P's registers), for either path
+        BM: gl.constexpr = p8.type.shape[0]
+        p8 = gl.reshape(gl.permute(gl.reshape(p8, [BM, BLOCK_N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]),
+                        [BM, BLOCK_N])
     if P_SMEM:
         p_buf.store(p8)
         fence_async_shared()
@@ -359,9 +365,7 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
             pl = 0.0
     else:
         if PERMK:
-            BM: gl.constexpr = p8.type.shape[0]
-            p6 = gl.permute(gl.reshape(p8, [BM, BLOCK_N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5])
-            p_op = gl.convert_layout(gl.reshape(p6, [BM, BLOCK_N]), p_layout, assert_trivial=True)
+            p_op = gl.convert_layout(p8, p_layout, assert_trivial=True)
         else:
             p_op = gl.convert_layout(p8, p_layout)
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
@@ -820,7 +824,8 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1),
            GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 2, mmasum=1),
            GluonConfig(128, 2, ahead=1, psmem=1, mmasum=1), GluonConfig(64, 3, ahead=1, mmasum=1),
-           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1))
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
+           GluonConfig(128, 2, ahead=1, psmem=1, permk=1))
 
 _forced: Optional[GluonConfig] = None
 
