@@ -14,6 +14,7 @@ import torch
 
 from qattn_fx.kernels import gluon_sage as gs
 from qattn_fx.kernels import triton_sage as ts
+from qattn_fx.kernels._offline import sass_opcodes
 
 pytest.importorskip("triton.experimental.gluon")
 
@@ -44,7 +45,9 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]"
-            r"\[,permk\]\[,solo\]\[,tarrive\]\[,mmasum\]'"),
+            r"\[,permk\]\[,solo\]\[,tarrive\]\[,mmasum\]\[,pvlate\]'"),
+    ("128,2,ahead,pvlate", r"pvlate is a schedule of its own.*valid: 'BLOCK_N,STAGES,pvlate\[,tree\]\[,permk\]"),
+    ("128,2,pvlate,mmasum", r"pvlate is a schedule of its own"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
     ("128,2,ahead,pingpong,solo", r"pingpong takes turns between two consumers; solo has one"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
@@ -230,3 +233,44 @@ def test_mmasum_takes_the_row_sum_from_a_second_wgmma(config):
     assert summed.asm["ptx"].count("add.f32") < plain.asm["ptx"].count("add.f32") - 100
     report = ts.ptxas_report(summed, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] == 0, report
+
+
+def _ffma_under_pv(config: str) -> list[int]:
+    """FFMAs between each P·V wgmma's issue (its last QGMMA.64x128x32, ``gsb0``) and the next full wait."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    ops = sass_opcodes(gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb))
+    counts = []
+    for i, op in enumerate(ops):
+        if op.startswith("QGMMA.64x128x32") and "gsb0" in op:
+            n = 0
+            for later in ops[i + 1:]:
+                if later.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"):
+                    break
+                n += later.startswith("FFMA")
+            counts.append(n)
+    return counts
+
+
+@pytest.mark.parametrize("config", ["128,3,pvlate", "128,2,pvlate", "128,3,pvlate,solo,tarrive"])
+def test_pvlate_scales_the_next_tile_under_the_pv_mma(config):
+    """``pvlate``: in the SASS, the next tile's ~64 logit-scaling FMAs run between a (full) tile's P·V issue and
+    the wait for it, where the ``ahead`` schedule waits at once; no spills (the in-flight accumulator is reused in
+    place, so no back-edge register moves force an early wait)."""
+    full_tiles = [n for n in _ffma_under_pv(config) if n]
+    assert full_tiles and min(full_tiles) >= 64, full_tiles
+    assert max(_ffma_under_pv("128,3,ahead,permk")) == 0
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    report = ts.ptxas_report(gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb), (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] == 0, report
+
+
+def test_pvlate_runs_the_plain_schedule_for_one_tile_rows():
+    """A row of one K tile has no next tile to overlap: the launch asks for the plain schedule (same numerics)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    cfg = gs.GluonConfig.parse("128,3,pvlate")
+    _, _, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg)
+    assert meta["PVLATE"] == 1
+    k1, v1 = k[:, :, :100], v[:, :, :100]
+    ks1 = ks[..., : (100 + kb - 1) // kb]
+    _, _, meta = gs._launch_args(q, qs, k1, ks1, v1, vs, qb, kb, 0.125, q, None, False, cfg)
+    assert meta["PVLATE"] == 0

@@ -1,5 +1,5 @@
 """Offline compilation of qattn_fx's Triton/Gluon kernels (no GPU needed): the launch signature Triton would
-specialize for given arguments, and ptxas' register/spill report. Used by ``compile_for`` in
+specialize for given arguments, ptxas' register/spill report and the SASS (Triton's bundled nvdisasm). Used by ``compile_for`` in
 :mod:`qattn_fx.kernels.triton_sage` and :mod:`qattn_fx.kernels.gluon_sage` for CI checks and SASS inspection.
 """
 
@@ -67,3 +67,21 @@ def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
             "spill_stores": int(spill_st.group(1)) if spill_st else None,
             "spill_loads": int(spill_ld.group(1)) if spill_ld else None,
             "shared_bytes": compiled.metadata.shared, "ptxas_ok": res.returncode == 0}
+
+
+def sass_opcodes(compiled) -> list[str]:
+    """The compiled kernel's SASS, one ``"OPCODE operands"`` string per instruction in address order (predicates
+    dropped), from the cubin through Triton's bundled ``nvdisasm``."""
+    import triton
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if m:
+            out.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(1)))
+    return out

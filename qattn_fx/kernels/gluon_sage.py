@@ -336,7 +336,7 @@ def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.
 @_jit
 def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, P_SMEM: gl.constexpr, PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None,
-              MMASUM: gl.constexpr = 0):
+              MMASUM: gl.constexpr = 0, fresh=False):
     """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator. ``P_SMEM``: P goes through this
     consumer's shared-memory buffer ``p_buf`` (its registers are free at once, and no cross-thread shuffles);
     else P is the register A operand (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were
@@ -347,7 +347,12 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
 
     Returns ``(pv, pl)``: ``MMASUM`` also issues ``P8 · 1`` (B: ``ones_smem``, ``(8, BLOCK_N)`` e4m3 ones) into
     a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
-    (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
+    (accumulated over the tile as P·V's own products are); else ``pl`` is 0.
+
+    ``fresh``: the wgmma's ``use_acc``. False (a constant) starts from zeros with ``pv_zero`` unread; a runtime
+    false (``pvlate``) passes ``pv_zero`` (then the previous tile's P·V, already added) as the accumulator operand,
+    so the result takes its registers: a loop-carried in-flight accumulator without copies, whose register moves at
+    the loop's back edge would otherwise make ptxas wait for the MMA there."""
     slot = j % STAGES
     v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
     if PERMK:  # keys back in operand order (a relabeling of P's registers), for either path
@@ -369,7 +374,7 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
         else:
             p_op = gl.convert_layout(p8, p_layout)
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
+        pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=fresh, is_async=True)
         if MMASUM:
             p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_zero.type.layout,
                                                               k_width=4), assert_trivial=True)
@@ -462,10 +467,58 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 
 @_jit
+def _late_step(j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
+               v_ready, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
+               grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, TREE: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr,
+               TARRIVE: gl.constexpr, FIRST: gl.constexpr, LAST: gl.constexpr):
+    """Tile ``j`` of the ``pvlate`` schedule. On entry ``S_j`` has landed and tile ``j-1``'s P·V (``pv``) may still
+    be in flight (``FIRST``: tile 0, there is none; ``pv`` is then the zero tile, ``alpha`` unused). ``S_j`` is
+    scaled (done by the caller's previous step in the SASS, right after the wait for ``S_j``) and its row max taken
+    while that P·V runs; only then is it waited for, added to ``acc`` (``alpha``: tile ``j-1``'s rescale) and
+    release event ``j`` signalled (K slot ``j``, V slot ``j-1``). Tile ``j+1``'s Q·Kᵀ is issued next, so its latency
+    passes under this tile's exponentials, then tile ``j``'s P·V (into ``pv``'s registers, ``fresh`` being a
+    runtime false: :func:`_pv_issue`), and ``S_{j+1}`` is waited for alone. Returns ``(m, l, acc, alpha, pv,
+    S_{j+1}, ks_{j+1})``. ``LAST``: the row's last tile (masked; its P·V is waited for and added here, release
+    event ``j + 1``; ``S`` and ``ks`` come back as given). The host runs this schedule for rows of two tiles or
+    more only, so ``FIRST`` and ``LAST`` never meet. K scales travel as in :func:`_ahead_step` (group scales read
+    from the ring a step early, per-column ones at use)."""
+    EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
+    if not EARLY:
+        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
+    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, LAST)
+    if not FIRST:
+        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+    _release(j, kv_free, STAGES, TARRIVE)
+    if not FIRST:
+        acc, l_i = _accumulate(acc, l_i, alpha, pv, 0.0, row_o, 0)
+    if LAST:
+        s_next = s
+        ks_next = ks
+    else:
+        s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        if EARLY:
+            ks_next = _tile_k_scales(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        else:
+            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, LAST)
+    pv, _ = _pv_issue(j, p8, pv, v_smem, v_ready, None, p_layout, BLOCK_N, STAGES, 0, 0 if LAST else PERMK,
+                      fresh=False if FIRST else fresh)
+    if LAST:
+        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        _release(j + 1, kv_free, STAGES, TARRIVE)
+        acc, l_i = _accumulate(acc, l_i, alpha, pv, 0.0, row_o, 0)
+    else:
+        s_next = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+    return m_new, l_i, acc, alpha, pv, s_next, ks_next
+
+
+@_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-             PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr):
+             PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
@@ -532,7 +585,26 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
     # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    if AHEAD:
+    if PVLATE:  # tile 0, tiles 1 .. n_tiles-2, the masked last tile (n_tiles >= 2: the host's choice)
+        fresh = SEQ_KV < 0  # false, but not a constant: P·V then reuses the in-flight accumulator's registers
+        s = _qk_issue(0, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        if _scales_read_early(KS_TMA, K_BLOCK):  # (else ks is _k_scales_ahead's, above)
+            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        m_i, l_i, acc, alpha, pv, s, ks = _late_step(
+            0, s, ks, m_i, l_i, acc, m_i, pv_zero, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
+            v_ready, ksrc, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, KS_TMA, PERMK,
+            TARRIVE, True, False)
+        for j in range(1, n_tiles - 1):
+            m_i, l_i, acc, alpha, pv, s, ks = _late_step(
+                j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
+                v_ready, ksrc, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, KS_TMA,
+                PERMK, TARRIVE, False, False)
+        m_i, l_i, acc, alpha, pv, s, ks = _late_step(
+            n_tiles - 1, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready,
+            kv_free, v_ready, ksrc, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE,
+            KS_TMA, PERMK, TARRIVE, False, True)
+    elif AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
             ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
@@ -552,11 +624,12 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
                                         P_SMEM, False, PERMK, TARRIVE, sums, MMASUM)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-    if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
-        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                                p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True, P_SMEM, True,
-                                0, TARRIVE, sums, MMASUM)
+    if not PVLATE:  # the last (masked) tile
+        if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
+            ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                    kv_free, p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True,
+                                    P_SMEM, True, 0, TARRIVE, sums, MMASUM)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -608,7 +681,7 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-              PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr):
+              PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
     descs, smem, bars, ptrs, ints, qk_scale = args
@@ -644,7 +717,7 @@ def _sage_fwd_ws(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
     PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
-    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer); ``SOLO``:
     grid ``(cdiv(Sq, 64), B · Hq)`` with consumer 0 and the producer only, two CTAs per SM (each consumer then has
@@ -705,18 +778,18 @@ def _sage_fwd_ws(
     if SOLO:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
         ], [1], [PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -743,7 +816,10 @@ class GluonConfig:
     warpgroup ``bar.sync`` and one thread's arrive; ``mmasum``: the softmax denominator comes from the tensor
     cores, a second wgmma per tile multiplying P by a shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums
     added like P·V's), instead of ~70 fp32 adds and shuffles per thread and tile: ``l`` is then the sum of the
-    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P. FlashAttention-3's
+    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``pvlate`` (a schedule of
+    its own, instead of ``ahead``): each tile's P·V is left in flight while the next tile's S is scaled and its
+    row max taken, and the next Q·Kᵀ is issued after that P·V is added (:func:`_late_step`; offline only so far:
+    no spills without ``permk``, 100 bytes with it). FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
@@ -757,8 +833,9 @@ class GluonConfig:
     solo: int = 0
     tarrive: int = 0
     mmasum: int = 0
+    pvlate: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive", "mmasum")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive", "mmasum", "pvlate")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -770,6 +847,9 @@ class GluonConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
         if self.solo and self.pingpong:
             raise ValueError(f"pingpong takes turns between two consumers; solo has one; got {self}")
+        if self.pvlate and (self.ahead or self.pingpong or self.psmem or self.mmasum):
+            raise ValueError(f"pvlate is a schedule of its own, with P as a register operand and fp32 row sums; got "
+                             f"{self}; valid: 'BLOCK_N,STAGES,pvlate[,tree][,permk][,solo][,tarrive]'")
         if self.pingpong and not self.ahead:
             raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
                              "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
@@ -779,7 +859,7 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum]"`` or ``str()`` of a config
+        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum][,pvlate]"`` or ``str()`` of a config
         (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
@@ -790,7 +870,7 @@ class GluonConfig:
             numbers = []
         if len(numbers) != 2:
             raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum]' such as "
+                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum][,pvlate]' such as "
                              "'128,2,ahead'")
         return cls(*numbers, **flags)
 
@@ -825,7 +905,9 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 2, mmasum=1),
            GluonConfig(128, 2, ahead=1, psmem=1, mmasum=1), GluonConfig(64, 3, ahead=1, mmasum=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
-           GluonConfig(128, 2, ahead=1, psmem=1, permk=1))
+           GluonConfig(128, 2, ahead=1, psmem=1, permk=1),
+           GluonConfig(128, 3, pvlate=1), GluonConfig(128, 2, pvlate=1), GluonConfig(128, 3, pvlate=1, tree=1),
+           GluonConfig(128, 3, pvlate=1, solo=1, tarrive=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -989,7 +1071,9 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
-                PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum)
+                PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum,
+                # pvlate needs two tiles: a row of one runs the plain schedule (same numerics)
+                PVLATE=int(bool(config.pvlate) and skv > config.block_n))
     grid = (triton.cdiv(sq, (1 if config.solo else CONSUMERS) * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
