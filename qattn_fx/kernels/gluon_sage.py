@@ -474,8 +474,9 @@ def _late_step(j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV,
                TARRIVE: gl.constexpr, FIRST: gl.constexpr, LAST: gl.constexpr):
     """Tile ``j`` of the ``pvlate`` schedule. On entry ``S_j`` has landed and tile ``j-1``'s P·V (``pv``) may still
     be in flight (``FIRST``: tile 0, there is none; ``pv`` is then the zero tile, ``alpha`` unused). ``S_j`` is
-    scaled (done by the caller's previous step in the SASS, right after the wait for ``S_j``) and its row max taken
-    while that P·V runs; only then is it waited for, added to ``acc`` (``alpha``: tile ``j-1``'s rescale) and
+    scaled and its row max taken before that P·V is waited for (in the SASS ptxas keeps the scaling under the MMA,
+    right after the wait for ``S_j``, and waits before the row max); then it is added to ``acc`` (``alpha``: tile
+    ``j-1``'s rescale) and
     release event ``j`` signalled (K slot ``j``, V slot ``j-1``). Tile ``j+1``'s Q·Kᵀ is issued next, so its latency
     passes under this tile's exponentials, then tile ``j``'s P·V (into ``pv``'s registers, ``fresh`` being a
     runtime false: :func:`_pv_issue`), and ``S_{j+1}`` is waited for alone. Returns ``(m, l, acc, alpha, pv,
@@ -819,7 +820,8 @@ class GluonConfig:
     e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``pvlate`` (a schedule of
     its own, instead of ``ahead``): each tile's P·V is left in flight while the next tile's S is scaled and its
     row max taken, and the next Q·Kᵀ is issued after that P·V is added (:func:`_late_step`; offline only so far:
-    no spills without ``permk``, 100 bytes with it). FlashAttention-3's
+    ptxas keeps the ~70 scaling FMAs under the MMA and waits before the row max; no spills without ``permk``, 100
+    bytes with it). FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
