@@ -1,6 +1,6 @@
 """GPU time of each kernel of the Inductor-compiled quantize + attention graph, per benchmark shape.
 
-    python3 tools/profile_quantize.py --shapes flux-1024,wan1.3b-480p [--kernel gluon_sage] [--recipe int8-1-16-1]
+    python3 tools/profile_quantize.py --shapes flux-1024,wan1.3b-480p [--method gluon_sage/int8-1-16-1] [--calls 10]
 
 Compiles ``quantized_attention`` as benchmarks/attention_ops.py does (``torch.compile(fullgraph=True)``), runs it
 under ``torch.profiler`` and prints, per shape, every CUDA kernel with its mean time per call (Inductor's kernels

@@ -1,6 +1,7 @@
 """Offline compilation of qattn_fx's Triton/Gluon kernels (no GPU needed): the launch signature Triton would
-specialize for given arguments, ptxas' register/spill report and the SASS (Triton's bundled nvdisasm). Used by ``compile_for`` in
-:mod:`qattn_fx.kernels.triton_sage` and :mod:`qattn_fx.kernels.gluon_sage` for CI checks and SASS inspection.
+specialize for given arguments, ptxas' register/spill report and the SASS (Triton's bundled nvdisasm). Used by
+``compile_for`` in :mod:`qattn_fx.kernels.triton_sage` and :mod:`qattn_fx.kernels.gluon_sage` for CI checks and SASS
+inspection.
 """
 
 from __future__ import annotations
@@ -49,11 +50,16 @@ def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
-    """Registers and spill bytes of a compiled kernel, from Triton's bundled ``ptxas -v``."""
+def _bundled_tool(name: str) -> str:
+    """Path of one of the CUDA tools Triton ships (``ptxas``, ``nvdisasm``, ...)."""
     import triton
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
+    """Registers and spill bytes of a compiled kernel, from Triton's bundled ``ptxas -v``."""
+    ptxas = _bundled_tool("ptxas")
     arch = f"sm_{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(compiled.asm["ptx"])
@@ -72,13 +78,11 @@ def ptxas_report(compiled, capability: tuple[int, int]) -> dict:
 def sass_opcodes(compiled) -> list[str]:
     """The compiled kernel's SASS, one ``"OPCODE operands"`` string per instruction in address order (predicates
     dropped), from the cubin through Triton's bundled ``nvdisasm``."""
-    import triton
-
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([_bundled_tool("nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
     out = []
     for line in text.splitlines():
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)

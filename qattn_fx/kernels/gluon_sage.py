@@ -342,8 +342,7 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BL
     else P is the register A operand (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were
     loaded permuted (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key
     ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles), on
-    either path (until 2026-11-30's sixth session ``psmem`` stored P unrelabeled: wrong with ``permk``, a
-    combination no config list held).
+    either path.
 
     Returns ``(pv, pl)``: ``MMASUM`` also issues ``P8 · 1`` (B: ``ones_smem``, ``(8, BLOCK_N)`` e4m3 ones) into
     a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
@@ -476,14 +475,13 @@ def _late_step(j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV,
     be in flight (``FIRST``: tile 0, there is none; ``pv`` is then the zero tile, ``alpha`` unused). ``S_j`` is
     scaled and its row max taken before that P·V is waited for (in the SASS ptxas keeps the scaling under the MMA,
     right after the wait for ``S_j``, and waits before the row max); then it is added to ``acc`` (``alpha``: tile
-    ``j-1``'s rescale) and
-    release event ``j`` signalled (K slot ``j``, V slot ``j-1``). Tile ``j+1``'s Q·Kᵀ is issued next, so its latency
-    passes under this tile's exponentials, then tile ``j``'s P·V (into ``pv``'s registers, ``fresh`` being a
-    runtime false: :func:`_pv_issue`), and ``S_{j+1}`` is waited for alone. Returns ``(m, l, acc, alpha, pv,
-    S_{j+1}, ks_{j+1})``. ``LAST``: the row's last tile (masked; its P·V is waited for and added here, release
-    event ``j + 1``; ``S`` and ``ks`` come back as given). The host runs this schedule for rows of two tiles or
-    more only, so ``FIRST`` and ``LAST`` never meet. K scales travel as in :func:`_ahead_step` (group scales read
-    from the ring a step early, per-column ones at use)."""
+    ``j-1``'s rescale) and release event ``j`` signalled (K slot ``j``, V slot ``j-1``). Tile ``j+1``'s Q·Kᵀ is
+    issued next, so its latency passes under this tile's exponentials, then tile ``j``'s P·V (into ``pv``'s
+    registers, ``fresh`` being a runtime false: :func:`_pv_issue`), and ``S_{j+1}`` is waited for alone.
+    Returns ``(m, l, acc, alpha, pv, S_{j+1}, ks_{j+1})``. ``LAST``: the row's last tile (masked; its P·V is
+    waited for and added here, release event ``j + 1``; ``S`` and ``ks`` come back as given). The host runs this
+    schedule for rows of two tiles or more only, so ``FIRST`` and ``LAST`` never meet. K scales travel as in
+    :func:`_ahead_step` (group scales read from the ring a step early, per-column ones at use)."""
     EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
     if not EARLY:
         ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
@@ -861,7 +859,7 @@ class GluonConfig:
 
     @classmethod
     def parse(cls, text: str) -> "GluonConfig":
-        """``"128,2[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum][,pvlate]"`` or ``str()`` of a config
+        """``"BLOCK_N,STAGES"`` and any of :attr:`FLAGS` (``"128,2,ahead,permk"``), or ``str()`` of a config
         (``WS_BN128_s2_ahead``)."""
         fields = [f.strip() for f in text.replace("_", ",").split(",") if f.strip() and f.strip().upper() != "WS"]
         flags = {f: 1 for f in fields if f in cls.FLAGS}
@@ -871,8 +869,8 @@ class GluonConfig:
         except ValueError:
             numbers = []
         if len(numbers) != 2:
-            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: "
-                             "'BLOCK_N,STAGES[,ahead][,tree][,psmem][,pingpong][,permk][,solo][,tarrive][,mmasum][,pvlate]' such as "
+            optional = "".join(f"[,{f}]" for f in cls.FLAGS)
+            raise ValueError(f"gluon_sage config {text!r} is invalid; valid: 'BLOCK_N,STAGES{optional}' such as "
                              "'128,2,ahead'")
         return cls(*numbers, **flags)
 

@@ -42,8 +42,7 @@ def check(args, what, sm_scale=None, out_dtype=torch.float32, config=None):
         out = gs.scaled_attention(*args, sm_scale, out_dtype)
     fp8_qk = args[0].dtype == torch.float8_e4m3fn
     assert_fp32_level(out.float(), emulate(*args, sm_scale, config.block_n, config.mmasum),
-                      f"{config} {what} vs emulation",
-                      fp8_qk=fp8_qk)
+                      f"{config} {what} vs emulation", fp8_qk=fp8_qk)
     assert_close_to_reference(out.float(), reference.scaled_attention(*args, sm_scale, torch.float32),
                               f"{config} {what}")
     return out
