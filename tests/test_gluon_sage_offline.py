@@ -45,7 +45,11 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]"
-            r"\[,permk\]\[,solo\]\[,tarrive\]\[,mmasum\]\[,pvlate\]'"),
+            r"\[,permk\]\[,solo\]\[,tarrive\]\[,mmasum\]\[,pvlate\]\[,trio\]'"),
+    ("128,3,trio,ahead", r"trio \(three consumers of 160 registers\) runs the serial schedule only; got "
+                         r"WS_BN128_s3_ahead_trio; valid: 'BLOCK_N,STAGES,trio\[,tree\]\[,permk\]\[,tarrive\]'"),
+    ("128,3,trio,solo", r"trio .* runs the serial schedule only"),
+    ("128,3,trio,mmasum", r"trio .* runs the serial schedule only"),
     ("128,2,ahead,pvlate", r"pvlate is a schedule of its own.*valid: 'BLOCK_N,STAGES,pvlate\[,tree\]\[,permk\]"),
     ("128,2,pvlate,mmasum", r"pvlate is a schedule of its own"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),
@@ -274,3 +278,28 @@ def test_pvlate_runs_the_plain_schedule_for_one_tile_rows():
     ks1 = ks[..., : (100 + kb - 1) // kb]
     _, _, meta = gs._launch_args(q, qs, k1, ks1, v1, vs, qb, kb, 0.125, q, None, False, cfg)
     assert meta["PVLATE"] == 0
+
+
+@pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive", "128,3,trio,permk", "128,3,tree,permk,trio"])
+def test_trio_runs_three_consumers_in_160_registers(config):
+    """``trio``: three consumer warpgroups (192 query rows) and the padded producer, 512 threads launched at 128
+    registers; ``setmaxnreg`` gives the two worker consumers 160. The full tiles' loop (first Q·Kᵀ wgmma to the
+    wait for the first P·V) touches no local memory; ptxas keeps one value on the stack outside it (<= 16 bytes).
+    Without ``permk`` (P's layout conversion before P·V) it spills in the loop (84 bytes): those trio configs are
+    GPU-tested, not tuned."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    cfg = gs.GluonConfig.parse(config)
+    assert cfg.consumers == 3
+    grid, _, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg)
+    assert grid[0] == -(-q.shape[2] // 192) and meta["CONSUMER_NREG"] == gs.TRIO_CONSUMER_REGS == 160
+    compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb)
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"\.maxnreg\s+128\b", ptx) and re.search(r"\.reqntid\s+512\b", ptx)
+    assert len(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;", ptx)) == 2
+    report = ts.ptxas_report(compiled, (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] <= 16, report
+    ops = sass_opcodes(compiled)
+    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
+    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
+    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("WARPGROUP.DEPBAR"))
+    assert not [op for op in ops[start:end] if op.startswith(("STL", "LDL"))]

@@ -91,6 +91,12 @@ LAUNCH_MAXNREG = 168
 #: the consumer 232 (4·232 + 4·24 = 8·128; no spills, checked offline).
 SOLO_LAUNCH_MAXNREG = 128
 SOLO_CONSUMER_REGS = 232
+#: ``trio`` configs (three consumer warpgroups, 192 query rows per CTA): 4 + 4 + 4 + 4 (the padded producer) warps
+#: launched with 128 registers each fill an SM's 64 K registers; ``setmaxnreg`` gives consumers 1 and 2
+#: :data:`TRIO_CONSUMER_REGS` and consumer 0 (Gluon's default partition) the rest, 168 (2·4·160 + 4·168 + 4·24 =
+#: 16·128). Enough for the serial schedule only (offline: ``ahead`` spills ~530 bytes at 160).
+TRIO_LAUNCH_MAXNREG = 128
+TRIO_CONSUMER_REGS = 160
 
 
 @_constexpr_function
@@ -716,7 +722,7 @@ def _sage_fwd_ws(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
     PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
-    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0, TRIO: gl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer); ``SOLO``:
     grid ``(cdiv(Sq, 64), B · Hq)`` with consumer 0 and the producer only, two CTAs per SM (each consumer then has
@@ -733,7 +739,7 @@ def _sage_fwd_ws(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    NC: gl.constexpr = 1 if SOLO else 2  # consumer warpgroups in this CTA
+    NC: gl.constexpr = 1 if SOLO else (3 if TRIO else 2)  # consumer warpgroups in this CTA
     start_m = pid_m * (NC * BM)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
@@ -781,6 +787,17 @@ def _sage_fwd_ws(
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
                          PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
         ], [1], [PRODUCER_NREG])
+    elif TRIO:
+        gl.warp_specialize([
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+            (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+        ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
@@ -834,8 +851,9 @@ class GluonConfig:
     tarrive: int = 0
     mmasum: int = 0
     pvlate: int = 0
+    trio: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive", "mmasum", "pvlate")
+    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive", "mmasum", "pvlate", "trio")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -850,9 +868,17 @@ class GluonConfig:
         if self.pvlate and (self.ahead or self.pingpong or self.psmem or self.mmasum):
             raise ValueError(f"pvlate is a schedule of its own, with P as a register operand and fp32 row sums; got "
                              f"{self}; valid: 'BLOCK_N,STAGES,pvlate[,tree][,permk][,solo][,tarrive]'")
+        if self.trio and (self.ahead or self.pvlate or self.pingpong or self.psmem or self.mmasum or self.solo):
+            raise ValueError(f"trio (three consumers of {TRIO_CONSUMER_REGS} registers) runs the serial schedule "
+                             f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,tree][,permk][,tarrive]'")
         if self.pingpong and not self.ahead:
             raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
                              "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups per CTA (each owns 64 query rows)."""
+        return 1 if self.solo else (3 if self.trio else CONSUMERS)
 
     def __str__(self) -> str:
         return f"WS_BN{self.block_n}_s{self.stages}" + "".join(f"_{f}" for f in self.FLAGS if getattr(self, f))
@@ -876,22 +902,25 @@ class GluonConfig:
 
 
 #: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
-#: 2026-11-30 H200 tuning runs (BENCHMARKS.md, fourth session): ``128,3,ahead,permk`` at head_dim 128 (fastest at
-#: both Wan shapes, 3-7 % over ``128,3,ahead``); ``128,3,ahead,permk,solo,tarrive`` at head_dim 64 (6-8 % over
-#: ``128,3,ahead`` at the d64 shape).
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, ahead=1, permk=1), 64: GluonConfig(128, 3, ahead=1, permk=1, solo=1,
-                                                                                tarrive=1)}
-#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``permk`` at the Wan
-#: shapes (2, 3 or 4 stages within 1 %, so ``128,2,ahead,permk`` is timed too), ``permk,solo,tarrive`` at flux-1024,
-#: ``permk,solo`` / ``permk,solo,tarrive`` at d64; ``ahead`` and ``solo`` stay for inputs whose K layout ``permk``
-#: cannot view (it then runs the plain schedule). ``mmasum`` variants of the two fastest measured -2 % to +3 %
-#: against them (2026-11-30, sixth session): within run-to-run noise, so the tuner decides per problem.
+#: 2026-11-30 H200 tuning runs (BENCHMARKS.md): ``128,3,trio,permk,tarrive`` at head_dim 128 (seventh session:
+#: 844 TFLOP/s at both Wan shapes, 4-5 % over the earlier default ``128,3,ahead,permk`` in the same run);
+#: ``128,3,ahead,permk,solo,tarrive`` at head_dim 64 (fourth session: 6-8 % over ``128,3,ahead`` at the d64 shape).
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
+                   64: GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1)}
+#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``trio,permk`` (with or
+#: without ``tarrive``) at the Wan shapes, ``ahead,permk`` / ``permk,solo,tarrive`` at flux-1024 (whose 4608 rows
+#: make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones), ``trio,tree,permk`` and ``permk,solo(,tarrive)`` at
+#: d64; ``ahead`` and ``solo`` stay for inputs whose K layout ``permk`` cannot view (it then runs the plain
+#: schedule). ``mmasum`` variants of the two fastest ``ahead`` configs measured -2 % to +3 % against them (sixth
+#: session): within run-to-run noise, so the tuner decides per problem.
 TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
                  GluonConfig(128, 2, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
                  GluonConfig(128, 3, ahead=1, permk=1, solo=1),
                  GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
                  GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1))
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
+                 GluonConfig(128, 3, permk=1, trio=1), GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
+                 GluonConfig(128, 3, tree=1, permk=1, trio=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
@@ -907,7 +936,10 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
            GluonConfig(128, 2, ahead=1, psmem=1, permk=1),
            GluonConfig(128, 3, pvlate=1), GluonConfig(128, 2, pvlate=1), GluonConfig(128, 3, pvlate=1, tree=1),
-           GluonConfig(128, 3, pvlate=1, solo=1, tarrive=1))
+           GluonConfig(128, 3, pvlate=1, solo=1, tarrive=1),
+           GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
+           GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, trio=1, tree=1),
+           GluonConfig(128, 3, tree=1, permk=1, trio=1))
 
 _forced: Optional[GluonConfig] = None
 
@@ -1073,13 +1105,17 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum,
                 # pvlate needs two tiles: a row of one runs the plain schedule (same numerics)
-                PVLATE=int(bool(config.pvlate) and skv > config.block_n))
-    grid = (triton.cdiv(sq, (1 if config.solo else CONSUMERS) * ROWS_PER_CONSUMER), bsz * hq)
+                PVLATE=int(bool(config.pvlate) and skv > config.block_n), TRIO=config.trio)
+    if config.trio:
+        meta["CONSUMER_NREG"] = TRIO_CONSUMER_REGS
+    grid = (triton.cdiv(sq, config.consumers * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
 
 def _launch_maxnreg(meta: dict) -> int:
-    return SOLO_LAUNCH_MAXNREG if meta["SOLO"] else LAUNCH_MAXNREG
+    if meta["SOLO"]:
+        return SOLO_LAUNCH_MAXNREG
+    return TRIO_LAUNCH_MAXNREG if meta["TRIO"] else LAUNCH_MAXNREG
 
 
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
