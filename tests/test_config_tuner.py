@@ -9,7 +9,7 @@ from qattn_fx.kernels._config_tuner import ENV_CACHE, ENV_ENABLE, ConfigTuner, d
 MS = {"a": 3.0, "b": 1.0, "c": 2.0}
 
 
-def make(tmp_path, capturing=False, cache=True):
+def make(tmp_path, capturing=False, cache=True, rounds=1):
     runs = []
 
     def timer(run):
@@ -17,11 +17,12 @@ def make(tmp_path, capturing=False, cache=True):
         return MS[runs[-1]]
 
     tuner = ConfigTuner("k", ["a", "b", "c"], default=lambda key: "c", cache_path=tmp_path / "t.json" if cache
-                        else None, timer=timer, capturing=lambda: capturing, device_tag=lambda: "GPU X|triton 9")
+                        else None, timer=timer, capturing=lambda: capturing, device_tag=lambda: "GPU X|triton 9",
+                        rounds=rounds)
     return tuner, runs
 
 
-def test_times_every_candidate_once_then_remembers_the_fastest(tmp_path):
+def test_times_every_candidate_then_remembers_the_fastest(tmp_path):
     tuner, runs = make(tmp_path)
     assert tuner.choose((128, 4096), runs.append) == "b"
     assert tuner.last_source() == "tuned"
@@ -30,6 +31,23 @@ def test_times_every_candidate_once_then_remembers_the_fastest(tmp_path):
     runs.clear()
     assert tuner.choose((128, 4096), runs.append) == "b" and runs == [] and tuner.last_source() == "cache"
     assert tuner.choose((64, 4096), runs.append) == "b" and runs == ["a", "b", "c"]  # another key: tuned again
+
+
+def test_rounds_interleave_the_candidates_and_keep_the_median():
+    """Three rounds by default; one slow outlier (clock drift) does not decide: the median over rounds does."""
+    times = iter([3.0, 9.0, 2.0,  # round 1: b caught a slow moment
+                  3.0, 1.0, 2.0,
+                  3.1, 1.1, 2.1])
+    runs = []
+    tuner = ConfigTuner("k", ["a", "b", "c"], default=lambda key: "c", cache_path=None,
+                        timer=lambda run: (run(), next(times))[1], capturing=lambda: False,
+                        device_tag=lambda: "GPU X|triton 9")
+    assert tuner.rounds == 3
+    assert tuner.choose((1,), runs.append) == "b"
+    assert runs == ["a", "b", "c"] * 3
+    assert tuner.timings() == {"k|GPU X|triton 9|(1,)": {"a": 3.0, "b": 1.1, "c": 2.0}}
+    with pytest.raises(ValueError, match=r"k: rounds=0 is invalid; valid: an int >= 1"):
+        ConfigTuner("k", ["a"], default=lambda key: "a", rounds=0)
 
 
 def test_choices_persist_on_disk_per_device_and_kernel(tmp_path):

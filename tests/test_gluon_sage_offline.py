@@ -47,9 +47,9 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,tree\]\[,psmem\]\[,pingpong\]"
             r"\[,permk\]\[,solo\]\[,tarrive\]\[,mmasum\]\[,pvlate\]\[,trio\]'"),
     ("128,3,trio,ahead", r"trio \(three consumers of 160 registers\) runs the serial schedule only; got "
-                         r"WS_BN128_s3_ahead_trio; valid: 'BLOCK_N,STAGES,trio\[,tree\]\[,permk\]\[,tarrive\]'"),
+                         r"WS_BN128_s3_ahead_trio; valid: 'BLOCK_N,STAGES,trio\[,tree\]\[,permk\]\[,tarrive\]\[,mmasum\]'"),
     ("128,3,trio,solo", r"trio .* runs the serial schedule only"),
-    ("128,3,trio,mmasum", r"trio .* runs the serial schedule only"),
+    ("128,3,trio,psmem", r"trio .* runs the serial schedule only"),
     ("128,2,ahead,pvlate", r"pvlate is a schedule of its own.*valid: 'BLOCK_N,STAGES,pvlate\[,tree\]\[,permk\]"),
     ("128,2,pvlate,mmasum", r"pvlate is a schedule of its own"),
     ("128,2,pingpong", r"pingpong is implemented for the ahead schedule only"),

@@ -868,9 +868,9 @@ class GluonConfig:
         if self.pvlate and (self.ahead or self.pingpong or self.psmem or self.mmasum):
             raise ValueError(f"pvlate is a schedule of its own, with P as a register operand and fp32 row sums; got "
                              f"{self}; valid: 'BLOCK_N,STAGES,pvlate[,tree][,permk][,solo][,tarrive]'")
-        if self.trio and (self.ahead or self.pvlate or self.pingpong or self.psmem or self.mmasum or self.solo):
+        if self.trio and (self.ahead or self.pvlate or self.pingpong or self.psmem or self.solo):
             raise ValueError(f"trio (three consumers of {TRIO_CONSUMER_REGS} registers) runs the serial schedule "
-                             f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,tree][,permk][,tarrive]'")
+                             f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,tree][,permk][,tarrive][,mmasum]'")
         if self.pingpong and not self.ahead:
             raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
                              "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
@@ -939,7 +939,8 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConf
            GluonConfig(128, 3, pvlate=1, solo=1, tarrive=1),
            GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
            GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, trio=1, tree=1),
-           GluonConfig(128, 3, tree=1, permk=1, trio=1))
+           GluonConfig(128, 3, tree=1, permk=1, trio=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
+           GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 
 _forced: Optional[GluonConfig] = None
 

@@ -154,18 +154,29 @@ def test_v_scales(v_scale):
 
 
 @needs_sm90
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_out_dtype_bshd_storage_and_lse(out_dtype):
+@pytest.mark.parametrize("out_dtype,config", [(torch.bfloat16, gs.DEFAULT_CONFIGS[128]),
+                                              (torch.float16, gs.DEFAULT_CONFIGS[128]),
+                                              (torch.bfloat16, gs.GluonConfig(128, 3, ahead=1, permk=1, mmasum=1))],
+                         ids=str)
+def test_out_dtype_bshd_storage_and_lse(out_dtype, config):
+    """LSE against triton_sage's with the same tile size (the same running maxima): equal for fp32 row sums; under
+    ``mmasum`` the denominator is the sum of the e4m3-rounded P, ~1 % off the fp32 sum per row on these inputs
+    (e4m3 has 3 mantissa bits), so its LSE differs by up to ~0.01 (log units). The config is forced: the tuner may
+    pick either kind."""
     from qattn_fx.kernels import triton_sage as ts
 
     args = quantize(*make_qkv(), "int8", 1, 16)
-    out, lse = gs.attention(*args, 0.125, out_dtype, return_lse=True)
+    with gs.use_config(config):
+        out, lse = gs.attention(*args, 0.125, out_dtype, return_lse=True)
     b, h, s, d = out.shape
     assert out.dtype == out_dtype and out.stride() == (s * h * d, d, h * d, 1)
     assert_close_to_reference(out.float(), reference.scaled_attention(*args, 0.125, torch.float32), str(out_dtype))
-    with ts.use_config("128,128,8,3,pipe"):  # same tile size: the same running maxima, so the same LSE
+    with ts.use_config("128,128,8,3,pipe"):
         _, ts_lse = ts.attention(*args, 0.125, torch.float32, return_lse=True)
-    torch.testing.assert_close(lse, ts_lse, atol=1e-4, rtol=1e-5)
+    if config.mmasum:
+        torch.testing.assert_close(lse, ts_lse, atol=2e-2, rtol=0)
+    else:
+        torch.testing.assert_close(lse, ts_lse, atol=1e-4, rtol=1e-5)
 
 
 @needs_sm90
