@@ -902,25 +902,22 @@ class GluonConfig:
 
 
 #: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
-#: 2026-11-30 H200 tuning runs (BENCHMARKS.md): ``128,3,trio,permk,tarrive`` at head_dim 128 (seventh session:
-#: 844 TFLOP/s at both Wan shapes, 4-5 % over the earlier default ``128,3,ahead,permk`` in the same run);
-#: ``128,3,ahead,permk,solo,tarrive`` at head_dim 64 (fourth session: 6-8 % over ``128,3,ahead`` at the d64 shape).
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
-                   64: GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1)}
-#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``trio,permk`` (with or
-#: without ``tarrive``) at the Wan shapes, ``ahead,permk`` / ``permk,solo,tarrive`` at flux-1024 (whose 4608 rows
-#: make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones), ``trio,tree,permk`` and ``permk,solo(,tarrive)`` at
-#: d64; ``ahead`` and ``solo`` stay for inputs whose K layout ``permk`` cannot view (it then runs the plain
-#: schedule). ``mmasum`` variants of the two fastest ``ahead`` configs measured -2 % to +3 % against them (sixth
-#: session): within run-to-run noise, so the tuner decides per problem.
+#: 2026-11-30 H200 tuning runs (BENCHMARKS.md, seventh session): ``128,3,trio,permk,tarrive,mmasum`` at both head
+#: dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7 at d64; ``128,3,ahead,permk``, the earlier
+#: head_dim-128 default, 801.2 / 791.2 / 496.5 in the same run).
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
+                   64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
+#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``trio,permk,mmasum``
+#: (with or without ``tarrive``) at the Wan shapes and d64; ``ahead,solo`` / ``ahead,permk(,solo,tarrive)`` at
+#: flux-1024, whose 4608 rows make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones; ``ahead`` stays for
+#: inputs whose K layout ``permk`` cannot view (it then runs the plain schedule, and ``trio`` spills in its loop).
 TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
-                 GluonConfig(128, 2, ahead=1, permk=1), GluonConfig(128, 3, ahead=1, solo=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, solo=1),
+                 GluonConfig(128, 3, ahead=1, solo=1),
                  GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
                  GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
-                 GluonConfig(128, 3, permk=1, trio=1), GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
-                 GluonConfig(128, 3, tree=1, permk=1, trio=1))
+                 GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
+                 GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
+                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
            GluonConfig(128, 2, tree=1),
