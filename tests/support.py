@@ -175,17 +175,21 @@ def assert_close_to_reference(out, ref, what="", tol=None, *, name="kernel"):
     assert max_rel <= tol["max_rel"] and mean_rel <= tol["mean_rel"], (what, max_rel, mean_rel)
 
 
-def assert_fp32_level(out, ref, what="", fp8_qk=False, *, name="kernel"):
+def assert_fp32_level(out, ref, what="", fp8_qk=False, *, name="kernel", mmasum=False):
     """Agreement at the precision of Hopper's FP8 MMAs, not of fp32 CUDA cores.
 
     FP8 wgmma accumulates each tile's products with ~22 bits (13 mantissa bits, relative 2^-14 ≈ 6e-5): every
     tile's P·V sum carries that error, and with FP8 Q/K so does every logit (which then moves P). Measured on the
     H200 (2026-11-29), errors relative to max|O|: int8/bf16 Q/K mean 3.5e-5, max 1.5e-3 (66 % of the elements
     above 1e-5: the P·V accumulator, everywhere); FP8 Q/K mean 4.1e-4, max 4.3e-3. Under the Triton
-    interpreter (exact fp32) the same inputs agree to ~1e-6. Bounds: 3x the measured means, max < 2e-2."""
+    interpreter (exact fp32) the same inputs agree to ~1e-6. Bounds: 3x the measured means, max < 2e-2.
+
+    ``mmasum``: the softmax denominator is also an FP8 wgmma sum (of e4m3 P), with the same ~22-bit accumulator,
+    which the emulation sums in fp32; with one dominant key per row (``test_exact_when_row_max_is_in_first_tile``)
+    that measured mean 1.13e-4, max 1.43e-3 on the H200 (2026-11-30), so the int8/bf16 mean bound doubles."""
     err = (out.double() - ref.double()).abs() / ref.double().abs().max()
     print(f"[{name} fp32-level] {what}: max={err.max().item():.2e} mean={err.mean().item():.2e}")
-    mean_bound = 1.5e-3 if fp8_qk else 1e-4
+    mean_bound = 1.5e-3 if fp8_qk else (2e-4 if mmasum else 1e-4)
     assert err.mean().item() < mean_bound and err.max().item() < 2e-2, what
 
 
