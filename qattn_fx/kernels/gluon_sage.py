@@ -1,23 +1,27 @@
-"""Warp-specialized Hopper (sm_90) SageAttention kernel in Gluon: a TMA producer warp and two consumer warpgroups.
+"""Warp-specialized Hopper (sm_90) SageAttention kernel in Gluon: a TMA producer warp and two (or three) consumer
+warpgroups.
 
 Implements ``qattn::scaled_attention`` with the numerics of :mod:`qattn_fx.kernels.triton_sage` (see its module
 docstring: exact int32→fp32 with the 1.5·2^23 magic number, K scales per column / group / tile, online exp2
 softmax on ``448·P``, e4m3 P, two-level P·V accumulation, ``O = acc · v_scale / l``). What differs is the
 schedule, which plain Triton 3.6 cannot express:
 
-* one CTA owns ``2 · 64`` query rows of one (batch, head). A **producer warp** streams K and V tiles through
+* one CTA owns ``2 · 64`` query rows of one (batch, head) (``trio``: ``3 · 64``; ``solo``: 64). A **producer
+  warp** streams K and V tiles through
   ``STAGES``-deep shared-memory rings with TMA (``ready`` mbarriers carry the byte count; rows past the sequence
   arrive as zeros). Per-column / per-group K scales ride on the K tile's barrier as a 1-D TMA box into a
   ``2 · STAGES``-deep ring (a broadcast shared-memory read for the consumers instead of masked global loads,
   ~90 fewer instructions per tile); scales TMA cannot address (no unit stride on tokens, unaligned base, other
-  ``k_block``) are loaded from global memory a tile ahead. Each of two **consumer warpgroups** owns 64 of the
+  ``k_block``) are loaded from global memory a tile ahead. Each **consumer warpgroup** owns 64 of the
   rows and runs Q·Kᵀ (wgmma), the softmax and P·V (wgmma, P from registers) on every tile, then frees tile
-  ``j+1``'s K slot and tile ``j``'s V slot with one arrive on a ``kv_free`` mbarrier (count 2: both consumers).
+  ``j+1``'s K slot and tile ``j``'s V slot with one arrive on a ``kv_free`` mbarrier (count: the consumers).
 * nothing synchronizes the two consumers with each other (no CTA-wide barrier in the loop), so one warpgroup's
   softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
   ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
-  :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`.
+  :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
+  bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
+  warp on every SM sub-partition to hide it, which measured fastest at video lengths (seventh session).
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V), ``ahead`` (the next tile's
   Q·Kᵀ in flight during this tile's exponentials; the default), optionally ``pingpong`` (measured slower).
   Tiles are full except the last, which is handled after the loop with masks: a per-tile branch
@@ -836,7 +840,11 @@ class GluonConfig:
     its own, instead of ``ahead``): each tile's P·V is left in flight while the next tile's S is scaled and its
     row max taken, and the next Q·Kᵀ is issued after that P·V is added (:func:`_late_step`; offline only so far:
     ptxas keeps the ~70 scaling FMAs under the MMA and waits before the row max; no spills without ``permk``, 100
-    bytes with it). FlashAttention-3's
+    bytes with it; measured 2-5 % slower than ``ahead,permk``); ``trio``: three consumer warpgroups per CTA (192
+    query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule fits: three warps per SM
+    sub-partition hide more of the MMA and exponential latency than ``ahead`` does with two (4-5 % faster at the
+    Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50 instructions per tile it
+    saves, 8-12 %). FlashAttention-3's
     intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
     (BENCHMARKS.md, 2026-11-30)."""
 
