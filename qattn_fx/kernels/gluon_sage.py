@@ -784,6 +784,8 @@ def _sage_fwd_ws(
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
              kp_gh),
             qk_scale)
+    # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
+    # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
     if SOLO:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
