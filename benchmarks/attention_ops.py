@@ -51,6 +51,11 @@ Columns:
 * ``quant %`` — quantization overhead ``(total − kernel) / kernel · 100``.
 * ``note`` — ``compile N s`` for the compiled path, or why a method was skipped / failed.
 
+``--rounds N`` (default 1) times every method of a shape N times in turn (kernel and total alternating, methods in
+the same order each round) and reports medians; the JSON rows keep each round (``ms_kernel_rounds``,
+``ms_total_rounds``). Kernel and total are separate measurements, and with one round the GPU's clock can drift
+between them (the 2026-11-30 seventh-session run measured a total 0.6 % *below* its kernel alone).
+
 ``--outliers`` replaces the Gaussian inputs by DiT-like channel outliers: a per-(head, channel) bias shared by all
 tokens, ×10 on K and ×3 on Q (as ``probes/outlier_accuracy.py``), to compare accuracy. ``--max-seconds`` (default
 330) stops starting new measurements once exceeded, so a run inside a 6-minute device window still prints its table.
@@ -63,6 +68,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -281,6 +287,7 @@ class Settings:
     timer: str = "events"
     compile: bool = True
     max_seconds: float = 330.0
+    rounds: int = 1
     started: float = field(default_factory=time.perf_counter)
 
     def out_of_time(self) -> bool:
@@ -291,13 +298,15 @@ def _ms(fn: Callable, s: Settings) -> float:
     return common.time_ms(fn, iters=s.iters, budget_ms=s.budget_ms, method=s.timer)
 
 
-def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> dict:
+def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> tuple[dict, dict[str, Callable]]:
+    """The method's row (first timing round, accuracy, notes) and its timed callables by row field, kept for the
+    further ``--rounds`` (a field that is not timed again, such as SDPA's ``ms_total``, mirrors ``ms_kernel``)."""
     row: dict[str, Any] = {"method": m.name, "kernel": m.kernel, "recipe": m.recipe.name if m.recipe else None}
     if m.kind == "sdpa":
         fn = sdpa_callable(q, k, v, m.sdpa_backend)
         row.update(common.accuracy(fn(), ref, rows))
         row["ms_kernel"] = row["ms_total"] = _ms(fn, s)
-        return row
+        return row, {"ms_kernel": fn}
     if m.kind == "sageattn":
         from sageattention import sageattn  # noqa: PLC0415
 
@@ -306,20 +315,23 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> dict:
         out = sageattn(qh, kh.clone(), vh, tensor_layout="NHD", is_causal=False)
         row.update(common.accuracy(out.transpose(1, 2), ref, rows))
         del out
-        row["ms_kernel"] = row["ms_total"] = _ms(lambda: sageattn(qh, kh, vh, tensor_layout="NHD", is_causal=False), s)
-        return row
+        call = lambda: sageattn(qh, kh, vh, tensor_layout="NHD", is_causal=False)  # noqa: E731
+        row["ms_kernel"] = row["ms_total"] = _ms(call, s)
+        return row, {"ms_kernel": call}
     # qattn_fx: (a) kernel only on pre-quantized inputs
     op, args = capture_attention_call(q, k, v, m.recipe, m.kernel)
     out_a = op(*args)  # first call: builds graphs / JIT
     torch.cuda.synchronize()
-    row["ms_kernel"] = _ms(lambda: op(*args), s)
+    kernel_call = lambda: op(*args)  # noqa: E731
+    row["ms_kernel"] = _ms(kernel_call, s)
+    timers = {"ms_kernel": kernel_call}
     eager_acc = common.accuracy(out_a, ref, rows)
-    del out_a, args
+    del out_a
     # (b) Inductor-compiled quantize + kernel
     if not s.compile:
         row.update(eager_acc)
         row["note"] = "eager accuracy; --no-compile"
-        return row
+        return row, timers
     try:
         fn = compiled_recipe(m.recipe, m.kernel)
         t0 = time.perf_counter()
@@ -328,7 +340,8 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> dict:
         row["compile_s"] = time.perf_counter() - t0
         row.update(common.accuracy(out_b, ref, rows))
         del out_b
-        row["ms_total"] = _ms(lambda: fn(q, k, v), s)
+        timers["ms_total"] = lambda: fn(q, k, v)
+        row["ms_total"] = _ms(timers["ms_total"], s)
         row["note"] = f"compile {row['compile_s']:.0f} s"
         if m.kernel == "gluon_sage":  # the config the autotuner (or a forced one) ran, for the table and JSON
             from qattn_fx.kernels import gluon_sage  # noqa: PLC0415
@@ -338,7 +351,18 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> dict:
     except Exception as exc:  # noqa: BLE001 — the kernel-only number still stands
         row.update(eager_acc)
         row["note"] = f"compile failed: {type(exc).__name__}: {str(exc)[:120]}"
-    return row
+    return row, timers
+
+
+def merge_rounds(row: dict, samples: dict[str, list[float]]) -> None:
+    """Put the median of each timed field's rounds in ``row`` (``samples[field]``: ms per round, the first being
+    the row's own) and keep the rounds as ``<field>_rounds``; SDPA-like rows, timed once per round, get
+    ``ms_total = ms_kernel``."""
+    for name, times in samples.items():
+        row[name] = statistics.median(times)
+        row[f"{name}_rounds"] = list(times)
+    if "ms_total" not in samples and "ms_kernel" in samples and row.get("ms_total") is not None:
+        row["ms_total"] = row["ms_kernel"]
 
 
 def run_shape(name: str, dims, methods: list[Method], cap, s: Settings, outliers: bool) -> list[dict]:
@@ -352,6 +376,7 @@ def run_shape(name: str, dims, methods: list[Method], cap, s: Settings, outliers
     n_rows = sq if rows_idx is None else len(rows_idx)
     common.log(f"  fp32 reference on {n_rows}/{sq} query rows: {time.perf_counter() - t0:.1f} s")
     results = []
+    timed: list[tuple[dict, dict[str, Callable]]] = []  # (row, its timed callables) for the further rounds
     for m in methods:
         base = {"shape": name, "B": b, "H": h, "Sq": sq, "Skv": skv, "D": d, "acc_rows": n_rows,
                 "inputs": "outliers" if outliers else "gaussian", "method": m.name, "kernel": m.kernel,
@@ -367,17 +392,40 @@ def run_shape(name: str, dims, methods: list[Method], cap, s: Settings, outliers
             common.log(f"  {m.name}: first use per head dim may JIT-compile (~100 s) ...")
         t1 = time.perf_counter()
         try:
-            row = {**base, **measure_method(m, q, k, v, ref, rows_idx, s)}
+            measured, timers = measure_method(m, q, k, v, ref, rows_idx, s)
+            row = {**base, **measured}
+            if s.rounds > 1:
+                timed.append((row, timers))
+            del timers
         except Exception as exc:  # noqa: BLE001 — keep going; the table shows the failure
             row = {**base, "note": f"failed: {type(exc).__name__}: {str(exc)[:160]}"}
         finally:
             gc.collect()
             torch.cuda.empty_cache()
-        row["tflops"] = common.tflops(flops, row.get("ms_kernel"))
         results.append(row)
         common.log(f"  {m.name}: kernel {_f(row.get('ms_kernel'))} ms, total {_f(row.get('ms_total'))} ms, "
                    f"cos {_f(row.get('cos'), '.5f')}, rel L1 {_f(row.get('rel_l1'), '.4f')} "
                    f"({time.perf_counter() - t1:.0f} s){'; ' + row['note'] if row.get('note') else ''}")
+    if timed:  # rounds 2..N: every method again, in the same order, so drift hits them all alike
+        samples = [{name: [row[name]] for name in timers} for row, timers in timed]
+        for i in range(1, s.rounds):
+            if s.out_of_time():
+                common.log(f"  rounds stopped after {i} of {s.rounds}: --max-seconds {s.max_seconds:.0f} reached")
+                break
+            try:
+                extra = [{name: _ms(call, s) for name, call in timers.items()} for _, timers in timed]
+            except Exception as exc:  # noqa: BLE001 — the completed rounds still stand
+                common.log(f"  round {i + 1} failed ({type(exc).__name__}: {str(exc)[:120]}); medians of {i}")
+                break
+            for got, times in zip(samples, extra):
+                for name, ms in times.items():
+                    got[name].append(ms)
+            common.log(f"  round {i + 1}/{s.rounds} done")
+        for (row, _), got in zip(timed, samples):
+            merge_rounds(row, got)
+        timed.clear()
+    for r in results:
+        r["tflops"] = common.tflops(flops, r.get("ms_kernel"))
     base_ms = next((r.get("ms_kernel") for r in results if r["method"] == BASELINE), None)
     for r in results:
         if base_ms and r.get("ms_kernel"):
@@ -419,11 +467,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="events: CUDA events around each call; do_bench: triton's (flushes L2); graph: CUDA-graph "
                         "replays, the GPU's time without host overhead")
     p.add_argument("--no-compile", action="store_true", help="skip (b), the Inductor-compiled path")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timing rounds per shape: after the first, every method's kernel and total are timed again "
+                        "in turn, and the tables show medians (default 1)")
     p.add_argument("--max-seconds", type=float, default=330.0, help="start no new measurement after this (0: no limit)")
     p.add_argument("--out", default="bench_out/attention_ops.json", help="JSON output path")
     p.add_argument("--png", default=None, help="PNG path (default: next to --out)")
     p.add_argument("--list", action="store_true", help="print shapes and methods, then exit")
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error(f"--rounds={a.rounds} is invalid; valid: an integer >= 1")
 
     shapes = select_shapes(a.shapes, a.shape)
     methods = select_methods(a.only, a.skip)
@@ -437,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         print("attention_ops.py needs a CUDA device", file=sys.stderr)
         return 2
     cap = tuple(torch.cuda.get_device_capability())
-    s = Settings(a.acc_rows, a.iters, a.budget_ms, a.timer, not a.no_compile, a.max_seconds)
+    s = Settings(a.acc_rows, a.iters, a.budget_ms, a.timer, not a.no_compile, a.max_seconds, a.rounds)
     env = common.environment()
     common.log(f"attention_ops: {env.get('device')} sm_{cap[0]}{cap[1]}, torch {env['torch']}, "
                f"{len(shapes)} shape(s), {len(methods)} method(s), inputs {'outliers' if a.outliers else 'gaussian'}")
