@@ -30,8 +30,9 @@ schedule, which plain Triton 3.6 cannot express:
   shape and the slot release; which schedule is fastest depends on the shape, so calls are autotuned per problem
   key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
 
-Measured on the H200 (BENCHMARKS.md): 780-833 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe, level with cuDNN
-FP8 (latency-bound: see "What bounds the kernel" there); output identical to triton_sage's (same tiles, same
+Measured on the H200 (BENCHMARKS.md): 845-893 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe under the default
+``trio,mmasum`` configs (780-833 with two consumers), above cuDNN FP8 in the same runs (latency-bound: see "What
+bounds the kernel" there); output identical to triton_sage's (same tiles, same
 operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
 the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
