@@ -280,11 +280,20 @@ def test_pvlate_runs_the_plain_schedule_for_one_tile_rows():
     assert meta["PVLATE"] == 0
 
 
+def _loop_body(ops: list[str]) -> list[str]:
+    """The full tiles' loop body of a (int8 Q/K) kernel's SASS: from ~40 instructions before the first Q·Kᵀ wgmma
+    (the accumulator's re-initialization) to the branch after the first P·V wait."""
+    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
+    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
+    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("BRA"))
+    return ops[start - 40:end + 1]
+
+
 @pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive", "128,3,trio,permk", "128,3,tree,permk,trio"])
 def test_trio_runs_three_consumers_in_160_registers(config):
     """``trio``: three consumer warpgroups (192 query rows) and the padded producer, 512 threads launched at 128
-    registers; ``setmaxnreg`` gives the two worker consumers 160. The full tiles' loop (first Q·Kᵀ wgmma to the
-    wait for the first P·V) touches no local memory; ptxas keeps one value on the stack outside it (<= 16 bytes).
+    registers; ``setmaxnreg`` gives the two worker consumers 160. The full tiles' loop (:func:`_loop_body`)
+    touches no local memory; ptxas keeps one value on the stack outside it (<= 16 bytes).
     Without ``permk`` (P's layout conversion before P·V) it spills in the loop (84 bytes): those trio configs are
     GPU-tested, not tuned."""
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
@@ -298,22 +307,13 @@ def test_trio_runs_three_consumers_in_160_registers(config):
     assert len(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;", ptx)) == 2
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] <= 16, report
-    ops = sass_opcodes(compiled)
-    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
-    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
-    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("WARPGROUP.DEPBAR"))
-    assert not [op for op in ops[start:end] if op.startswith(("STL", "LDL"))]
+    assert not [op for op in _loop_body(sass_opcodes(compiled)) if op.startswith(("STL", "LDL"))]
 
 
 def _loop_ops(config: str) -> list[str]:
-    """SASS of the full tiles' loop body: from ~40 instructions before the first Q·Kᵀ wgmma (the accumulator's
-    re-initialization) to the branch after the first P·V wait."""
+    """:func:`_loop_body` of ``config`` compiled for the default meta inputs."""
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
-    ops = sass_opcodes(gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb))
-    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
-    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
-    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("BRA"))
-    return ops[start - 40:end + 1]
+    return _loop_body(sass_opcodes(gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb)))
 
 
 def test_trio_mmasum_trades_a_few_spills_for_fewer_instructions():

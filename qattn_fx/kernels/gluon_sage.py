@@ -1108,15 +1108,14 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
     ]
     meta = dict(QK_KIND=ts._QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
-                BLOCK_N=config.block_n, STAGES=config.stages, CONSUMER_NREG=CONSUMER_REGS,
+                BLOCK_N=config.block_n, STAGES=config.stages,
+                CONSUMER_NREG=TRIO_CONSUMER_REGS if config.trio else CONSUMER_REGS,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum,
                 # pvlate needs two tiles: a row of one runs the plain schedule (same numerics)
                 PVLATE=int(bool(config.pvlate) and skv > config.block_n), TRIO=config.trio)
-    if config.trio:
-        meta["CONSUMER_NREG"] = TRIO_CONSUMER_REGS
     grid = (triton.cdiv(sq, config.consumers * ROWS_PER_CONSUMER), bsz * hq)
     return grid, args, meta
 
