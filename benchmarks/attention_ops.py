@@ -348,6 +348,11 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> tuple[dict, di
 
             row["config"] = str(gluon_sage.last_config())
             row["note"] += f"; {row['config']}"
+            tail = gluon_sage.last_tail_plan()
+            if tail:
+                row["tail_split"] = {"main": tail.main, "tail": tail.tail, "splits": tail.splits,
+                                     "kv_split": tail.kv_split}
+                row["note"] += f"; tail {tail.tail}x{tail.splits}"
     except Exception as exc:  # noqa: BLE001 — the kernel-only number still stands
         row.update(eager_acc)
         row["note"] = f"compile failed: {type(exc).__name__}: {str(exc)[:120]}"

@@ -107,13 +107,14 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return (err.max() / ref.double().abs().max()).item(), (err.mean() / ref.double().abs().mean()).item()
 
 
-def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False):
+def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False):
     """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
 
     Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
     log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``;
     ``l = l·alpha + ΣP448`` (``mmasum``: ``Σ e4m3(P448)``, gluon_sage's ones-MMA). Shared by the interpreter
-    tests (exact fp32 agreement) and the GPU tests.
+    tests (exact fp32 agreement) and the GPU tests. ``return_lse``: also the kernels' natural-log LSE
+    ``(m + log2 l - log2 448) · ln 2``.
     """
     b, hq, sq, _ = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -155,7 +156,10 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
         m = m_new
     vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
-    return acc / l[..., None].double() * vs
+    out = acc / l[..., None].double() * vs
+    if return_lse:
+        return out, (m + torch.log2(l) - ts.LOG2_448) * math.log(2.0)
+    return out
 
 
 #: Flash kernels (triton_sage, gluon_sage_sm90) round P against the running max of the tiles seen so far instead of

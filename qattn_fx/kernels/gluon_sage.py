@@ -54,6 +54,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from . import _tail_split
 from . import triton_sage as ts
 from ._config_tuner import ConfigTuner
 
@@ -528,15 +529,16 @@ def _late_step(j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV,
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-             PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr):
+             PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr,
+             SPLIT_TAIL: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free, turn = bars
-    QS, KS, VS, Out, Lse = ptrs
+    QS, KS, VS, Out, Lse, OutWs, LseWs = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
-     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh) = ints
+     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh, kv0, piece) = ints
 
     BM: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -563,6 +565,8 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     offs_m = row0 + gl.arange(0, BM, layout=row_s)
     m_valid = offs_m < SEQ_Q
     ks_ptr = KS + b * stride_ksb + hk * stride_ksh
+    if SPLIT_TAIL and K_BLOCK > 0:  # a tail piece's keys start at kv0 (a multiple of K_BLOCK); its K scales there
+        ks_ptr += (kv0 // K_BLOCK) * stride_ksn
     if QK_KIND == 2:
         rs = gl.full([BM], 0.0, gl.float32, row_s) + qk_scale
     else:
@@ -651,10 +655,21 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     offs_mo = row0 + gl.arange(0, BM, layout=row_o)
     o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
               + offs_mo.to(gl.int64)[:, None] * stride_os + offs_dv[None, :])
-    gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_mo < SEQ_Q)[:, None])
-    if RETURN_LSE:
+    o_mask = (offs_mo < SEQ_Q)[:, None]
+    if SPLIT_TAIL:
+        o_mask = o_mask & (piece < 0)  # a piece of a split tail CTA (piece >= 0) writes to the workspace instead
+        m_valid = m_valid & (piece < 0)
+    gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
+    if RETURN_LSE or SPLIT_TAIL:
         lse = (m_i + gl.log2(l_i) - 8.807354922057604) * 0.6931471805599453
+    if RETURN_LSE:
         gl.store(Lse + (b.to(gl.int64) * H + h) * SEQ_Q + offs_m, lse, mask=m_valid)
+    if SPLIT_TAIL:  # the piece's normalized fp32 O and its LSE, rows CID·64 + [0, 64) of workspace row block piece
+        NC: gl.constexpr = q_smem.type.shape[0]
+        ws_o = piece.to(gl.int64) * (NC * BM) + CID * BM + gl.arange(0, BM, layout=row_o)
+        gl.store(OutWs + ws_o[:, None] * HEAD_DIM_V + offs_dv[None, :], out, mask=(ws_o >= 0)[:, None])
+        ws_s = piece.to(gl.int64) * (NC * BM) + CID * BM + gl.arange(0, BM, layout=row_s)
+        gl.store(LseWs + ws_s, lse, mask=ws_s >= 0)
 
 
 @_jit
@@ -665,7 +680,7 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free, turn = bars
-    b, hk, ks_base, kp_x, kp_g = coords
+    b, hk, ks_base, kp_x, kp_g, kv0 = coords
     slot = j % STAGES
     phase = (j // STAGES) & 1
     # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
@@ -680,18 +695,20 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
         tma.async_copy_global_to_shared(kp_desc, [kp_g + j * (BLOCK_N // 16), 0, 0, 0, kp_x], k_ready.index(slot),
                                         k_smem.index(slot).reshape(kp_desc.block_type.shape))
     else:
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [b, hk, kv0 + j * BLOCK_N, 0], k_ready.index(slot),
+                                        k_smem.index(slot))
     # event j - STAGES + 1: tile j - STAGES's V slot is free (events before 0 count as passed)
     mbarrier.wait(kv_free.index((j + 1) % STAGES), (((j + 1) // STAGES) & 1) ^ 1)
     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [b, hk, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
+    tma.async_copy_global_to_shared(v_desc, [b, hk, 0, kv0 + j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
 
 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-              PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr):
+              PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr,
+              SPLIT_TAIL: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
     descs, smem, bars, ptrs, ints, qk_scale = args
@@ -699,9 +716,18 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
     q_smem = smem[0]
     q_bar = bars[0]
     (_, _, _, stride_ksb, stride_ksh, _, _, _, _, _, _, _, _, _, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
-     kp_gh) = ints
-    # K scales' flat offset of this head (KS_TMA) and the permuted view's coordinates of this head (PERMK)
-    coords = (b, hk, b * stride_ksb + hk * stride_ksh, hk * kp_xh, b * kp_gb + hk * kp_gh)
+     kp_gh, kv0, _) = ints
+    # K scales' flat offset of this head (KS_TMA) and the permuted view's coordinates of this head (PERMK), both
+    # at this CTA's first key kv0 (0 but in a split tail's pieces: a multiple of BLOCK_N and of K_BLOCK)
+    ks_base = b * stride_ksb + hk * stride_ksh
+    kp_g = b * kp_gb + hk * kp_gh
+    if SPLIT_TAIL:
+        if K_BLOCK > 0:
+            ks_base += kv0 // K_BLOCK
+        kp_g += kv0 // 16
+    else:
+        kv0 = 0
+    coords = (b, hk, ks_base, hk * kp_xh, kp_g, kv0)
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
@@ -723,15 +749,24 @@ def _sage_fwd_ws(
     stride_vsb, stride_vsh, stride_vsd,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
+    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
     PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0, TRIO: gl.constexpr = 0,
+    SPLIT_TAIL: gl.constexpr = 0,
 ):
-    """Grid ``(cdiv(Sq, 128), B · Hq)``, ``num_warps=4`` (consumer 0) + 4 (consumer 1) + 1 (producer); ``SOLO``:
-    grid ``(cdiv(Sq, 64), B · Hq)`` with consumer 0 and the producer only, two CTAs per SM (each consumer then has
-    a K/V ring of its own instead of sharing one with the other consumer).
+    """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` = 128
+    rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the producer); ``TRIO``: 192 rows and a
+    third consumer; ``SOLO``: 64 rows, consumer 0 and the producer only, two CTAs per SM (each consumer then has a
+    K/V ring of its own instead of sharing one with the other consumer).
+
+    ``SPLIT_TAIL`` (:mod:`._tail_split`): a 1-D grid of the same CTAs in the same order (CTA ``g`` is ``(g % N_M,
+    g // N_M)``): ``MAIN_CTAS`` whole ones, then ``SPLITS`` pieces for each remaining CTA ``g`` (the last, partial
+    wave), piece ``s`` over keys ``[s · KV_SPLIT, (s + 1) · KV_SPLIT)``;
+    pieces write their normalized fp32 O and natural-log LSE to ``OutWs (pieces, R, Dv)`` / ``LseWs (pieces, R)``,
+    which :func:`._tail_split.merge` combines into ``Out`` (and ``Lse``).
 
     Descriptors: Q ``(B, Hq, Sq, D)`` block ``(1, 1, 64, D)``, K ``(B, Hkv, Skv, D)`` block ``(1, 1, BLOCK_N, D)``,
     V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``; with ``KS_TMA`` the K
@@ -739,8 +774,22 @@ def _sage_fwd_ws(
     ``None`` (scales by pointer ``KS``).
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
-    pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+    if SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
+        cta = gl.program_id(0)
+        tail = (cta >= MAIN_CTAS).to(gl.int32)
+        t = gl.maximum(cta - MAIN_CTAS, 0)
+        g = cta + tail * (MAIN_CTAS + t // SPLITS - cta)
+        kv0 = tail * (t % SPLITS) * KV_SPLIT
+        kv_len = SEQ_KV + tail * (gl.minimum(SEQ_KV - kv0, KV_SPLIT) - SEQ_KV)
+        piece = tail * (t + 1) - 1
+        pid_m = g % N_M
+        pid_bh = g // N_M
+    else:  # (the same CTA order as a 2-D grid (N_M, B·Hq))
+        pid_m = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        kv0 = pid_m * 0
+        kv_len = SEQ_KV
+        piece = kv0 - 1
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
@@ -780,39 +829,39 @@ def _sage_fwd_ws(
 
     args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem),
             (q_bar, k_ready, v_ready, kv_free, turn),
-            (QS, KS, VS, Out, Lse),
+            (QS, KS, VS, Out, Lse, OutWs, LseWs),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
-             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
-             kp_gh),
+             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
+             kp_gh, kv0, piece),
             qk_scale)
     # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
     # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
     if SOLO:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
         ], [1], [PRODUCER_NREG])
     elif TRIO:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
         ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE)),
+                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -986,11 +1035,17 @@ def current_config(head_dim: int = 128) -> GluonConfig:
 
 
 _last_config: Optional[GluonConfig] = None
+_last_tail: Optional[_tail_split.TailPlan] = None
 
 
 def last_config() -> Optional[GluonConfig]:
     """The config of this process's latest launch (forced, tuned or default), for reports; ``None`` before any."""
     return _last_config
+
+
+def last_tail_plan() -> Optional[_tail_split.TailPlan]:
+    """The tail split of this process's latest launch (:func:`tail_plan`), for reports; ``None``: none."""
+    return _last_tail
 
 
 def _tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool) -> tuple:
@@ -1088,8 +1143,9 @@ def _permuted_k(k: torch.Tensor, k_block: int, block_n: int):
 
 
 def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
-                 config: GluonConfig):
-    """(grid, positional args, keyword args) of one launch; shared by :func:`attention` and the offline compile."""
+                 config: GluonConfig, tail: Optional[_tail_split.TailPlan] = None, workspace=None):
+    """(grid, positional args, keyword args) of one launch; shared by :func:`attention` and the offline compile.
+    ``tail``: split the last wave (:mod:`._tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
@@ -1105,6 +1161,8 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
         *ts._scale_strides(q_scale), *ts._scale_strides(k_scale), *ts._scale_strides(v_scale),
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
+        _q_blocks(sq, config), tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
+        *(workspace if tail else (out, lse)),
     ]
     meta = dict(QK_KIND=ts._QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
@@ -1115,9 +1173,36 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum,
                 # pvlate needs two tiles: a row of one runs the plain schedule (same numerics)
-                PVLATE=int(bool(config.pvlate) and skv > config.block_n), TRIO=config.trio)
-    grid = (triton.cdiv(sq, config.consumers * ROWS_PER_CONSUMER), bsz * hq)
+                PVLATE=int(bool(config.pvlate) and skv > config.block_n), TRIO=config.trio,
+                SPLIT_TAIL=int(tail is not None))
+    grid = (tail.grid,) if tail else (_q_blocks(sq, config), bsz * hq)
     return grid, args, meta
+
+
+def _q_blocks(sq: int, config: GluonConfig) -> int:
+    """CTAs per (batch, head): query rows in blocks of the config's consumers × 64."""
+    return -(-sq // (config.consumers * ROWS_PER_CONSUMER))
+
+
+#: ``0`` turns the tail split off (every CTA whole; for A/B timing and debugging).
+ENV_TAIL_SPLIT = "QATTN_GLUON_TAIL_SPLIT"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfig) -> Optional[_tail_split.TailPlan]:
+    """The split of this call's last partial wave (:func:`._tail_split.plan`; ``None``: none, or turned off by
+    ``$QATTN_GLUON_TAIL_SPLIT=0``). Slots: the device's SMs, two CTAs each under ``solo``. ``k_block``: 0 when K
+    has no per-block scales."""
+    if os.environ.get(ENV_TAIL_SPLIT, "1") == "0":
+        return None
+    bsz, hq, sq, _ = q.shape
+    slots = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    return _tail_split.plan(bsz * hq * _q_blocks(sq, config), slots * (2 if config.solo else 1), k.shape[2],
+                            config.block_n, k_block)
 
 
 def _launch_maxnreg(meta: dict) -> int:
@@ -1148,9 +1233,15 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         return (out, lse) if return_lse else out
 
     def launch(config: GluonConfig) -> None:
+        tail = tail_plan(q, k, k_block if k_scale is not None else 0, config)
+        ws = _tail_split.workspace(tail, config.consumers * ROWS_PER_CONSUMER, dv, q.device) if tail else None
         grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
-                                        return_lse, config)
+                                        return_lse, config, tail, ws)
         _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=_launch_maxnreg(meta))
+        if tail:
+            _tail_split.merge(tail, *ws, out, lse if return_lse else None, _q_blocks(sq, config))
+        global _last_tail
+        _last_tail = tail
 
     with torch.cuda.device(q.device):
         config = forced_config()
@@ -1170,10 +1261,11 @@ def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
 
 
 def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,
-                sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16, *, return_lse: bool = False):
+                sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16, *, return_lse: bool = False,
+                tail: Optional[_tail_split.TailPlan] = None):
     """Compile (not run) the kernel for sm_90 with these inputs' dtypes, shapes and strides (``meta`` tensors are
-    fine: data pointers are taken as 16-byte aligned). Returns Triton's compiled kernel (``.asm["ptx"|"cubin"]``);
-    needs only Triton's bundled ptxas, no GPU."""
+    fine: data pointers are taken as 16-byte aligned), with the tail split ``tail`` if given. Returns Triton's
+    compiled kernel (``.asm["ptx"|"cubin"]``); needs only Triton's bundled ptxas, no GPU."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1183,8 +1275,9 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     bsz, hq, sq, _ = q.shape
     out = torch.empty(bsz, sq, hq, v.shape[-1], dtype=out_dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    ws = _tail_split.workspace(tail, config.consumers * ROWS_PER_CONSUMER, v.shape[-1], q.device) if tail else None
     _, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
-                                 return_lse, config)
+                                 return_lse, config, tail, ws)
     kernel = _sage_fwd_ws
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)

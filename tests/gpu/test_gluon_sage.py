@@ -216,3 +216,47 @@ def test_exact_when_row_max_is_in_first_tile(config):
     else:
         expected = reference.scaled_attention(*args, sm_scale, torch.float32)
     assert_fp32_level(out, expected, f"{config} first-tile max", mmasum=bool(config.mmasum))
+
+
+TAIL_CASES = [(gs.DEFAULT_CONFIGS[128], 16), (gs.GluonConfig(128, 3, ahead=1), 16), (gs.GluonConfig(128, 3, ahead=1), 1)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("config,k_block", TAIL_CASES, ids=[f"{c}-k{kb}" for c, kb in TAIL_CASES])
+def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypatch):
+    """With 40 slots (a stand-in SM count) the grid's partial last wave is split in two over the keys
+    (:mod:`qattn_fx.kernels._tail_split`). Each piece is the tile loop over its keys, merged by LSE: the whole output
+    and LSE match the emulation of that (unsplit rows: the plain emulation), and the reference op."""
+    from qattn_fx.kernels import _tail_split
+
+    monkeypatch.setattr(gs, "_sm_count", lambda index: 40)
+    monkeypatch.delenv(gs.ENV_TAIL_SPLIT, raising=False)
+    args = quantize(*make_qkv(skv=2500), "int8", 1, k_block)
+    q, qs, k, ks, v, vs, qb, kb = args
+    sm_scale = 1.0 / math.sqrt(128)
+    with gs.use_config(config):
+        out, lse = gs.attention(*args, sm_scale, torch.float32, return_lse=True)
+    tail = gs.last_tail_plan()
+    rows = config.consumers * gs.ROWS_PER_CONSUMER
+    n_m = -(-q.shape[2] // rows)
+    ctas = q.shape[0] * q.shape[1] * n_m
+    assert tail == _tail_split.TailPlan(ctas=ctas, main=ctas - ctas % 40, splits=2, kv_split=1280), tail
+    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True)
+    pieces = [emulate(q, qs, k[:, :, lo:lo + 1280], ks[..., lo // kb:(lo + 1280 + kb - 1) // kb],
+                      v[:, :, lo:lo + 1280], vs, qb, kb, sm_scale, config.block_n, config.mmasum, return_lse=True)
+              for lo in (0, 1280)]
+    split, split_lse = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]),
+                                                   torch.stack([p[1] for p in pieces]))
+    hq, sq = q.shape[1], q.shape[2]
+    for g in range(tail.main, tail.ctas):  # the tail CTAs' rows: merged pieces
+        bh, m = divmod(g, n_m)
+        at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
+        want[at], want_lse[at] = split[at], split_lse[at]
+    assert_fp32_level(out.float(), want, f"{config} split tail vs emulation", mmasum=bool(config.mmasum))
+    torch.testing.assert_close(lse, want_lse.float(), atol=2e-4 if config.mmasum else 1e-4, rtol=1e-5)
+    assert_close_to_reference(out, reference.scaled_attention(*args, sm_scale, torch.float32), f"{config} split")
+    monkeypatch.setenv(gs.ENV_TAIL_SPLIT, "0")
+    with gs.use_config(config):
+        whole = gs.scaled_attention(*args, sm_scale, torch.float32)
+    assert gs.last_tail_plan() is None
+    assert_close_to_reference(out, whole, f"{config} split vs whole")
