@@ -34,15 +34,45 @@ assert_close_to_reference = functools.partial(support.assert_close_to_reference,
 assert_fp32_level = functools.partial(support.assert_fp32_level, name="gluon_sage")
 
 
+def emulate_launched(args, sm_scale, config, tail, return_lse=False):
+    """The emulated tile loop (:func:`support.emulate`) as the kernel ran it: with a tail split (``tail``, from
+    :func:`gs.last_tail_plan`), the tail CTAs' rows are the LSE merge of the emulated pieces (each a tile loop over
+    its own keys, so P is rounded against the piece's running max)."""
+    from qattn_fx.kernels import _tail_split
+
+    q, qs, k, ks, v, vs, qb, kb = args
+    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True)
+    if tail is not None:
+        pieces = []
+        for lo in range(0, k.shape[2], tail.kv_split):
+            hi = min(lo + tail.kv_split, k.shape[2])
+            kss = ks[..., lo // kb:(hi + kb - 1) // kb] if ks is not None and kb > 0 else ks
+            pieces.append(emulate(q, qs, k[:, :, lo:hi], kss, v[:, :, lo:hi], vs, qb, kb, sm_scale, config.block_n,
+                                  config.mmasum, return_lse=True))
+        assert len(pieces) == tail.splits
+        split, split_lse = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]),
+                                                       torch.stack([p[1] for p in pieces]))
+        hq, sq = q.shape[1], q.shape[2]
+        rows = config.consumers * gs.ROWS_PER_CONSUMER
+        n_m = -(-sq // rows)
+        for g in range(tail.main, tail.ctas):  # the tail CTAs' rows: merged pieces
+            bh, m = divmod(g, n_m)
+            at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
+            want[at], want_lse[at] = split[at], split_lse[at]
+    return (want, want_lse) if return_lse else want
+
+
 def check(args, what, sm_scale=None, out_dtype=torch.float32, config=None):
-    """Run the kernel; assert fp32-level agreement with the emulated tile loop and closeness to the reference."""
+    """Run the kernel; assert fp32-level agreement with the emulated tile loop (as launched: with its tail split,
+    if any) and closeness to the reference."""
     config = config or gs.current_config(args[0].shape[-1])
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(args[0].shape[-1])
     with gs.use_config(config):
         out = gs.scaled_attention(*args, sm_scale, out_dtype)
     fp8_qk = args[0].dtype == torch.float8_e4m3fn
-    assert_fp32_level(out.float(), emulate(*args, sm_scale, config.block_n, config.mmasum),
-                      f"{config} {what} vs emulation", fp8_qk=fp8_qk)
+    tail = gs.last_tail_plan()
+    assert_fp32_level(out.float(), emulate_launched(args, sm_scale, config, tail),
+                      f"{config} {what} vs emulation{f' ({tail})' if tail else ''}", fp8_qk=fp8_qk)
     assert_close_to_reference(out.float(), reference.scaled_attention(*args, sm_scale, torch.float32),
                               f"{config} {what}")
     return out
@@ -224,35 +254,23 @@ TAIL_CASES = [(gs.DEFAULT_CONFIGS[128], 16), (gs.GluonConfig(128, 3, ahead=1), 1
 @needs_sm90
 @pytest.mark.parametrize("config,k_block", TAIL_CASES, ids=[f"{c}-k{kb}" for c, kb in TAIL_CASES])
 def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypatch):
-    """With 40 slots (a stand-in SM count) the grid's partial last wave is split in two over the keys
-    (:mod:`qattn_fx.kernels._tail_split`). Each piece is the tile loop over its keys, merged by LSE: the whole output
-    and LSE match the emulation of that (unsplit rows: the plain emulation), and the reference op."""
+    """With 40 slots (a stand-in SM count) the grid's partial last wave is split over the keys
+    (:mod:`qattn_fx.kernels._tail_split`): output and LSE match the emulation of that (:func:`emulate_launched`)
+    and the reference op, and the unsplit launch within the reference tolerance."""
     from qattn_fx.kernels import _tail_split
 
     monkeypatch.setattr(gs, "_sm_count", lambda index: 40)
     monkeypatch.delenv(gs.ENV_TAIL_SPLIT, raising=False)
     args = quantize(*make_qkv(skv=2500), "int8", 1, k_block)
-    q, qs, k, ks, v, vs, qb, kb = args
+    q, k = args[0], args[2]
     sm_scale = 1.0 / math.sqrt(128)
     with gs.use_config(config):
         out, lse = gs.attention(*args, sm_scale, torch.float32, return_lse=True)
     tail = gs.last_tail_plan()
-    rows = config.consumers * gs.ROWS_PER_CONSUMER
-    n_m = -(-q.shape[2] // rows)
-    ctas = q.shape[0] * q.shape[1] * n_m
-    assert tail == _tail_split.TailPlan(ctas=ctas, main=ctas - ctas % 40, splits=2, kv_split=1280), tail
-    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True)
-    pieces = [emulate(q, qs, k[:, :, lo:lo + 1280], ks[..., lo // kb:(lo + 1280 + kb - 1) // kb],
-                      v[:, :, lo:lo + 1280], vs, qb, kb, sm_scale, config.block_n, config.mmasum, return_lse=True)
-              for lo in (0, 1280)]
-    split, split_lse = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]),
-                                                   torch.stack([p[1] for p in pieces]))
-    hq, sq = q.shape[1], q.shape[2]
-    for g in range(tail.main, tail.ctas):  # the tail CTAs' rows: merged pieces
-        bh, m = divmod(g, n_m)
-        at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
-        want[at], want_lse[at] = split[at], split_lse[at]
-    assert_fp32_level(out.float(), want, f"{config} split tail vs emulation", mmasum=bool(config.mmasum))
+    ctas = q.shape[0] * q.shape[1] * -(-q.shape[2] // (config.consumers * gs.ROWS_PER_CONSUMER))
+    assert tail == _tail_split.plan(ctas, 40, k.shape[2], 128, k_block) and tail.splits >= 2, tail
+    want, want_lse = emulate_launched(args, sm_scale, config, tail, return_lse=True)
+    assert_fp32_level(out.float(), want, f"{config} {tail} vs emulation", mmasum=bool(config.mmasum))
     torch.testing.assert_close(lse, want_lse.float(), atol=2e-4 if config.mmasum else 1e-4, rtol=1e-5)
     assert_close_to_reference(out, reference.scaled_attention(*args, sm_scale, torch.float32), f"{config} split")
     monkeypatch.setenv(gs.ENV_TAIL_SPLIT, "0")
