@@ -271,7 +271,9 @@ def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypa
     assert tail == _tail_split.plan(ctas, 40, k.shape[2], 128, k_block) and tail.splits >= 2, tail
     want, want_lse = emulate_launched(args, sm_scale, config, tail, return_lse=True)
     assert_fp32_level(out.float(), want, f"{config} {tail} vs emulation", mmasum=bool(config.mmasum))
-    torch.testing.assert_close(lse, want_lse.float(), atol=2e-4 if config.mmasum else 1e-4, rtol=1e-5)
+    # mmasum: l is the ones-MMA's sum, with the FP8 accumulator's error (~1e-4 relative, up to ~1e-3 measured:
+    # support.assert_fp32_level), which the emulation's fp32 sum does not have
+    torch.testing.assert_close(lse, want_lse.float(), atol=2e-3 if config.mmasum else 1e-4, rtol=1e-5)
     assert_close_to_reference(out, reference.scaled_attention(*args, sm_scale, torch.float32), f"{config} split")
     monkeypatch.setenv(gs.ENV_TAIL_SPLIT, "0")
     with gs.use_config(config):
