@@ -1,0 +1,86 @@
+"""gluon_sage with and without the tail split (kernels/_tail_split.py), timed in one process, in turns.
+
+    python3 tools/ab_tail_split.py --shapes wan1.3b-480p,flux-1024 [--rounds 5] [--config 128,3,trio,permk,mmasum]
+
+Per shape: each variant captured in a CUDA graph of one call, then ``--rounds`` rounds that replay each variant
+(10 replays, CUDA events, median) in turn; prints the per-variant median over rounds, the plan, and a
+torch.profiler breakdown of the split call (main kernel vs merge kernel).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "benchmarks")
+from tune_triton_sage import DEFAULT_SHAPES, make_inputs  # noqa: E402
+
+from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
+
+
+def _graph(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def _ms(replay, n=10):
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        start[i].record()
+        replay()
+        end[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="wan1.3b-480p,flux-1024")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--config", default=None, help="gluon_sage config (default: the default)")
+    a = p.parse_args()
+    for name in a.shapes.split(","):
+        shape = DEFAULT_SHAPES[name]
+        args = make_inputs(shape, "int8-1-16")
+        sm_scale = shape[-1] ** -0.5
+        config = gs.GluonConfig.parse(a.config) if a.config else gs.DEFAULT_CONFIGS[shape[-1]]
+        replays, plans = {}, {}
+        for split in ("1", "0"):
+            os.environ[gs.ENV_TAIL_SPLIT] = split
+            with gs.use_config(config):
+                call = lambda: gs.scaled_attention(*args, sm_scale, torch.bfloat16)  # noqa: E731
+                call()
+                plans[split] = gs.last_tail_plan()
+                replays[split] = _graph(call)
+        times = {s: [] for s in replays}
+        for _ in range(a.rounds):
+            for s, r in replays.items():
+                times[s].append(_ms(r))
+        med = {s: statistics.median(t) for s, t in times.items()}
+        print(f"{name} {config}: split {med['1']:.4f} ms ({plans['1']}), whole {med['0']:.4f} ms, "
+              f"split/whole {med['1'] / med['0']:.4f}; rounds split {['%.4f' % t for t in times['1']]} "
+              f"whole {['%.4f' % t for t in times['0']]}", flush=True)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                replays["1"]()
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                print(f"    {e.device_time_total / 3:10.1f} us/call  {e.key[:90]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
