@@ -4,7 +4,7 @@
 
 Per shape: each variant captured in a CUDA graph of one call, then ``--rounds`` rounds that replay each variant
 (10 replays, CUDA events, median) in turn; prints the per-variant median over rounds, the plan, and a
-torch.profiler breakdown of the split call (main kernel vs merge kernel).
+torch.profiler breakdown of the split call (eager) (main kernel vs merge kernel).
 """
 from __future__ import annotations
 
@@ -72,9 +72,10 @@ def main() -> int:
         print(f"{name} {config}: split {med['1']:.4f} ms ({plans['1']}), whole {med['0']:.4f} ms, "
               f"split/whole {med['1'] / med['0']:.4f}; rounds split {['%.4f' % t for t in times['1']]} "
               f"whole {['%.4f' % t for t in times['0']]}", flush=True)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        os.environ[gs.ENV_TAIL_SPLIT] = "1"
+        with gs.use_config(config), profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
-                replays["1"]()
+                gs.scaled_attention(*args, sm_scale, torch.bfloat16)
             torch.cuda.synchronize()
         for e in prof.key_averages():
             if e.device_type == torch.autograd.DeviceType.CUDA:
