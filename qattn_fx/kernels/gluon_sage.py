@@ -29,8 +29,12 @@ schedule, which plain Triton 3.6 cannot express:
   NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change the data layout, the CTA
   shape and the slot release; which schedule is fastest depends on the shape, so calls are autotuned per problem
   key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
+* a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
+  (:mod:`._tail_split`, :func:`tail_plan`; ``$QATTN_GLUON_TAIL_SPLIT=0`` turns it off): measured on the H200 in
+  one process (tools/ab_tail_split.py), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 % at
+  wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
 
-Measured on the H200 (BENCHMARKS.md): 845-893 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe under the default
+Measured on the H200 (BENCHMARKS.md): 845-899 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe under the default
 ``trio,mmasum`` configs (780-833 with two consumers), above cuDNN FP8 in the same runs (latency-bound: see "What
 bounds the kernel" there); output identical to triton_sage's (same tiles, same
 operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
