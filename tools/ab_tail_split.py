@@ -4,7 +4,7 @@
 
 Per shape: each variant captured in a CUDA graph of one call, then ``--rounds`` rounds that replay each variant
 (10 replays, CUDA events, median) in turn; prints the per-variant median over rounds, the plan, and a
-torch.profiler breakdown of the split call (eager) (main kernel vs merge kernel).
+torch.profiler breakdown of eager split calls (main kernel vs merge kernel).
 """
 from __future__ import annotations
 
@@ -17,32 +17,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "benchmarks")
+import _common as common  # noqa: E402
 from tune_triton_sage import DEFAULT_SHAPES, make_inputs  # noqa: E402
 
 from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
-
-
-def _graph(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-def _ms(replay, n=10):
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for i in range(n):
-        start[i].record()
-        replay()
-        end[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
 
 
 def main() -> int:
@@ -63,11 +41,11 @@ def main() -> int:
                 call = lambda: gs.scaled_attention(*args, sm_scale, torch.bfloat16)  # noqa: E731
                 call()
                 plans[split] = gs.last_tail_plan()
-                replays[split] = _graph(call)
+                replays[split] = common._captured(call, warmup=1)
         times = {s: [] for s in replays}
         for _ in range(a.rounds):
             for s, r in replays.items():
-                times[s].append(_ms(r))
+                times[s].append(common.time_ms(r, warmup=1, iters=10, min_iters=10))
         med = {s: statistics.median(t) for s, t in times.items()}
         print(f"{name} {config}: split {med['1']:.4f} ms ({plans['1']}), whole {med['0']:.4f} ms, "
               f"split/whole {med['1'] / med['0']:.4f}; rounds split {['%.4f' % t for t in times['1']]} "
