@@ -324,3 +324,25 @@ def test_trio_mmasum_trades_a_few_spills_for_fewer_instructions():
     summed = _loop_ops("128,3,trio,permk,tarrive,mmasum")
     assert len(summed) <= len(plain) - 40, (len(summed), len(plain))
     assert sum(op.startswith(("STL", "LDL")) for op in summed) <= 4
+
+
+@pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk", "128,3,ahead,solo"])
+def test_split_tail_launch_compiles_with_the_same_loop(config):
+    """A tail-split launch (:mod:`qattn_fx.kernels._tail_split`): a 1-D grid of ``main + tail · splits`` CTAs, the
+    ``SPLIT_TAIL`` kernel, whose full tiles' loop is no longer than the unsplit kernel's (but for a few
+    instructions: the piece's key offset lives outside it; ptxas schedules the two a little differently, the
+    ``ahead`` loops came out 11-22 instructions shorter) and has no more local-memory accesses."""
+    from qattn_fx.kernels._tail_split import TailPlan
+
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    cfg = gs.GluonConfig.parse(config)
+    tail = TailPlan(ctas=100, main=60, splits=4, kv_split=1024)
+    ws = (torch.empty(tail.pieces, cfg.consumers * 64, 128, device="meta"),
+          torch.empty(tail.pieces, cfg.consumers * 64, device="meta"))
+    grid, _, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, tail, ws)
+    assert grid == (60 + 40 * 4,) and meta["SPLIT_TAIL"] == 1
+    loops = {}
+    for plan in (None, tail):
+        body = _loop_body(sass_opcodes(gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, tail=plan)))
+        loops[plan] = (len(body), sum(op.startswith(("LDL", "STL")) for op in body))
+    assert loops[tail][0] <= loops[None][0] + 8 and loops[tail][1] <= loops[None][1], loops

@@ -1223,7 +1223,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     :func:`ineligible` found. Launches on the current stream; the config is the forced one
     (:func:`forced_config`), else :data:`TUNER`'s choice for this problem key. The first call of a key not in the
     tuning cache times every :data:`TUNED_CONFIGS` entry on these inputs (and synchronizes to do so); later calls
-    never synchronize.
+    never synchronize. Where the grid's last wave is partial (:func:`tail_plan`), that wave runs split over the keys
+    into an fp32 workspace and a second, small kernel merges it (:mod:`._tail_split`).
     """
     ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     reason = ineligible(q, k, v)
