@@ -757,13 +757,12 @@ def _sage_fwd_ws(
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, SOLO: gl.constexpr = 0,
-    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0, TRIO: gl.constexpr = 0,
-    SPLIT_TAIL: gl.constexpr = 0,
+    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` = 128
-    rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the producer); ``TRIO``: 192 rows and a
-    third consumer; ``SOLO``: 64 rows, consumer 0 and the producer only, two CTAs per SM (each consumer then has a
+    rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the producer); ``CONSUMERS=3`` (``trio``): 192 rows and
+    a third consumer; ``CONSUMERS=1`` (``solo``): 64 rows, consumer 0 and the producer only, two CTAs per SM (each consumer then has a
     K/V ring of its own instead of sharing one with the other consumer).
 
     ``SPLIT_TAIL`` (:mod:`._tail_split`): a 1-D grid of the same CTAs in the same order (CTA ``g`` is ``(g % N_M,
@@ -797,7 +796,7 @@ def _sage_fwd_ws(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    NC: gl.constexpr = 1 if SOLO else (3 if TRIO else 2)  # consumer warpgroups in this CTA
+    NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
     start_m = pid_m * (NC * BM)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
@@ -840,14 +839,14 @@ def _sage_fwd_ws(
             qk_scale)
     # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
     # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
-    if SOLO:
+    if CONSUMERS == 1:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
                          PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
         ], [1], [PRODUCER_NREG])
-    elif TRIO:
+    elif CONSUMERS == 3:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
@@ -1175,10 +1174,10 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead,
                 TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
-                PERMK=int(permuted is not None), SOLO=config.solo, TARRIVE=config.tarrive, MMASUM=config.mmasum,
+                PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
+                MMASUM=config.mmasum,
                 # pvlate needs two tiles: a row of one runs the plain schedule (same numerics)
-                PVLATE=int(bool(config.pvlate) and skv > config.block_n), TRIO=config.trio,
-                SPLIT_TAIL=int(tail is not None))
+                PVLATE=int(bool(config.pvlate) and skv > config.block_n), SPLIT_TAIL=int(tail is not None))
     grid = (tail.grid,) if tail else (_q_blocks(sq, config), bsz * hq)
     return grid, args, meta
 
@@ -1210,9 +1209,7 @@ def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfi
 
 
 def _launch_maxnreg(meta: dict) -> int:
-    if meta["SOLO"]:
-        return SOLO_LAUNCH_MAXNREG
-    return TRIO_LAUNCH_MAXNREG if meta["TRIO"] else LAUNCH_MAXNREG
+    return {1: SOLO_LAUNCH_MAXNREG, 3: TRIO_LAUNCH_MAXNREG}.get(meta["CONSUMERS"], LAUNCH_MAXNREG)
 
 
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
