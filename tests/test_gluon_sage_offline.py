@@ -332,13 +332,12 @@ def test_split_tail_launch_compiles_with_the_same_loop(config):
     ``SPLIT_TAIL`` kernel, whose full tiles' loop is no longer than the unsplit kernel's (but for a few
     instructions: the piece's key offset lives outside it; ptxas schedules the two a little differently, the
     ``ahead`` loops came out 11-22 instructions shorter) and has no more local-memory accesses."""
-    from qattn_fx.kernels._tail_split import TailPlan
+    from qattn_fx.kernels import _tail_split
 
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
     cfg = gs.GluonConfig.parse(config)
-    tail = TailPlan(ctas=100, main=60, splits=4, kv_split=1024)
-    ws = (torch.empty(tail.pieces, cfg.consumers * 64, 128, device="meta"),
-          torch.empty(tail.pieces, cfg.consumers * 64, device="meta"))
+    tail = _tail_split.TailPlan(ctas=100, main=60, splits=4, kv_split=1024)
+    ws = _tail_split.workspace(tail, cfg.rows, 128, "meta")
     grid, _, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, tail, ws)
     assert grid == (60 + 40 * 4,) and meta["SPLIT_TAIL"] == 1
     loops = {}

@@ -18,6 +18,7 @@ Workspace layout: ``o_ws (T·n, R, Dv)`` fp32 and ``lse_ws (T·n, R)`` fp32, pie
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -63,6 +64,7 @@ class TailPlan:
         return self.main + self.pieces
 
 
+@functools.lru_cache(maxsize=None)  # asked once per launch with the same few shapes: a pure function of ints
 def plan(ctas: int, slots: int, kv_len: int, block_n: int, k_block: int = 0) -> Optional[TailPlan]:
     """The split of a ``ctas``-CTA grid's partial last wave on ``slots`` resident CTAs, or ``None`` (no partial
     wave, rows shorter than :data:`MIN_KV_TILES` tiles, or less than :data:`MIN_GAIN` to win).

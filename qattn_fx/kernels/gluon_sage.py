@@ -760,10 +760,11 @@ def _sage_fwd_ws(
     PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0,
 ):
-    """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` = 128
-    rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the producer); ``CONSUMERS=3`` (``trio``): 192 rows and
-    a third consumer; ``CONSUMERS=1`` (``solo``): 64 rows, consumer 0 and the producer only, two CTAs per SM (each consumer then has a
-    K/V ring of its own instead of sharing one with the other consumer).
+    """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
+    64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
+    producer); ``CONSUMERS=3`` (``trio``): 192 rows and a third consumer; ``CONSUMERS=1`` (``solo``): 64 rows,
+    consumer 0 and the producer only, two CTAs per SM (each consumer then has a K/V ring of its own instead of
+    sharing one with the other consumer).
 
     ``SPLIT_TAIL`` (:mod:`._tail_split`): a 1-D grid of the same CTAs in the same order (CTA ``g`` is ``(g % N_M,
     g // N_M)``): ``MAIN_CTAS`` whole ones, then ``SPLITS`` pieces for each remaining CTA ``g`` (the last, partial
@@ -942,6 +943,11 @@ class GluonConfig:
     def consumers(self) -> int:
         """Consumer warpgroups per CTA (each owns 64 query rows)."""
         return 1 if self.solo else (3 if self.trio else CONSUMERS)
+
+    @property
+    def rows(self) -> int:
+        """Query rows per CTA: :data:`ROWS_PER_CONSUMER` per consumer warpgroup."""
+        return self.consumers * ROWS_PER_CONSUMER
 
     def __str__(self) -> str:
         return f"WS_BN{self.block_n}_s{self.stages}" + "".join(f"_{f}" for f in self.FLAGS if getattr(self, f))
@@ -1183,8 +1189,8 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
 
 
 def _q_blocks(sq: int, config: GluonConfig) -> int:
-    """CTAs per (batch, head): query rows in blocks of the config's consumers × 64."""
-    return -(-sq // (config.consumers * ROWS_PER_CONSUMER))
+    """CTAs per (batch, head): query rows in blocks of :attr:`GluonConfig.rows`."""
+    return -(-sq // config.rows)
 
 
 #: ``0`` turns the tail split off (every CTA whole; for A/B timing and debugging).
@@ -1236,7 +1242,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
 
     def launch(config: GluonConfig) -> None:
         tail = tail_plan(q, k, k_block if k_scale is not None else 0, config)
-        ws = _tail_split.workspace(tail, config.consumers * ROWS_PER_CONSUMER, dv, q.device) if tail else None
+        ws = _tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
         grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
                                         return_lse, config, tail, ws)
         _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=_launch_maxnreg(meta))
@@ -1277,7 +1283,7 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     bsz, hq, sq, _ = q.shape
     out = torch.empty(bsz, sq, hq, v.shape[-1], dtype=out_dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
-    ws = _tail_split.workspace(tail, config.consumers * ROWS_PER_CONSUMER, v.shape[-1], q.device) if tail else None
+    ws = _tail_split.workspace(tail, config.rows, v.shape[-1], q.device) if tail else None
     _, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
                                  return_lse, config, tail, ws)
     kernel = _sage_fwd_ws

@@ -53,8 +53,7 @@ def emulate_launched(args, sm_scale, config, tail, return_lse=False):
         split, split_lse = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]),
                                                        torch.stack([p[1] for p in pieces]))
         hq, sq = q.shape[1], q.shape[2]
-        rows = config.consumers * gs.ROWS_PER_CONSUMER
-        n_m = -(-sq // rows)
+        rows, n_m = config.rows, gs._q_blocks(sq, config)
         for g in range(tail.main, tail.ctas):  # the tail CTAs' rows: merged pieces
             bh, m = divmod(g, n_m)
             at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
@@ -267,7 +266,7 @@ def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypa
     with gs.use_config(config):
         out, lse = gs.attention(*args, sm_scale, torch.float32, return_lse=True)
     tail = gs.last_tail_plan()
-    ctas = q.shape[0] * q.shape[1] * -(-q.shape[2] // (config.consumers * gs.ROWS_PER_CONSUMER))
+    ctas = q.shape[0] * q.shape[1] * gs._q_blocks(q.shape[2], config)
     assert tail == _tail_split.plan(ctas, 40, k.shape[2], 128, k_block) and tail.splits >= 2, tail
     want, want_lse = emulate_launched(args, sm_scale, config, tail, return_lse=True)
     assert_fp32_level(out.float(), want, f"{config} {tail} vs emulation", mmasum=bool(config.mmasum))
