@@ -21,23 +21,27 @@ import torch
 
 from . import recipes
 from .hardware import Hardware, detect
+from .ops.canonical import KEY_MASKS, MASK_KINDS, unservable
 from .recipes import AUTO, REFERENCE, Recipe, Requirements
 from .spec import DENSE, AttentionSpec, Match, Spec, layer_selected
 
-MASK_KINDS = ("none", "bool", "key_padding", "float")
-_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
 class Site:
     """One ``scaled_dot_product_attention`` call, as the policy sees it.
 
-    Shapes are logical ``(B, H, S, D)``; a dimension that is symbolic (dynamic shapes) is ``None``.
+    Shapes are SDPA's operand shapes, usually ``(B, H, S, D)`` (also ``(N, S, E)`` or ``(..., H, S, D)``). Under
+    dynamic shapes a size may be a ``SymInt``: comparing it (a rule's ``min_q_len``, a kernel's head dims) adds a
+    guard to the compiled graph, so the decision is re-made when a later shape would change it.
     ``role``: ``self`` (q/k/v from the same tokens), ``cross`` (k/v from another source, e.g. text),
-    ``joint`` (text and image tokens concatenated, MM-DiT). ``mask``: ``none``, ``bool``, ``key_padding``
-    (a boolean mask that only masks keys, shape ``(B, 1, 1, Skv)``), or ``float`` (an additive bias).
+    ``joint`` (text and image tokens concatenated, MM-DiT). ``mask`` (:mod:`qattn_fx.ops.canonical`): ``none``,
+    ``key_padding`` (boolean, per key, e.g. ``(B, 1, 1, Skv)``), ``key_bias`` (additive float, per key),
+    ``bool`` / ``float`` (varying per query or head); ``mask_shape`` its shape.
     ``layer`` is the block index in ``num_layers`` sibling blocks; ``layer_shared`` marks a graph shared by many
-    layers (regional compilation), where per-layer rules cannot be honoured.
+    layers (regional compilation), where per-layer rules cannot be honoured. ``runtime_args`` names SDPA
+    arguments that are values computed in the graph rather than constants (``scale``, ``dropout_p``); ``dropout``
+    is then its value when known, else NaN. ``kv_dtypes``: K's and V's dtypes (``dtype`` is Q's).
     """
 
     name: str = "sdpa"
@@ -56,6 +60,9 @@ class Site:
     enable_gqa: bool = False
     grad_enabled: bool = False
     layer_shared: bool = False
+    mask_shape: tuple | None = None
+    runtime_args: tuple[str, ...] = ()
+    kv_dtypes: tuple | None = None
 
     def __post_init__(self) -> None:
         recipes._check_choice("site.mask", self.mask, MASK_KINDS)
@@ -66,16 +73,20 @@ class Site:
         return self.q_shape[-1] if self.q_shape else None
 
     @property
+    def v_head_dim(self) -> int | None:
+        return self.v_shape[-1] if self.v_shape else self.head_dim
+
+    @property
     def q_len(self) -> int | None:
-        return self.q_shape[2] if len(self.q_shape) == 4 else None
+        return self.q_shape[-2] if len(self.q_shape) >= 2 else None
 
     @property
     def kv_len(self) -> int | None:
-        return self.k_shape[2] if len(self.k_shape) == 4 else None
+        return self.k_shape[-2] if len(self.k_shape) >= 2 else None
 
     @property
     def gqa(self) -> bool:
-        return len(self.q_shape) == 4 and len(self.k_shape) == 4 and self.q_shape[1] != self.k_shape[1]
+        return len(self.q_shape) >= 4 and len(self.k_shape) >= 4 and self.q_shape[-3] != self.k_shape[-3]
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> "Site":
@@ -130,24 +141,36 @@ def select(spec: Spec, site: Site) -> tuple[object, str, tuple[str, ...]]:
     return spec.default, "default", tuple(notes)
 
 
+def _runtime_dropout(site: Site) -> str:
+    known = "not known at compile time" if site.dropout != site.dropout else f"{site.dropout} when compiled"
+    return f"dropout_p is a value computed in the graph ({known}); quantized kernels do not implement dropout"
+
+
 def site_blocker(site: Site) -> str | None:
-    """A fact of the site that no quantized kernel in qattn_fx serves, or None."""
+    """A fact of the site that no quantized kernel in qattn_fx serves, or None (what each kernel takes is
+    :func:`unmet`'s question)."""
     if site.grad_enabled:
         return "autograd is enabled (training graph); the quantized attention ops have no backward"
+    if "dropout_p" in site.runtime_args:
+        return _runtime_dropout(site)
     if site.dropout:
         return f"dropout_p={site.dropout} > 0; quantized kernels do not implement dropout"
     if site.causal:
         return "is_causal=True; qattn_fx's quantized attention ops are non-causal"
     if site.mask == "float":
-        return "attn_mask is a float bias, no kernel supports it"
-    if site.mask == "key_padding":
-        return "attn_mask is a boolean key-padding mask (B, 1, 1, Skv), no quantized kernel takes masks"
+        shape = f" of shape {tuple(site.mask_shape)}" if site.mask_shape is not None else ""
+        return f"attn_mask is a float bias{shape} that varies per query or head; per-key biases are served"
     if site.mask == "bool":
-        return "attn_mask is a boolean mask, no kernel supports it"
+        shape = f" of shape {tuple(site.mask_shape)}" if site.mask_shape is not None else ""
+        return f"attn_mask is a boolean mask{shape} that varies per query or head; per-key masks are served"
     if not site.dtype.is_floating_point:
         return f"inputs are {site.dtype}, not floating point"
-    if site.head_dim is None:
-        return "head_dim is symbolic (dynamic shapes); kernels are specialised per head_dim"
+    if site.kv_dtypes is not None and any(d != site.dtype for d in site.kv_dtypes):
+        return f"q, k, v dtypes differ ({site.dtype}, {', '.join(map(str, site.kv_dtypes))})"
+    if site.q_shape and site.k_shape and site.v_shape:
+        why = unservable(site.q_shape, site.k_shape, site.v_shape, site.mask_shape, site.enable_gqa)
+        if why is not None:
+            return why
     if site.kv_len == 0:
         return "zero-length keys"
     return None
@@ -164,8 +187,12 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
         return f"needs {req.library[0]} >= {req.library[1]}, have {have}"
     if not req.head_dims.accepts(site.head_dim):
         return f"head_dim {site.head_dim} not in {req.head_dims.describe()}"
-    if site.dtype not in _KERNEL_DTYPES:
-        return f"inputs are {site.dtype}; the kernel takes bfloat16/float16"
+    if site.v_head_dim != site.head_dim and not req.head_dims.accepts(site.v_head_dim):
+        return f"V head_dim {site.v_head_dim} not in {req.head_dims.describe()}"
+    if site.dtype not in req.dtypes:
+        return f"inputs are {site.dtype}; {req.kernel} takes {'/'.join(str(d).removeprefix('torch.') for d in req.dtypes)}"
+    if site.mask in KEY_MASKS and not req.key_bias:
+        return f"no masks ({site.mask} attn_mask)"
     if site.role == "cross" and not req.cross_attention:
         return "no cross-attention"
     if site.gqa and not req.gqa:
@@ -202,6 +229,9 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
         if use.skip_softmax is not None or recipe is None:
             raise ValueError(f"{source}: skip_softmax has no reference emulation; remove it or run on sm_100")
         how = "emulated" if emulate else "backend REFERENCE"
+        why = unmet(recipes.REFERENCE_REQUIREMENTS, site, hardware, use)
+        if why is not None:
+            return Decision(False, f"dense: reference: {why}", recipe, None, None, source, notes)
         return Decision(True, f"quantized ({how}): {recipe.name} on reference ({hardware.arch})", recipe,
                         "reference", REFERENCE, source, notes)
     if recipe is None:

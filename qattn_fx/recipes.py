@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
+import torch
+
 QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
 VDType = Literal["fp8", "mxfp8", "nvfp4"]
 ScaleScope = Literal["tensor", "head"]
@@ -146,7 +148,8 @@ class Requirements:
     ``archs`` are compute capabilities as ``sm_XY`` strings (``None``: any device, CPU included);
     ``library`` is ``(distribution, minimum version)``; ``kernel`` names the entry in
     :data:`qattn_fx.kernels.KERNELS` that implements it (``None``: no kernel in qattn_fx yet, so the row can
-    only be emulated).
+    only be emulated). ``dtypes``: the Q/K/V dtypes it takes; ``key_bias``: it serves per-key masks
+    (key-padding or additive, as a logit bias).
     """
 
     kernel: str | None
@@ -156,7 +159,8 @@ class Requirements:
     cross_attention: bool = True
     gqa: bool = True
     causal: bool = False
-    key_padding_mask: bool = False
+    key_bias: bool = False
+    dtypes: tuple = (torch.bfloat16, torch.float16)
     self_attention_only_equal_shapes: bool = False
     seq_multiple_of: int = 1
     skip_softmax: bool = False
@@ -234,11 +238,14 @@ _FI = ("flashinfer-python", "0.6.0")
 _SAGE_HD = HeadDims(allowed=(128,))
 _CUDNN_HD_BLACKWELL = HeadDims(allowed=(32, 64, 96, 128))
 _CUDNN_HD_HOPPER = HeadDims(multiple_of=16, max=256)
-_TRITON = ("triton", "3.0.0")
 #: The warp-specialized Gluon kernel: same numerics as triton_sage, faster on sm_90 (BENCHMARKS.md); its Gluon
 #: API is the one of Triton 3.6.
-_GLUON_SM90 = Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
+_GLUON_SM90 = Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"), key_bias=True,
                            note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes write them so")
+_TRITON_SAGE = Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), ("triton", "3.0.0"), key_bias=True)
+#: The reference kernel (``emulate=True``, backend ``REFERENCE``): every recipe, any device, masks too.
+REFERENCE_REQUIREMENTS = Requirements("reference", None, key_bias=True,
+                                      dtypes=(torch.bfloat16, torch.float16, torch.float32))
 
 #: Every accepted (backend, recipe) combination. Order matters for ``backend="auto"``: the first row whose
 #: implementation runs on the hardware and serves the site wins, so faster/more accurate rows come first.
@@ -246,14 +253,14 @@ TABLE: tuple[Row, ...] = (
     # ---- our own Hopper kernels ---------------------------------------------------------------------------------
     Row("TRITON", "int8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
         "SageAttention (INT8 QK), Triton", OURS,
-        (_GLUON_SM90, Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
+        (_GLUON_SM90, _TRITON_SAGE),
         scale_scopes=("tensor",)),
     Row("TRITON", "fp8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
         "SageAttention (FP8 QK), Triton", OURS,
-        (_GLUON_SM90, Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),),
+        (_GLUON_SM90, _TRITON_SAGE),
         scale_scopes=("tensor",)),
     Row("TRITON", "bf16", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "QK16PV8, Triton", OURS,
-        (_GLUON_SM90, Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), _TRITON),)),
+        (_GLUON_SM90, _TRITON_SAGE)),
     # ---- TensorRT-LLM VisualGen table ---------------------------------------------------------------------------
     Row("TRTLLM", "int8", "fp8", _blocks((1, 1, 1), (1, 4, 1), (1, 16, 1)), "SageAttention (INT8 QK)", VG,
         (Requirements("flashinfer_trtllm_sage", SM100, _SAGE_HD, _FI_SAGE,

@@ -29,7 +29,8 @@ _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "
 
 
 def _shape(shape: tuple) -> list:
-    return [d if d is not None else "?" for d in shape]
+    """Ints, with a symbolic size (dynamic shapes) as its symbol's name (``"s0"``)."""
+    return [d if isinstance(d, int) else str(d) for d in shape]
 
 
 @dataclass(frozen=True)

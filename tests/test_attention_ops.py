@@ -127,11 +127,12 @@ def _scaled_args():
     qd, qs = ops.quantize_per_block(q, 1, I8)
     kd, ks = ops.quantize_per_block(k, 16, I8)
     vd, vs = ops.quantize_per_channel(v, F8)
-    return [qd, qs, kd, ks, vd, vs, 1, 16, 0.125, torch.bfloat16, "reference"]
+    return [qd, qs, kd, ks, vd, vs, 1, 16, 0.125, torch.bfloat16, "reference", None, None]
 
 
 def _with(args, **changes):
-    names = ["q", "q_scale", "k", "k_scale", "v", "v_scale", "q_block", "k_block", "sm_scale", "out_dtype", "kernel"]
+    names = ["q", "q_scale", "k", "k_scale", "v", "v_scale", "q_block", "k_block", "sm_scale", "out_dtype", "kernel",
+             "key_bias", "runtime_scale"]
     args = list(args)
     for key, value in changes.items():
         args[names.index(key)] = value
@@ -149,9 +150,9 @@ SCALED_ERRORS = [
     (dict(k=_S[2].view(F8)), "quantized q/k must share a dtype in (torch.int8, torch.float8_e4m3fn); got "
                              "torch.int8, torch.float8_e4m3fn"),
     (dict(v=_S[4].float()), "v must be float8_e4m3fn; got torch.float32"),
-    (dict(q_scale=_S[1][:, :, :5]), "q_scale must have shape (B, H, ceil(S/1)) = (1, 4, 33) (each dim may be 1); "
-                                    "got (1, 4, 5)"),
-    (dict(k_block=4), "k_scale must have shape (B, H, ceil(S/4)) = (1, 2, 12) (each dim may be 1); got (1, 2, 3)"),
+    (dict(q_scale=_S[1][:, :, :5]), "q_scale must have shape (B, H, >= ceil(S/1)) = (1, 4, >= 33) (each dim may be "
+                                    "1); got (1, 4, 5)"),
+    (dict(k_block=4), "k_scale must have shape (B, H, >= ceil(S/4)) = (1, 2, >= 12) (each dim may be 1); got (1, 2, 4)"),
     (dict(q_scale=_S[1].double()), "q_scale must be float32; got torch.float64"),
     (dict(k_scale=None), "q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K)"),
     (dict(v_scale=_S[5][..., :3]), "v_scale must have shape (B|1, H|1, Dv|1) (each dim may be 1); got (1, 2, 3)"),
@@ -159,14 +160,21 @@ SCALED_ERRORS = [
     (dict(out_dtype=torch.int8), "out_dtype=torch.int8 is invalid; valid: torch.bfloat16, torch.float16, "
                                  "torch.float32"),
     (dict(q_block=-1), "q_block=-1 is invalid; valid: 0 (one scale per head/tensor) or >= 1"),
-    (dict(q_block=0), "q_scale must have shape (1, 1|H, 1) (each dim may be 1); got (1, 4, 33)"),
-    (dict(k=_S[2][:, :1].expand(1, 3, 45, 64), k_scale=_S[3][:, :1].expand(1, 3, 3)),
+    (dict(q_block=0), "q_scale must have shape (1, 1|H, 1) (each dim may be 1); got (1, 4, 36)"),
+    (dict(k=_S[2][:, :1].expand(1, 3, 45, 64), k_scale=_S[3][:, :1].expand(1, 3, _S[3].shape[-1])),
      "heads must satisfy Hk == Hv and Hq % Hk == 0; got Hq=4, Hk=3, Hv=2"),
     (dict(q=_S[0][:, :3], q_scale=_S[1][:, :3]), "heads must satisfy Hk == Hv and Hq % Hk == 0; got Hq=3, Hk=2, "
                                                  "Hv=2"),
     (dict(k=_S[2][:, :, :0], k_scale=_S[3][:, :, :0], v=_S[4][:, :, :0]),
      "k has zero tokens: attention over an empty key set is undefined"),
-    (dict(v=_S[4][:, :, :40]), "k and v sequence lengths differ: 45 vs 40"),
+    (dict(v=_S[4][:, :, :40]), "v must hold at least 45 tokens (k has 45); got 40"),
+    (dict(key_bias=torch.zeros(1, 45, dtype=torch.float64)), "key_bias must be float32; got torch.float64"),
+    (dict(key_bias=torch.zeros(1, 44)), "key_bias must have shape (B|1, Skv) = (1|1, 45); got (1, 44)"),
+    (dict(key_bias=torch.zeros(45, 2).t()), "key_bias must have shape (B|1, Skv) = (1|1, 45); got (2, 45)"),
+    (dict(key_bias=torch.zeros(1, 45), kernel="cudnn_fp8"),
+     "kernel 'cudnn_fp8' takes no key_bias (masks); kernels that do: reference, triton_sage, gluon_sage"),
+    (dict(runtime_scale=torch.zeros(2)), "runtime_scale must be a 1-element float tensor; got torch.float32 of "
+                                         "shape (2,)"),
     (dict(q=_S[0].transpose(-1, -2).contiguous().transpose(-1, -2)),
      "q needs a unit stride on D (the last dim); got strides (8448, 2112, 1, 33)"),
     (dict(q=_S[0][..., :32]), "q and k head dims differ: 32 vs 64"),

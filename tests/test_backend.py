@@ -211,5 +211,5 @@ def test_dropout_and_causal_sites_stay_exactly_as_they_were():
         torch.compile(Odd(), backend=backend, fullgraph=True)(q, k, v)
     assert [s.reason for s in backend.report.sites] == [
         "dense: is_causal=True; qattn_fx's quantized attention ops are non-causal",
-        "dense: attn_mask is a float bias, no kernel supports it"]
+        "dense: attn_mask is a float bias of shape (8, 8) that varies per query or head; per-key biases are served"]
     assert backend.graph_modules[0].code.count("scaled_dot_product_attention") == 2

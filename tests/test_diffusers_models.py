@@ -81,11 +81,11 @@ class TestSiteDecisions(expecttest.TestCase):
         with torch.no_grad():
             report = qattn_fx.explain(model, **inputs, spec=None, emulate=True)
         self.assertExpectedInline(report.table(COLUMNS), """\
-module                                                layer  role   q_shape       kv_shape      rewritten  kernel  reason
-----------------------------------------------------  -----  -----  ------------  ------------  ---------  ------  ----------------------------------------------------------------------------------------------
-context_embedder.token_refiner.refiner_blocks.0.attn  0      self   (1,2,12,10)   (1,2,12,10)   False      -       dense: attn_mask is a boolean mask, no kernel supports it
-transformer_blocks.0.attn                             0      joint  (1,2,268,10)  (1,2,268,10)  False      -       dense: attn_mask is a boolean key-padding mask (B, 1, 1, Skv), no quantized kernel takes masks
-single_transformer_blocks.0.attn                      0      joint  (1,2,268,10)  (1,2,268,10)  False      -       dense: attn_mask is a boolean key-padding mask (B, 1, 1, Skv), no quantized kernel takes masks""")
+module                                                layer  role   q_shape       kv_shape      rewritten  kernel     reason
+----------------------------------------------------  -----  -----  ------------  ------------  ---------  ---------  ------------------------------------------------------------------------------------------------------------------
+context_embedder.token_refiner.refiner_blocks.0.attn  0      self   (1,2,12,10)   (1,2,12,10)   False      -          dense: attn_mask is a boolean mask of shape (1, 2, 12, 12) that varies per query or head; per-key masks are served
+transformer_blocks.0.attn                             0      joint  (1,2,268,10)  (1,2,268,10)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
+single_transformer_blocks.0.attn                      0      joint  (1,2,268,10)  (1,2,268,10)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)""")
 
     def test_grad_enabled_graphs_stay_dense(self):
         model, inputs = tiny_models.dit()

@@ -250,9 +250,11 @@ def test_input_dtype():
     assert resolve(site(dtype=torch.float16), SM90, spec()).quantized
     fp32 = resolve(site(dtype=torch.float32), SM90, spec())
     assert not fp32.quantized
-    assert "TRITON: inputs are torch.float32; the kernel takes bfloat16/float16" in fp32.reason
-    # the reference kernel takes any float dtype
+    assert "TRITON: inputs are torch.float32; gluon_sage takes bfloat16/float16" in fp32.reason
+    # the reference kernel takes bf16/fp16/fp32, not float64
     assert resolve(site(dtype=torch.float32), CPU, spec(), emulate=True).quantized
+    fp64 = resolve(site(dtype=torch.float64), CPU, spec(), emulate=True)
+    assert fp64.reason == "dense: reference: inputs are torch.float64; reference takes bfloat16/float16/float32"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -323,16 +325,27 @@ def test_skip_softmax_cannot_be_emulated(recipe):
 @pytest.mark.parametrize(
     "kwargs, reason",
     [
-        (dict(mask="float"), "dense: attn_mask is a float bias, no kernel supports it"),
-        (dict(mask="bool"), "dense: attn_mask is a boolean mask, no kernel supports it"),
-        (dict(mask="key_padding"),
-         "dense: attn_mask is a boolean key-padding mask (B, 1, 1, Skv), no quantized kernel takes masks"),
+        (dict(mask="float", mask_shape=(1, 24, 4608, 4608)),
+         "dense: attn_mask is a float bias of shape (1, 24, 4608, 4608) that varies per query or head; per-key "
+         "biases are served"),
+        (dict(mask="bool"), "dense: attn_mask is a boolean mask that varies per query or head; per-key masks are "
+                            "served"),
         (dict(dropout=0.1), "dense: dropout_p=0.1 > 0; quantized kernels do not implement dropout"),
+        (dict(dropout=0.1, runtime_args=("dropout_p",)),
+         "dense: dropout_p is a value computed in the graph (0.1 when compiled); quantized kernels do not implement "
+         "dropout"),
+        (dict(dropout=float("nan"), runtime_args=("dropout_p",)),
+         "dense: dropout_p is a value computed in the graph (not known at compile time); quantized kernels do not "
+         "implement dropout"),
         (dict(causal=True), "dense: is_causal=True; qattn_fx's quantized attention ops are non-causal"),
         (dict(grad_enabled=True),
          "dense: autograd is enabled (training graph); the quantized attention ops have no backward"),
         (dict(dtype=torch.int32), "dense: inputs are torch.int32, not floating point"),
+        (dict(kv_dtypes=(torch.bfloat16, torch.float16)),
+         "dense: q, k, v dtypes differ (torch.bfloat16, torch.bfloat16, torch.float16)"),
         (dict(skv=0), "dense: zero-length keys"),
+        (dict(hq=24, hk=8), "dense: 24 query heads and 8 key heads without enable_gqa (SDPA itself rejects it)"),
+        (dict(hq=24, hk=9, enable_gqa=True), "dense: 24 query heads are not a multiple of 9 key heads"),
     ],
 )
 @pytest.mark.parametrize("emulate", [False, True])
@@ -344,15 +357,68 @@ def test_site_blockers(kwargs, reason, emulate):
     assert not resolve(site(**kwargs), SM100, spec("TRTLLM", SAGE_INT8)).quantized
 
 
-def test_symbolic_head_dim():
-    s = Site(q_shape=(1, 8, None, None), k_shape=(1, 8, None, None), v_shape=(1, 8, None, None))
-    assert resolve(s, SM90, spec()).reason == (
-        "dense: head_dim is symbolic (dynamic shapes); kernels are specialised per head_dim"
-    )
+@pytest.mark.parametrize(
+    "shapes, mask_shape, reason",
+    [
+        (((8, 64), (8, 64), (8, 64)), None,
+         "2-D operands; qattn_fx serves 3-D (N, S, E), 4-D (B, H, S, D) and higher (..., H, S, D)"),
+        (((1, 8, 64, 128), (8, 64, 128), (8, 64, 128)), None,
+         "q, k, v have 4, 3, 3 dims; the ops need equal ranks"),
+        (((2, 3, 4, 64, 128),) * 3, (2, 3, 1, 1, 64), "attn_mask with 5-D operands; masks are served with 3-D and "
+                                                       "4-D operands"),
+        (((2, 3, 4, 64, 128), (2, 1, 4, 64, 128), (2, 3, 4, 64, 128)), None,
+         "leading dims of 5-D operands differ (q (2, 3, 4, 64, 128), k (2, 1, 4, 64, 128), v (2, 3, 4, 64, 128)); "
+         "they are served when equal"),
+        (((3, 8, 64, 128), (2, 8, 64, 128), (2, 8, 64, 128)), None,
+         "batch sizes 3, 2, 2 (q, k, v, mask) do not broadcast"),
+        (((1, 8, 64, 128), (1, 8, 64, 128), (1, 4, 64, 128)), None, "k and v head counts differ (8 vs 4)"),
+        (((1, 8, 64, 128), (1, 8, 64, 64), (1, 8, 64, 128)), None, "q and k head dims differ (128 vs 64)"),
+    ],
+)
+def test_call_forms_the_ops_do_not_serve(shapes, mask_shape, reason):
+    q, k, v = shapes
+    kind = "none" if mask_shape is None else "key_padding"
+    s = Site(q_shape=q, k_shape=k, v_shape=v, mask=kind, mask_shape=mask_shape)
+    assert resolve(s, CPU, spec(), emulate=True).reason == f"dense: {reason}"
+    assert resolve(s, SM90, spec()).reason == f"dense: {reason}"
+
+
+@pytest.mark.parametrize(
+    "q, k, mask_shape",
+    [
+        ((3, 64, 128), (3, 80, 128), None),  # (N, S, E)
+        ((3, 64, 128), (3, 80, 128), (3, 1, 80)),  # (N, S, E) with a key-padding mask
+        ((2, 3, 8, 64, 128), (2, 3, 8, 80, 128), None),  # leading batch dims
+        ((3, 8, 64, 128), (1, 8, 80, 128), None),  # K/V broadcast over Q's batch
+        ((1, 8, 64, 128), (1, 8, 80, 128), (3, 1, 1, 80)),  # the mask's batch broadcasts Q/K/V
+        ((1, 24, 64, 128), (1, 1, 80, 128), None),  # one key head broadcast (no enable_gqa needed)
+    ],
+)
+def test_other_sdpa_call_forms_are_served(q, k, mask_shape):
+    kind = "none" if mask_shape is None else "key_padding"
+    s = Site(q_shape=q, k_shape=k, v_shape=k, mask=kind, mask_shape=mask_shape, role="cross")
+    quantized(resolve(s, SM90, spec()), "gluon_sage", "TRITON")
+    assert resolve(s, CPU, spec(), emulate=True).quantized
+
+
+@pytest.mark.parametrize("mask", ["key_padding", "key_bias"])
+def test_per_key_masks_run_on_the_sage_kernels_and_the_reference(mask):
+    masked = site(mask=mask, mask_shape=(1, 1, 1, 4608))
+    quantized(resolve(masked, SM90, spec()), "gluon_sage", "TRITON")
+    quantized(resolve(masked, SM89, spec()), "triton_sage", "TRITON")
+    assert resolve(masked, CPU, spec(), emulate=True).quantized
+    # cuDNN FP8 and FA3 FP8 take no masks: auto stays dense with the reason, an explicit backend raises
+    fp8 = Recipe("fp8", "fp8", 0, 0, 0)
+    dense = resolve(masked, SM90, spec("auto", fp8))
+    assert not dense.quantized and f"CUDNN: no masks ({mask} attn_mask)" in dense.reason
+    with pytest.raises(ValueError, match=rf"backend 'CUDNN' cannot serve .*no masks \({mask} attn_mask\)"):
+        resolve(masked, SM90, spec("CUDNN", fp8))
+    # Blackwell's trtllm-gen Sage kernels neither
+    assert "TRTLLM: no masks" in resolve(masked, SM100, spec()).reason
 
 
 def test_gqa():
-    g = site(hq=24, hk=8)
+    g = site(hq=24, hk=8, enable_gqa=True)
     assert g.gqa and not site().gqa
     quantized(resolve(g, SM90, spec()), "gluon_sage", "TRITON")
     quantized(resolve(g, SM90_TRITON_3_5, spec()), "triton_sage", "TRITON")
@@ -481,12 +547,13 @@ def test_match_site_fields():
 def test_site_from_tensors_and_validation():
     q = torch.empty(2, 8, 64, 32)
     kv = torch.empty(2, 4, 16, 32)
-    s = Site.from_tensors(q, kv, kv)
+    s = Site.from_tensors(q, kv, kv, enable_gqa=True)
     assert (s.role, s.q_shape, s.k_shape, s.head_dim, s.q_len, s.kv_len, s.gqa, s.dtype) == (
         "cross", (2, 8, 64, 32), (2, 4, 16, 32), 32, 64, 16, True, torch.float32)
     assert Site.from_tensors(q, q, q).role == "self"
     assert Site.from_tensors(q, kv, kv, role="joint").role == "joint"
-    with pytest.raises(ValueError, match=r"^site.mask='causal' is invalid; valid: none, bool, key_padding, float$"):
+    with pytest.raises(ValueError, match=r"^site.mask='causal' is invalid; valid: none, key_padding, key_bias, bool, "
+                                         r"float$"):
         Site(mask="causal")
     with pytest.raises(ValueError, match=r"^site.role='text' is invalid; valid: self, cross, joint$"):
         Site(role="text")

@@ -92,12 +92,15 @@ OPCHECK_CASES = [
     (ops.quantize_mxfp8.default, (_XB, -2)),
     (ops.quantize_nvfp4.default, (_X, False)),
     (ops.quantize_nvfp4.default, (_XB, True)),
+    (ops.key_bias.default, (torch.rand(2, 1, 1, 37) > 0.3, _X.expand(2, 2, 37, 64))),
+    (ops.key_bias.default, (torch.randn(1, 37), _X)),
+    (ops.as_scalar_tensor.default, (0.125,)),
 ]
 
 
 def test_opcheck_cases_cover_every_quantize_op():
     assert {op for op, _ in OPCHECK_CASES} == set(QUANTIZE_OPS)
-    assert len(QUANTIZE_OPS) == 7
+    assert len(QUANTIZE_OPS) == 9
 
 
 @pytest.mark.parametrize("op, args", OPCHECK_CASES, ids=lambda v: getattr(v, "__name__", None) or "")
@@ -141,7 +144,7 @@ def test_int8_per_block_known_values_round_half_to_even():
     x = torch.tensor([[63.5, 1.25, -1.75, 0.25], [0.75, -63.25, 2.5, 0.0],
                       [12.7, -12.7, 0.05, 0.0], [0.0, 0.0, 0.0, 0.0]]).reshape(1, 1, 4, 4)
     data, scale = ops.quantize_per_block(x, 2, I8)
-    assert data.dtype == I8 and scale.dtype == torch.float32 and scale.shape == (1, 1, 2)
+    assert data.dtype == I8 and scale.dtype == torch.float32 and scale.shape == (1, 1, 4)  # 2 blocks, padded
     assert scale[0, 0, 0].item() == 0.5
     assert scale[0, 0, 1].item() == pytest.approx(0.1, rel=1e-6)
     assert data[0, 0, :2].flatten().tolist() == [127, 2, -4, 0, 2, -126, 5, 0]
@@ -189,7 +192,8 @@ def test_per_block_partial_last_block(s, block, dtype):
     x = torch.randn(2, 3, s, 32)
     data, scale = ops.quantize_per_block(x, block, dtype)
     nb = math.ceil(s / block)
-    assert scale.shape == (2, 3, nb)
+    assert scale.shape == (2, 3, 4 * math.ceil(nb / 4)) and scale.is_contiguous()  # rows padded to 16 bytes
+    assert (scale[:, :, nb:] == 0).all()
     for i in range(nb):
         tokens = x[:, :, i * block:(i + 1) * block]
         expected = tokens.abs().amax(dim=(-1, -2)) / formats.qmax(dtype)
@@ -214,13 +218,21 @@ def test_scope_shapes_and_values(d):
     assert (err <= e4m3_half_step(x.double() / scale.unsqueeze(2).double()) * scale.unsqueeze(2) * 1.0001).all()
 
 
-def test_smooth_k_subtracts_the_token_mean_and_keeps_dtype():
+def test_smooth_k_subtracts_the_token_mean_in_fp32_keeping_the_layout():
     k = bshd(2, 3, 50, 64, torch.bfloat16) + 5
     out = ops.smooth_k(k)
-    assert out.dtype == torch.bfloat16 and out.shape == k.shape and out.stride() == k.stride()
-    expected = (k.float() - k.float().mean(dim=2, keepdim=True)).to(torch.bfloat16)
+    assert out.dtype == torch.float32 and out.shape == k.shape and out.stride() == k.stride()
+    expected = k.float() - k.float().mean(dim=2, keepdim=True)
     assert torch.equal(out, expected)
-    assert out.float().mean(dim=2).abs().max() < 0.05
+    assert out.mean(dim=2).abs().max() < 1e-5
+
+
+def test_smooth_k_of_large_fp16_channels_stays_finite():
+    k = bshd(1, 2, 40, 64, torch.float16)
+    k[:, :, :20] = 6e4  # k - mean reaches 6e4 + 3e4: past fp16's 65504
+    k[:, :, 20:] = -3e4
+    out = ops.smooth_k(k)
+    assert torch.isfinite(out).all() and out.abs().max().item() == pytest.approx(4.5e4, rel=1e-3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -250,10 +262,11 @@ def test_seq_major_layout(op, layout):
     fn = {"head": ops.quantize_per_head, "tensor": ops.quantize_per_tensor, "channel": ops.quantize_per_channel}[op]
     data, scale = fn(x, F8, True)
     plain, plain_scale = fn(x, F8, False)
-    assert data.shape == (b, h, s, d)
-    s16 = 48  # 37 tokens padded to 16-byte rows
+    s16 = 48  # 37 tokens padded to 16-byte rows; the padding is part of the logical shape
+    assert data.shape == (b, h, s16, d)
     assert data.stride() == (h * d * s16, d * s16, 1, s16)  # physically (B, H, D, S16): tokens fastest
-    assert torch.equal(data.view(torch.uint8), plain.view(torch.uint8)) and torch.equal(scale, plain_scale)
+    assert torch.equal(data[:, :, :s].view(torch.uint8), plain.view(torch.uint8)) and torch.equal(scale, plain_scale)
+    assert (data[:, :, s:].view(torch.uint8) == 0).all()
 
 
 def test_block_scaled_layouts():
@@ -446,7 +459,7 @@ def test_quantize_property(b, h, sq, skv, d, block, layout, dtype, magnitude, se
             data, scale = ops.quantize_per_block(x, block, qdtype)
             assert data.dtype == qdtype and data.shape == x.shape
             assert_layout(data, x.stride())
-            assert scale.dtype == torch.float32 and scale.shape == (b, h, math.ceil(s / block))
+            assert scale.dtype == torch.float32 and scale.shape == (b, h, 4 * math.ceil(math.ceil(s / block) / 4))
             sc = expand_blocks(scale.double(), block, s, -1).unsqueeze(-1)
             err = (data.double() * sc - xd).abs()
             half = sc / 2 if qdtype == I8 else e4m3_half_step(xd / sc.clamp(min=1e-300)) * sc
@@ -456,9 +469,11 @@ def test_quantize_property(b, h, sq, skv, d, block, layout, dtype, magnitude, se
                           (ops.quantize_per_channel, (b, h, d))):
             for seq_major in (False, True):
                 data, scale = fn(x, F8, seq_major)
-                assert data.dtype == F8 and data.shape == x.shape and scale.shape == shape
-                s16 = -(-s // 16) * 16  # sequence-major rows are padded to 16 bytes
+                s16 = -(-s // 16) * 16  # sequence-major rows are padded to 16 bytes (padding in the shape)
+                assert data.dtype == F8 and scale.shape == shape
+                assert data.shape == ((b, h, s16, d) if seq_major else x.shape)
                 assert_layout(data, (h * d * s16, d * s16, 1, s16) if seq_major else x.stride())
+                data = data[:, :, :s]
                 sc = scale.double().unsqueeze(-2)
                 err = (data.double() * sc - xd).abs()
                 assert (err <= e4m3_half_step(xd / sc.clamp(min=1e-300)) * sc * (1 + 1e-5)).all()

@@ -11,7 +11,8 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
 * role: ``cross`` when K has another length than Q or comes from another input than Q's projection; ``joint``
   when Q's data flow contains a concatenation along the sequence axis (text and image tokens, MM-DiT); else
   ``self``;
-* mask kind: none / bool / key_padding (bool, broadcast over heads and queries) / float (an additive bias).
+* mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
+  varies per key / bool / float.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 from torch.fx.operator_schemas import normalize_function
+
+from ..ops import canonical
 
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 _LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear, torch.matmul, torch.ops.aten.linear.default)
@@ -234,20 +237,11 @@ def site_role(call: SdpaCall) -> str:
     return "self"
 
 
-def mask_kind(mask: object) -> str:
+def mask_kind(mask: object, ndim: int) -> str:
+    """The kind of SDPA's ``attn_mask`` value (a fake tensor or ``None``) for ``ndim``-D operands
+    (:func:`qattn_fx.ops.canonical.mask_kind`)."""
     if mask is None:
         return "none"
-    value = example_value(mask)
-    if not isinstance(value, torch.Tensor):
+    if not isinstance(mask, torch.Tensor):
         return "float"
-    if value.dtype == torch.bool:
-        shape = tuple(value.shape)
-        over_queries = len(shape) < 2 or shape[-2] == 1
-        over_heads = len(shape) < 3 or shape[-3] == 1
-        return "key_padding" if over_queries and over_heads else "bool"
-    return "float"
-
-
-def static_shape(value: torch.Tensor) -> tuple:
-    """Shape with symbolic dims as None."""
-    return tuple(d if isinstance(d, int) else None for d in value.shape)
+    return canonical.mask_kind(tuple(mask.shape), mask.dtype == torch.bool, ndim)

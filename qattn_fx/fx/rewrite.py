@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental.symbolic_shapes import guard_int
 
 from ..hardware import Hardware, detect
 from ..ops.lowering import quantized_attention
@@ -48,10 +50,13 @@ class FxEmitter:
         for key in _META_KEYS:
             if key in self.meta:
                 node.meta[key] = self.meta[key]
-        values = tuple(match.example_value(a) for a in args)
-        missing = any(isinstance(a, fx.Node) and v is None for a, v in zip(args, values))
+        nodes: list[fx.Node] = []
+        fx.node.map_arg(args, nodes.append)
+        missing = any(match.example_value(n) is None for n in nodes)
         if self.fake_mode is not None and not missing:
-            with self.fake_mode:
+            values = fx.node.map_arg(args, match.example_value)
+            # the python dispatcher runs Python decompositions (as Dynamo does), which take symbolic sizes
+            with self.fake_mode, enable_python_dispatcher():
                 node.meta["example_value"] = target(*values)
         self.created.append(node)
         return node
@@ -61,31 +66,45 @@ def _fake_mode_of(value):
     return getattr(value, "fake_mode", None)
 
 
+def _graph_value(arg: object) -> tuple[bool, float | None]:
+    """(is it a value computed in the graph, its value when known) for a float argument of SDPA."""
+    if not isinstance(arg, fx.Node):
+        return False, None if arg is None else float(arg)
+    value = match.example_value(arg)
+    hint = getattr(getattr(value, "node", None), "hint", None)
+    return True, float(hint) if hint is not None else None
+
+
 def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[int, int],
                   grad_enabled: bool) -> Site:
     q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
+    mask = match.example_value(call.args["attn_mask"]) if call.args["attn_mask"] is not None else None
     path = match.module_path(call.node)
     container, index = match.split_layer(path)
     shared_graph = uses.get(id(call.module), 1) > 1
-    scale = call.args["scale"]
-    dropout = call.args["dropout_p"]
+    scale_runtime, scale = _graph_value(call.args["scale"])
+    dropout_runtime, dropout = _graph_value(call.args["dropout_p"])
+    runtime = tuple(name for name, flag in (("scale", scale_runtime), ("dropout_p", dropout_runtime)) if flag)
     return Site(
         name=call.node.name,
         module=path,
         layer=None if shared_graph else index,
         num_layers=None if shared_graph or container is None else layers.get(container),
         role=match.site_role(call),
-        q_shape=match.static_shape(q),
-        k_shape=match.static_shape(k),
-        v_shape=match.static_shape(v),
+        q_shape=tuple(q.shape),
+        k_shape=tuple(k.shape),
+        v_shape=tuple(v.shape),
         dtype=q.dtype,
-        mask=match.mask_kind(call.args["attn_mask"]),
+        mask=match.mask_kind(mask, q.dim()),
+        mask_shape=tuple(mask.shape) if isinstance(mask, torch.Tensor) else None,
         causal=bool(call.args["is_causal"]),
-        dropout=float(dropout) if isinstance(dropout, (int, float)) else 1.0,
-        scale=float(scale) if isinstance(scale, (int, float)) else None,
+        dropout=dropout if dropout is not None else (0.0 if not dropout_runtime else float("nan")),
+        scale=scale,
         enable_gqa=bool(call.args["enable_gqa"]),
         grad_enabled=grad_enabled,
         layer_shared=shared_graph or index is None,
+        runtime_args=runtime,
+        kv_dtypes=(k.dtype, v.dtype),
     )
 
 
@@ -100,13 +119,15 @@ def _layer_counts(calls: list[match.SdpaCall]) -> dict[str, int]:
 
 def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str) -> tuple[str, ...]:
     q = match.example_value(call.q)
-    head_dim = q.shape[-1]
+    # kernels are specialised per head_dim: a symbolic one (dynamic=True) is fixed here by a guard on the graph
+    head_dim = guard_int(q.shape[-1])
     scale = call.args["scale"]
-    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+    sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     emit = FxEmitter(call.graph, prefix, _fake_mode_of(q), call.node.meta)
     with call.graph.inserting_before(call.node):
         out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
-                                  out_dtype=q.dtype, head_dim=head_dim, emit=emit)
+                                  out_dtype=q.dtype, head_dim=head_dim, attn_mask=call.args["attn_mask"],
+                                  enable_gqa=bool(call.args["enable_gqa"]), emit=emit)
     call.node.replace_all_uses_with(out)
     call.graph.erase_node(call.node)
     return tuple(n.name for n in emit.created)

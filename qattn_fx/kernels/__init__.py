@@ -27,6 +27,7 @@ class KernelInfo:
     """Where a kernel lives and which op families it implements.
 
     ``v_seq_major``: the kernel wants fp8 V stored sequence-fastest (the quantize node writes it so);
+    ``key_bias``: its functions take ``key_bias=`` (a per-key fp32 logit bias, how key-padding masks run);
     ``description`` is shown in reports and the README.
     """
 
@@ -35,6 +36,7 @@ class KernelInfo:
     scaled: str | None = None
     block_scaled: str | None = None
     v_seq_major: bool = False
+    key_bias: bool = False
     description: str = ""
 
 
@@ -42,7 +44,7 @@ KERNELS: dict[str, KernelInfo] = {
     info.name: info
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
-                   description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested against"),
+                   key_bias=True, description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested against"),
         KernelInfo("triton_sage", "qattn_fx.kernels.triton_sage", "scaled_attention", v_seq_major=True,
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,

@@ -3,10 +3,12 @@
 This is the *definition* every fast kernel is tested against:
 
 1. dequantize Q, K and V exactly (:mod:`qattn_fx.ops.formats`) to fp32;
-2. ``S = Q·Kᵀ · sm_scale`` in fp32; ``P = exp(S - rowmax(S))``; ``l = rowsum(P)`` (fp32, before any rounding);
+2. ``S = Q·Kᵀ · sm_scale + key_bias`` in fp32 (``key_bias``: a per-key logit bias, ``-inf`` for masked keys);
+   ``P = exp(S - rowmax(S))``; ``l = rowsum(P)`` (fp32, before any rounding);
 3. P is rounded the way the recipe's P·V sees it: e4m3 with the fixed scale 448 when V is fp8/mxfp8, NVFP4 with
    a fixed tensor scale when V is nvfp4;
-4. ``O = (P_rounded · V) / l`` in fp32, cast to ``out_dtype`` and stored BSHD.
+4. ``O = (P_rounded · V) / l`` in fp32, cast to ``out_dtype`` and stored BSHD. A row whose logits are all
+   ``-inf`` (every key masked) gives 0, as ``F.scaled_dot_product_attention`` does.
 
 Work is chunked over query rows so that memory stays bounded for video-length sequences. GQA (``Hq = g · Hkv``)
 repeats K/V heads. Inputs are never modified.
@@ -31,27 +33,32 @@ def _repeat_heads(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x if hk == hq else x.repeat_interleave(hq // hk, dim=1)
 
 
-def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, round_p, out: torch.Tensor):
+def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, round_p, out: torch.Tensor,
+            key_bias: torch.Tensor | None = None):
     b, h, sq, _ = qf.shape
     kf = _repeat_heads(kf, h)
-    vf = _repeat_heads(vf, h)
+    vf = _repeat_heads(vf[:, :, : kf.shape[-2]], h)  # V may carry padding rows past Skv
+    bias = None if key_bias is None else key_bias.float()[:, None, None, :]
     rows = max(1, _CHUNK_ELEMENTS // max(1, b * h * kf.shape[-2]))
     for start in range(0, sq, rows):
         s = torch.matmul(qf[:, :, start : start + rows], kf.transpose(-1, -2)) * sm_scale
-        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        if bias is not None:
+            s = s + bias
+        m = s.amax(dim=-1, keepdim=True)
+        p = torch.exp(s - torch.where(m == float("-inf"), torch.zeros_like(m), m))  # all -inf rows: P = 0
         denom = p.sum(dim=-1, keepdim=True)
-        o = torch.matmul(round_p(p), vf) / denom
+        o = torch.matmul(round_p(p), vf) / torch.where(denom == 0, torch.ones_like(denom), denom)
         out[:, :, start : start + rows] = o.to(out.dtype)
     return out
 
 
-def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
     """Reference for ``qattn::scaled_attention`` (see :mod:`qattn_fx.ops.attention` for the layouts)."""
     qf = formats.dequantize_scaled(q, q_scale, q_block)
     kf = formats.dequantize_scaled(k, k_scale, k_block)
     vf = formats.dequantize_v(v, v_scale)
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
-    return _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out)
+    return _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias)
 
 
 def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.Tensor:
@@ -66,7 +73,8 @@ def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.
     raise ValueError(f"format={fmt!r} is invalid for {role}; valid: mxfp8, nvfp4" + (", fp8" if role == "v" else ""))
 
 
-def block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype):
+def block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, *,
+                           key_bias=None):
     """Reference for ``qattn::block_scaled_attention``."""
     head_dim = q.shape[-1] * (2 if qk_format == "nvfp4" else 1)
     qf = dequantize_block_scaled(q, q_sf, q_gs, qk_format, "qk", head_dim)
@@ -74,4 +82,4 @@ def block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_forma
     vf = dequantize_block_scaled(v, v_sf, v_gs, v_format, "v", k.shape[2])
     round_p = formats.round_p_nvfp4 if v_format == "nvfp4" else formats.round_p_fp8
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], vf.shape[-1], out_dtype, q.device)
-    return _attend(qf, kf, vf, sm_scale, round_p, out)
+    return _attend(qf, kf, vf, sm_scale, round_p, out, key_bias)

@@ -1,27 +1,38 @@
 """Attention custom ops over quantized tensors. Opaque to the compiler; the ``kernel`` argument picks the kernel.
 
-``qattn::scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel)``
+``qattn::scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel,
+key_bias=None, runtime_scale=None)``
 
-* ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, any strides with a unit stride on D: int8 or float8_e4m3fn with fp32 scales of shape
-  ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB = ceil(S/block)``), or with block 0 a
-  single scale per head ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. bf16/fp16 Q/K pass ``None`` scales.
-* ``v (B, Hkv, Skv, Dv)``: float8_e4m3fn, any strides with a unit stride on D or S; ``v_scale`` fp32
-  ``(B|1, Hkv|1, Dv|1)`` (per channel, per head, per tensor).
+* ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, any strides with a unit stride on D: int8 or float8_e4m3fn with fp32
+  scales of shape ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB >= ceil(S/block)``;
+  entries past ``ceil(S/block)``, the quantize node's row padding, are never read), or with block 0 a single
+  scale per head ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. bf16/fp16 Q/K pass ``None`` scales.
+* ``v (B, Hkv, Sv, Dv)``: float8_e4m3fn, any strides with a unit stride on D or S, ``Sv >= Skv`` (rows past
+  ``Skv``, the padding of sequence-major V to 16 tokens, are never read); ``v_scale`` fp32 ``(B|1, Hkv|1, Dv|1)``
+  (per channel, per head, per tensor).
+* ``key_bias``: optional fp32 ``(B|1, Skv)`` with a unit stride on keys, added to every query's logits
+  ``q·kᵀ·sm_scale`` before the softmax (``-inf`` masks a key out; a key-padding mask becomes 0 / ``-inf``). A row
+  whose keys are all ``-inf`` gives 0, as ``F.scaled_dot_product_attention`` does. Only kernels whose
+  :class:`~qattn_fx.kernels.KernelInfo` says ``key_bias`` take it.
+* ``runtime_scale``: optional 0-d float tensor on the CPU holding SDPA's ``scale`` when it is a value of the
+  compiled graph (a Python float that changes between calls) rather than a constant; it replaces ``sm_scale``.
 * Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype``, stored BSHD (stride ``(Sq·Hq·Dv, Dv, Hq·Dv, 1)``).
 
 ``qattn::block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale,
-out_dtype, kernel)``
+out_dtype, kernel, key_bias=None, runtime_scale=None)``
 
 * ``qk_format`` ``mxfp8``: e4m3 ``(B, H, S, D)`` data with E8M0 scales ``(B, H, S, ceil(D/32))``;
   ``nvfp4``: packed e2m1 ``(B, H, S, D/2)`` uint8, E4M3 scales ``(B, H, S, D/16)``, fp32 tensor scale ``()``.
 * ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, ceil(Skv/32), Dv)``;
   ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, Skv16/16)``, tensor scale.
+* ``key_bias`` and ``runtime_scale`` as above.
 
 Inputs are never mutated. Bad shapes or dtypes raise ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -42,14 +53,16 @@ def _check_out_dtype(out_dtype: torch.dtype) -> None:
         _fail(f"out_dtype={out_dtype} is invalid; valid: {', '.join(map(str, OUT_DTYPES))}")
 
 
-def _check_scale(name: str, scale: torch.Tensor, full: tuple, what: str) -> None:
+def _check_scale(name: str, scale: torch.Tensor, full: tuple, what: str, *, last_at_least: bool = False) -> None:
     if scale.dtype != torch.float32:
         _fail(f"{name} must be float32; got {scale.dtype}")
-    if scale.dim() != 3 or any(s not in (1, f) for s, f in zip(scale.shape, full)):
+    dims_ok = scale.dim() == 3 and all(s in (1, f) for s, f in zip(scale.shape[:2], full[:2]))
+    last_ok = scale.dim() == 3 and (scale.shape[2] >= full[2] if last_at_least else scale.shape[2] in (1, full[2]))
+    if not (dims_ok and last_ok):
         _fail(f"{name} must have shape {what} (each dim may be 1); got {tuple(scale.shape)}")
 
 
-def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_seq: int) -> None:
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_seq: int, *, padded_v: bool = False) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             _fail(f"{name} must be 4-D (B, H, S, D); got shape {tuple(t.shape)}")
@@ -57,15 +70,51 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_seq: int) 
         _fail(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1] != 0:
         _fail(f"heads must satisfy Hk == Hv and Hq % Hk == 0; got Hq={q.shape[1]}, Hk={k.shape[1]}, Hv={v.shape[1]}")
-    if v_seq != k.shape[2]:
-        _fail(f"k and v sequence lengths differ: {k.shape[2]} vs {v_seq}")
+    if v_seq < k.shape[2] if padded_v else v_seq != k.shape[2]:
+        need = f"at least {k.shape[2]}" if padded_v else f"{k.shape[2]}"
+        _fail(f"v must hold {need} tokens (k has {k.shape[2]}); got {v_seq}")
     if k.shape[2] == 0:
         _fail("k has zero tokens: attention over an empty key set is undefined")
 
 
-def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype) -> None:
+def check_key_bias(key_bias: Optional[torch.Tensor], k: torch.Tensor) -> None:
+    if key_bias is None:
+        return
+    b, skv = k.shape[0], k.shape[2]
+    if key_bias.dtype != torch.float32:
+        _fail(f"key_bias must be float32; got {key_bias.dtype}")
+    if key_bias.dim() != 2 or key_bias.shape[0] not in (1, b) or key_bias.shape[1] != skv:
+        _fail(f"key_bias must have shape (B|1, Skv) = ({b}|1, {skv}); got {tuple(key_bias.shape)}")
+    if key_bias.stride(-1) != 1 and skv > 1:
+        _fail(f"key_bias needs a unit stride on keys; got strides {key_bias.stride()}")
+    if key_bias.device != k.device:
+        _fail(f"key_bias is on {key_bias.device}, k on {k.device}")
+
+
+def _scale_value(sm_scale: float, runtime_scale: Optional[torch.Tensor]) -> float:
+    if runtime_scale is None:
+        return sm_scale
+    if runtime_scale.numel() != 1 or not runtime_scale.dtype.is_floating_point:
+        _fail(f"runtime_scale must be a 1-element float tensor; got {runtime_scale.dtype} of shape "
+              f"{tuple(runtime_scale.shape)}")
+    return float(runtime_scale)
+
+
+def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor]):
+    """The kernel function; ``key_bias`` is passed (as a keyword) only to kernels that declare they take it."""
+    fn = kernels.load(kernel, family)
+    if key_bias is None:
+        return fn
+    if not kernels.info(kernel).key_bias:
+        _fail(f"kernel {kernel!r} takes no key_bias (masks); kernels that do: "
+              f"{', '.join(k for k, i in kernels.KERNELS.items() if i.key_bias)}")
+    return functools.partial(fn, key_bias=key_bias)
+
+
+def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias=None) -> None:
     _check_4d(q, k, v)
-    _check_heads(q, k, v, v.shape[2])
+    _check_heads(q, k, v, v.shape[2], padded_v=True)
+    check_key_bias(key_bias, k)
     _check_out_dtype(out_dtype)
     if q.shape[-1] != k.shape[-1]:
         _fail(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
@@ -84,8 +133,8 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
             if block < 0:
                 _fail(f"{name}_block={block} is invalid; valid: 0 (one scale per head/tensor) or >= 1")
             nb = 1 if block == 0 else (x.shape[2] + block - 1) // block
-            what = "(1, 1|H, 1)" if block == 0 else f"(B, H, ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, {nb})"
-            _check_scale(f"{name}_scale", s, (x.shape[0], x.shape[1], nb), what)
+            what = "(1, 1|H, 1)" if block == 0 else f"(B, H, >= ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, >= {nb})"
+            _check_scale(f"{name}_scale", s, (x.shape[0], x.shape[1], nb), what, last_at_least=block > 0)
             if block == 0 and s.shape[0] != 1:
                 _fail(f"{name}_scale with {name}_block=0 must have shape (1, 1|H, 1); got {tuple(s.shape)}")
     if v.dtype != torch.float8_e4m3fn:
@@ -112,14 +161,17 @@ def scaled_attention(
     sm_scale: float,
     out_dtype: torch.dtype,
     kernel: str,
+    key_bias: Optional[torch.Tensor] = None,
+    runtime_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype)
-    fn = kernels.load(kernel, "scaled")
-    return fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
+    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
+    fn = _kernel_call(kernel, "scaled", key_bias)
+    return fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale), out_dtype)
 
 
 @scaled_attention.register_fake
-def _(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel):
+def _(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel, key_bias=None,
+      runtime_scale=None):
     return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
 
 
@@ -213,14 +265,19 @@ def block_scaled_attention(
     sm_scale: float,
     out_dtype: torch.dtype,
     kernel: str,
+    key_bias: Optional[torch.Tensor] = None,
+    runtime_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
-    fn = kernels.load(kernel, "block_scaled")
-    return fn(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype)
+    check_key_bias(key_bias, k)
+    fn = _kernel_call(kernel, "block_scaled", key_bias)
+    return fn(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, _scale_value(sm_scale, runtime_scale),
+              out_dtype)
 
 
 @block_scaled_attention.register_fake
-def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel):
+def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel, key_bias=None,
+      runtime_scale=None):
     return _fake_out(q, q.shape[2], _v_dims(v, v_format)[1], out_dtype)
 
 

@@ -50,6 +50,38 @@ def qmax(dtype: torch.dtype) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Shapes
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
+    """``x`` zero-padded at the end of ``axis`` to a multiple of ``multiple`` elements.
+
+    Works on symbolic lengths without adding guards: a length that is a plain int and already a multiple returns
+    ``x`` itself; a symbolic one is always padded (by a symbolic amount that may be 0), so one compiled graph
+    serves every length (a Python ``if pad:`` would specialize the graph on ``length % multiple``).
+    """
+    axis = axis % x.dim()
+    n = x.shape[axis]
+    pad = (n + multiple - 1) // multiple * multiple - n  # as (-n) % multiple, in a form sympy sees is a multiple
+    if isinstance(pad, int) and pad == 0:
+        return x
+    widths = [0, 0] * (x.dim() - 1 - axis) + [0, pad]
+    return torch.nn.functional.pad(x, widths)
+
+
+def take_first(x: torch.Tensor, axis: int, n) -> torch.Tensor:
+    """The first ``n`` entries of ``axis``: a view for a static length, a gather for a symbolic one.
+
+    A view of the first ``n`` of ``m`` entries is contiguous exactly when ``n == m``; tracing one under symbolic
+    lengths makes the compiler guard on that, and the guard recompiles the graph for the next length.
+    """
+    if isinstance(n, int) and isinstance(x.shape[axis], int):
+        return x.narrow(axis, 0, n)
+    return x.index_select(axis, torch.arange(n, device=x.device))
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Scaled int8 / fp8
 # ------------------------------------------------------------------------------------------------------------------
 
@@ -67,19 +99,20 @@ def cast_scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
 def seq_block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
     """Amax of ``x (B,H,S,D)`` over blocks of ``block`` tokens and all channels → ``(B, H, ceil(S/block))``."""
     b, h, s, d = x.shape
-    nb = (s + block - 1) // block
-    a = x.abs().float()
-    pad = nb * block - s
-    if pad:
-        a = torch.nn.functional.pad(a, (0, 0, 0, pad))
-    return a.reshape(b, h, nb, block * d).amax(dim=-1)
+    a = pad_to_multiple(x.abs().float(), -2, block)
+    return a.reshape(b, h, a.shape[-2] // block, block * d).amax(dim=-1)
 
 
 def expand_seq_scale(scale: torch.Tensor, block: int, seq_len: int) -> torch.Tensor:
-    """Per-token view of a ``(Bs, Hs, NB)`` Q/K scale: ``(Bs, Hs, S, 1)``; ``block == 0`` means one scale."""
+    """Per-token values of a ``(Bs, Hs, NB)`` Q/K scale: ``(Bs, Hs, S, 1)``; ``block == 0`` means one scale.
+
+    ``NB`` may exceed ``ceil(S / block)`` (rows padded for alignment): the extra entries are never read. A gather
+    rather than a slice, so no view of ambiguous contiguity appears under symbolic lengths.
+    """
     if block == 0:
         return scale[..., :1].unsqueeze(-1)
-    return scale.repeat_interleave(block, dim=-1)[..., :seq_len].unsqueeze(-1)
+    token_block = torch.arange(seq_len, device=scale.device) // block
+    return scale.index_select(-1, token_block).unsqueeze(-1)
 
 
 def dequantize_scaled(data: torch.Tensor, scale: torch.Tensor | None, block: int) -> torch.Tensor:
@@ -104,19 +137,9 @@ def round_p_fp8(p: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _pad_axis(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
-    axis = axis % x.dim()
-    n = x.shape[axis]
-    pad = (-n) % multiple
-    if not pad:
-        return x
-    widths = [0, 0] * (x.dim() - 1 - axis) + [0, pad]
-    return torch.nn.functional.pad(x, widths)
-
-
 def _blocks_along(x: torch.Tensor, axis: int, block: int) -> torch.Tensor:
     """``x`` with ``axis`` (zero-padded to a multiple of ``block``) split into ``(..., nblocks, block)`` last."""
-    xp = _pad_axis(x, axis, block).movedim(axis, -1)
+    xp = pad_to_multiple(x, axis, block).movedim(axis, -1)
     return xp.reshape(*xp.shape[:-1], xp.shape[-1] // block, block)
 
 
@@ -141,7 +164,7 @@ def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tens
     scale = torch.exp2(-(byte - 127).float())  # 1 / 2^e
     data = (blocks * scale.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     n = x.shape[axis]
-    data = data.reshape(*data.shape[:-2], -1)[..., :n].movedim(-1, axis).to(torch.float8_e4m3fn)
+    data = take_first(data.reshape(*data.shape[:-2], -1), -1, n).movedim(-1, axis).to(torch.float8_e4m3fn)
     scales = byte.to(torch.uint8).movedim(-1, axis).view(torch.float8_e8m0fnu)
     return data.contiguous(), scales.contiguous()
 
@@ -153,7 +176,7 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, axis: int) -> torch.Tensor:
     axis = axis % data.dim()
-    s = e8m0_to_float(scales).repeat_interleave(MX_BLOCK, dim=axis).narrow(axis, 0, data.shape[axis])
+    s = take_first(e8m0_to_float(scales).repeat_interleave(MX_BLOCK, dim=axis), axis, data.shape[axis])
     return data.float() * s
 
 

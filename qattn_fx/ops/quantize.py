@@ -6,13 +6,18 @@ never mutate their inputs. The numerics are those of :mod:`qattn_fx.ops.formats`
 =====================================================  ==========================================================
 op                                                     returns
 =====================================================  ==========================================================
-``smooth_k(k)``                                        ``k - mean_S(k)`` in k's dtype (exact under softmax)
-``quantize_per_block(x, block, dtype)``                data like x (int8/e4m3), scale ``(B, H, ceil(S/block))``
-                                                       (each head's row stored padded to 16 bytes)
+``smooth_k(k)``                                        ``k - mean_S(k)`` in fp32 (exact under softmax; fp32
+                                                       so fp16 K with large channels cannot overflow)
+``quantize_per_block(x, block, dtype)``                data like x (int8/e4m3), scale ``(B, H, NB4)``: the
+                                                       ``ceil(S/block)`` block scales, zero-padded to a multiple
+                                                       of 4 (16 bytes) per head
 ``quantize_per_head(x, dtype, seq_major)``             data, scale ``(1, H, 1)``
 ``quantize_per_tensor(x, dtype, seq_major)``           data, scale ``(1, 1, 1)``
 ``quantize_per_channel(x, dtype, seq_major)``          data, scale ``(B, H, D)`` (V: amax over tokens)
 ``quantize_mxfp8(x, axis)``                            e4m3 data like x, E8M0 scales (32 along ``axis``)
+``key_bias(mask, k)``                                  a per-key mask as an fp32 logit bias ``(B|1, Skv)``
+                                                       (boolean: 0 / ``-inf``)
+``as_scalar_tensor(value)``                            a graph's float value as a 0-d float64 CPU tensor
 ``quantize_nvfp4(x, transpose)``                       packed e2m1 ``(..., N/2)`` uint8, E4M3 scales ``(..., N/16)``,
                                                        fp32 tensor scale ``()``; ``transpose`` quantizes
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
@@ -20,8 +25,11 @@ op                                                     returns
 
 The scaled int8/fp8 ops keep the memory order of the input (elementwise ops preserve a permuted BSHD view), so
 kernels read diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies; ``seq_major=True``
-stores the data with the sequence axis fastest (physically ``(B, H, D, S16)``, each channel's row padded to 16
-bytes), the layout an FP8 P·V on Hopper wants for V; the logical shape stays ``(B, H, S, D)``. The MXFP8 and
+stores the data with the sequence axis fastest (physically ``(B, H, D, S16)``, each channel's row zero-padded to a
+multiple of 16 tokens), the layout an FP8 P·V on Hopper wants for V, viewed as ``(B, H, S16, D)``. Padding is part
+of the logical shape and is never sliced away: a view of the first ``S`` of ``S16`` rows is contiguous only when
+``S`` is a multiple of 16, and tracing such a view under symbolic lengths specializes the compiled graph on that.
+Consumers take the real lengths from Q and K. The MXFP8 and
 NVFP4 ops return contiguous data and scales (their kernels re-pack scales into hardware layouts anyway).
 """
 
@@ -49,20 +57,18 @@ def _check_8bit(dtype: torch.dtype) -> None:
 
 
 def _rows_padded(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """``x`` stored contiguously with its last-dim rows padded to a multiple of ``multiple`` elements (zeros),
-    viewed back as ``x``'s shape: every row then starts on that many elements' alignment."""
-    n = x.shape[-1]
-    pad = (-n) % multiple
-    if pad:
-        x = torch.nn.functional.pad(x, (0, pad))
-    return x.contiguous()[..., :n]
+    """``x`` contiguous with its last dim zero-padded to a multiple of ``multiple`` (the padding is part of the
+    logical shape: a slice back to the original width would be a view whose contiguity depends on the length,
+    which makes the compiler specialize symbolic lengths)."""
+    return formats.pad_to_multiple(x, -1, multiple).contiguous()
 
 
 def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
     """Data keeps the input's memory order (a BSHD view stays BSHD) unless ``seq_major`` asks for S fastest.
 
-    Sequence-major data is stored ``(B, H, D, S16)`` with the row length padded to a multiple of 16 elements
-    (16 bytes of fp8, what vectorized/asynchronous copies and TMA need) and viewed back as ``(B, H, S, D)``.
+    Sequence-major data is stored ``(B, H, D, S16)``, each channel's row zero-padded to a multiple of 16 tokens
+    (16 bytes of fp8, what vectorized/asynchronous copies and TMA need), and viewed as ``(B, H, S16, D)``: the
+    padding tokens are part of the logical shape (kernels read only the first ``Skv`` = K's length).
     """
     if not seq_major:
         return data
@@ -71,7 +77,8 @@ def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
 
 def smooth_k(k: torch.Tensor) -> torch.Tensor:
     _check_4d("smooth_k", k)
-    return (k.float() - k.float().mean(dim=-2, keepdim=True)).to(k.dtype)
+    kf = k.float()
+    return kf - kf.mean(dim=-2, keepdim=True)
 
 
 def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +89,7 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
     scale = formats.seq_block_amax(x, block) / formats.qmax(dtype)
     data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
     # each head's row padded to 4 fp32 (16 bytes), so every head's scales start where a TMA load can (75600 tokens
-    # in groups of 16 give 4725 scales per head; the row is stored as 4728)
+    # in groups of 16 give 4725 scales per head; the row holds 4728, the last 3 zero and never read)
     return data, _rows_padded(scale, 4)
 
 
@@ -122,7 +129,31 @@ def quantize_nvfp4(x: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, torc
     return formats.quantize_nvfp4(x.transpose(-1, -2) if transpose else x)
 
 
+def key_bias(mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """A per-key mask as the fp32 logit bias ``(Bm, Skv)`` the attention ops take (``Bm``: the mask's batch, 1 or
+    B): boolean ``True`` (attend) → 0, ``False`` → ``-inf``; a float mask as is, in fp32. ``mask`` broadcasts to
+    ``(B, 1, 1, Skv)`` (every dim but batch and keys is 1: :func:`qattn_fx.ops.canonical.mask_kind`); ``k`` is
+    the canonical ``(B, H, Skv, D)`` key, for ``Skv``."""
+    if mask.dim() > 4 or any(d != 1 for d in mask.shape[-3:-1]):
+        raise ValueError(f"key_bias: mask of shape {tuple(mask.shape)} is not per-key; valid: broadcastable to "
+                         "(B, 1, 1, Skv)")
+    batch = mask.shape[0] if mask.dim() == 4 else 1
+    m = mask.reshape(batch, mask.shape[-1]) if mask.dim() else mask.reshape(1, 1)
+    if m.dtype == torch.bool:
+        bias = torch.where(m, 0.0, float("-inf"))
+    else:
+        bias = m.float()
+    return bias.new_zeros(batch, k.shape[-2]) + bias
+
+
+def as_scalar_tensor(value) -> torch.Tensor:
+    """A graph's float value (a SymFloat) as a 0-d float64 CPU tensor (custom ops' ``float`` args take no SymFloat)."""
+    return torch.scalar_tensor(value, dtype=torch.float64)
+
+
 _define("smooth_k(Tensor k) -> Tensor", smooth_k)
+_define("key_bias(Tensor mask, Tensor k) -> Tensor", key_bias)
+_define("as_scalar_tensor(Scalar value) -> Tensor", as_scalar_tensor)
 _define("quantize_per_block(Tensor x, int block, ScalarType dtype) -> (Tensor, Tensor)", quantize_per_block)
 _define("quantize_per_head(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_head)
 _define(
@@ -136,6 +167,8 @@ _define("quantize_nvfp4(Tensor x, bool transpose) -> (Tensor, Tensor, Tensor)", 
 
 QUANTIZE_OPS = (
     torch.ops.qattn.smooth_k.default,
+    torch.ops.qattn.key_bias.default,
+    torch.ops.qattn.as_scalar_tensor.default,
     torch.ops.qattn.quantize_per_block.default,
     torch.ops.qattn.quantize_per_head.default,
     torch.ops.qattn.quantize_per_tensor.default,
