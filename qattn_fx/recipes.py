@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from dataclasses import dataclass
-from typing import Iterable, Literal
+from dataclasses import KW_ONLY, InitVar, dataclass
+from typing import Any, Callable, Iterable, Literal
 
 import torch
 
@@ -48,6 +48,9 @@ class Recipe:
     * ``smooth_k``: subtract K's per-channel mean over tokens before quantizing (exact under softmax).
     * ``scale_scope``: what a 0 block size spans for int8/fp8 operands: the whole ``tensor`` (cuDNN FP8) or one
       ``head`` (FlashInfer FA3 FP8).
+
+    ``where`` (keyword only, not a field) is where the recipe sits in a spec, e.g. ``spec.default.recipe``; error
+    messages name each bad field under it (bare field names when empty).
     """
 
     qk_dtype: str = "bf16"
@@ -57,21 +60,21 @@ class Recipe:
     v_block_size: int = 0
     smooth_k: bool | None = None
     scale_scope: str = "tensor"
+    _: KW_ONLY
+    where: InitVar[str] = ""
 
-    def __post_init__(self) -> None:
-        _check_choice("qk_dtype", self.qk_dtype, QK_DTYPES)
-        _check_choice("v_dtype", self.v_dtype, V_DTYPES)
-        _check_choice("scale_scope", self.scale_scope, SCALE_SCOPES)
+    def __post_init__(self, where: str) -> None:
+        _check_choice(_at(where, "qk_dtype"), self.qk_dtype, QK_DTYPES)
+        _check_choice(_at(where, "v_dtype"), self.v_dtype, V_DTYPES)
+        _check_choice(_at(where, "scale_scope"), self.scale_scope, SCALE_SCOPES)
         for name in ("q_block_size", "k_block_size", "v_block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} is invalid; valid: an int >= 0")
+            _check_int(_at(where, name), getattr(self, name), 0)
         if self.smooth_k is None:
             object.__setattr__(self, "smooth_k", self.qk_dtype != "bf16")
-        elif not isinstance(self.smooth_k, bool):
-            raise ValueError(f"smooth_k={self.smooth_k!r} is invalid; valid: true, false")
+        _check_bool(_at(where, "smooth_k"), self.smooth_k)
         if self.smooth_k and self.qk_dtype == "bf16":
-            raise ValueError("smooth_k=True is invalid with qk_dtype='bf16' (K is not quantized); valid: false")
+            raise ValueError(f"{_at(where, 'smooth_k')}=True is invalid with qk_dtype='bf16' (K is not quantized); "
+                             "valid: false")
 
     # -- derived facts ------------------------------------------------------------------------------------------
     @property
@@ -111,7 +114,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "recipe") -> "Recipe":
         _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
-        return cls(**data)
+        return cls(**data, where=where)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -318,41 +321,46 @@ def matching_rows(backend: str, recipe: Recipe) -> tuple[Row, ...]:
     return tuple(row for row in rows_for(backend) if row.accepts(recipe))
 
 
-def validate(backend: str, recipe: Recipe) -> None:
+def validate(backend: str, recipe: Recipe, *, where: str = "") -> None:
     """Raise ``ValueError`` unless ``recipe`` is accepted by ``backend`` (``auto``/``REFERENCE``: by any row).
 
     The message names the first field that no accepted combination allows, its value, and the valid choices
-    for that backend, e.g. ``k_block_size=16 is not accepted for TRTLLM fp8 Q/K; valid: (1,1,1), (1,4,1)``.
+    for that backend, e.g. ``k_block_size=16 is not accepted for TRTLLM fp8 Q/K; valid: (1,1,1), (1,4,1)``;
+    ``where`` (the recipe's place in a spec, e.g. ``spec.default.recipe``) prefixes the field's name.
     """
     _check_choice("backend", backend, ALL_BACKENDS)
     if matching_rows(backend, recipe):
         return
-    where = "any backend" if backend in (AUTO, REFERENCE) else backend
+    what = "any backend" if backend in (AUTO, REFERENCE) else backend
     rows = rows_for(backend)
     qk_choices = _unique(row.qk_dtype for row in rows)
     if recipe.qk_dtype not in qk_choices:
-        raise ValueError(f"qk_dtype={recipe.qk_dtype!r} is not accepted for {where}; valid: {_fmt_set(qk_choices)}")
+        raise ValueError(f"{_at(where, 'qk_dtype')}={recipe.qk_dtype!r} is not accepted for {what}; "
+                         f"valid: {_fmt_set(qk_choices)}")
     rows = tuple(row for row in rows if row.qk_dtype == recipe.qk_dtype)
     v_choices = _unique(row.v_dtype for row in rows)
     if recipe.v_dtype not in v_choices:
         raise ValueError(
-            f"v_dtype={recipe.v_dtype!r} is not accepted for {where} {recipe.qk_dtype} Q/K; "
+            f"{_at(where, 'v_dtype')}={recipe.v_dtype!r} is not accepted for {what} {recipe.qk_dtype} Q/K; "
             f"valid: {_fmt_set(v_choices)}"
         )
     rows = tuple(row for row in rows if row.v_dtype == recipe.v_dtype)
-    what = f"{where} {recipe.qk_dtype} Q/K" + ("" if len(v_choices) == 1 else f" with {recipe.v_dtype} V")
+    what += f" {recipe.qk_dtype} Q/K" + ("" if len(v_choices) == 1 else f" with {recipe.v_dtype} V")
     block_rows = tuple(row for row in rows if recipe.blocks in row.blocks.all())
     if not block_rows:
         valid = _unique(t for row in rows for t in row.blocks.all())
         for i, name in enumerate(("q_block_size", "k_block_size", "v_block_size")):
             field_choices = _unique(t[i] for t in valid)
             if recipe.blocks[i] not in field_choices:
-                raise ValueError(f"{name}={recipe.blocks[i]} is not accepted for {what}; valid: {_describe(rows)}")
+                raise ValueError(f"{_at(where, name)}={recipe.blocks[i]} is not accepted for {what}; "
+                                 f"valid: {_describe(rows)}")
         raise ValueError(
-            f"block sizes (q,k,v)={_fmt_tuple(recipe.blocks)} are not accepted for {what}; valid: {_describe(rows)}"
+            f"{where + ': ' if where else ''}block sizes (q,k,v)={_fmt_tuple(recipe.blocks)} are not accepted for "
+            f"{what}; valid: {_describe(rows)}"
         )
     scopes = _unique(s for row in block_rows for s in row.scale_scopes)
-    raise ValueError(f"scale_scope={recipe.scale_scope!r} is not accepted for {what}; valid: {_fmt_set(scopes)}")
+    raise ValueError(f"{_at(where, 'scale_scope')}={recipe.scale_scope!r} is not accepted for {what}; "
+                     f"valid: {_fmt_set(scopes)}")
 
 
 def _describe(rows: Iterable[Row]) -> str:
@@ -366,21 +374,26 @@ def _describe(rows: Iterable[Row]) -> str:
 
 @dataclass(frozen=True)
 class SkipSoftmax:
-    """vLLM-Omni ``skip_softmax``: ``target_sparsity`` xor ``threshold``, optionally dense until a timestep."""
+    """vLLM-Omni ``skip_softmax``: ``target_sparsity`` xor ``threshold``, optionally dense until a timestep.
+
+    ``where`` (keyword only, not a field): its place in a spec, for error messages.
+    """
 
     target_sparsity: float | None = None
     threshold: float | None = None
     disabled_until_timestep: float | None = None
+    _: KW_ONLY
+    where: InitVar[str] = "skip_softmax"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, where: str) -> None:
         if (self.target_sparsity is None) == (self.threshold is None):
             raise ValueError(
-                "skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); "
-                f"got target_sparsity={self.target_sparsity!r}, threshold={self.threshold!r}"
+                f"{where} needs exactly one of target_sparsity / threshold (they are mutually exclusive); "
+                f"got target_sparsity={_show(self.target_sparsity)}, threshold={_show(self.threshold)}"
             )
-        _check_range("skip_softmax.target_sparsity", self.target_sparsity, 0.0, 1.0)
-        _check_range("skip_softmax.threshold", self.threshold, 0.0, math.inf)
-        _check_range("skip_softmax.disabled_until_timestep", self.disabled_until_timestep, 0.0, 1.0)
+        _check_range(_at(where, "target_sparsity"), self.target_sparsity, 0.0, 1.0)
+        _check_range(_at(where, "threshold"), self.threshold, 0.0, math.inf)
+        _check_range(_at(where, "disabled_until_timestep"), self.disabled_until_timestep, 0.0, 1.0)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -388,17 +401,18 @@ class SkipSoftmax:
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "skip_softmax") -> "SkipSoftmax":
         _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
-        return cls(**data)
+        return cls(**data, where=where)
 
 
 def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
     if value is None:
         return
     bound = f"[{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} is invalid; valid: a finite number, {bound}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):  # ints: no float conversion (may overflow)
+        raise _invalid(name, value, f"a finite number, {bound}")
     if not lo <= value <= hi:
-        raise ValueError(f"{name}={value!r} is out of range; valid: finite, {bound}")
+        raise ValueError(f"{name}={_show(value)} is out of range; valid: finite, {bound}")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -406,15 +420,74 @@ def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is invalid; valid: {_fmt_set(choices)}")
+# Every check takes the path of the value in the spec (``spec.rules[0].match.head_dim``) and raises ``ValueError``
+# naming that path, the bad value and what is valid; it returns the value on success.
 
 
-def _reject_unknown(data: dict, known: set[str], where: str) -> None:
+def _at(where: str, name: str) -> str:
+    """The path of ``name`` inside ``where`` (``where`` empty: the bare name)."""
+    return f"{where}.{name}" if where else name
+
+
+def _show(value: object, limit: int = 120) -> str:
+    """``repr(value)``, shortened to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _invalid(path: str, value: object, valid: str) -> ValueError:
+    return ValueError(f"{path}={_show(value)} is invalid; valid: {valid}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> Any:
+    if not isinstance(value, str) or value not in choices:
+        raise _invalid(name, value, _fmt_set(choices))
+    return value
+
+
+def _check_int(path: str, value: Any, minimum: int) -> int:
+    """An int (not a bool, not a float) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _invalid(path, value, f"an int >= {minimum}")
+    return value
+
+
+def _check_bool(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(path, value, "true, false")
+    return value
+
+
+def _check_str(path: str, value: Any, valid: str) -> str:
+    if not isinstance(value, str):
+        raise _invalid(path, value, valid)
+    return value
+
+
+def _check_mapping(where: str, data: Any, what: str = "a mapping") -> dict:
     if not isinstance(data, dict):
-        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
-    unknown = sorted(set(data) - known)
+        raise ValueError(f"{where} must be {what}, got {type(data).__name__}: {_show(data)}")
+    return data
+
+
+def _check_list(where: str, data: Any) -> list | tuple:
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f"{where} must be a list, got {type(data).__name__}: {_show(data)}")
+    return data
+
+
+def _check_items(path: str, value: Any, check_item: Callable[[str, Any], Any], valid: str) -> tuple:
+    """One item or a non-empty list of items, each passed through ``check_item(item_path, item)``; a tuple."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise _invalid(path, value, f"{valid}, or a non-empty list of them")
+        return tuple(check_item(f"{path}[{i}]", item) for i, item in enumerate(value))
+    return (check_item(path, value),)
+
+
+def _reject_unknown(data: Any, known: set[str], where: str) -> None:
+    _check_mapping(where, data)
+    unknown = sorted(set(data) - known, key=str)  # YAML keys need not be strings
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in {where}; valid: {sorted(known)}")
 

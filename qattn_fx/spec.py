@@ -23,7 +23,11 @@ Canonical form (what :meth:`Spec.to_dict` returns)::
   reads both ways (canonical: the default recipe on TRTLLM_ATTN); it is read as vLLM-Omni (dense) with a
   :class:`SpecWarning` saying how to write the other meaning.
 
-Unknown keys anywhere are errors; every recipe is validated against its backend at construction.
+Unknown keys anywhere are errors; every recipe is validated against its backend at construction. Every malformed
+spec raises ``ValueError`` naming the path of the bad value (``spec.rules[0].match.head_dim``,
+``attention_config.quant_attention_config.q_block_size``, ``per_role['cross'].quant.dtype_qk``), the value and
+what is valid; the dataclasses take a keyword-only ``where`` (not a field) giving that path, and their direct
+construction uses a generic one (``match.role``).
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from . import recipes
-from .recipes import AUTO, REFERENCE, Recipe, SkipSoftmax, _reject_unknown
+from .recipes import (ALL_BACKENDS, AUTO, REFERENCE, Recipe, SkipSoftmax, _at, _check_choice, _check_int,
+                      _check_items, _check_list, _check_mapping, _check_str, _invalid, _reject_unknown, _show)
 
 ROLES = ("self", "cross", "joint")
 DENSE = "dense"
@@ -56,25 +61,48 @@ class AttentionSpec:
     ``recipe=None`` is only meaningful with ``skip_softmax`` (vLLM-Omni TRTLLM_ATTN dense BF16 + Skip-Softmax).
     ``kernel`` pins one implementation of the recipe (e.g. ``triton_sage`` where ``auto`` would take
     ``gluon_sage``); like an explicit backend it never falls back: a site it cannot serve raises.
+    ``recipe`` and ``skip_softmax`` may be given as mappings. ``where`` (keyword only, not a field): the spec's
+    place in a spec (``spec.rules[0].use``), for error messages.
     """
 
     backend: str = AUTO
     recipe: Recipe | None = DEFAULT_RECIPE
     skip_softmax: SkipSoftmax | None = None
     kernel: str | None = None
+    _: KW_ONLY
+    where: InitVar[str] = ""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, where: str) -> None:
+        backend = _check_choice(_at(where, "backend"), self.backend, ALL_BACKENDS)
+        if isinstance(self.recipe, dict):
+            object.__setattr__(self, "recipe", Recipe.from_dict(self.recipe, where=_at(where, "recipe")))
+        elif self.recipe is not None and not isinstance(self.recipe, Recipe):
+            raise _invalid(_at(where, "recipe"), self.recipe, "a recipe mapping, or null with skip_softmax")
+        if isinstance(self.skip_softmax, dict):
+            object.__setattr__(self, "skip_softmax",
+                               SkipSoftmax.from_dict(self.skip_softmax, where=_at(where, "skip_softmax")))
+        elif self.skip_softmax is not None and not isinstance(self.skip_softmax, SkipSoftmax):
+            raise _invalid(_at(where, "skip_softmax"), self.skip_softmax, "a skip_softmax mapping, or null")
         if self.recipe is None:
             if self.skip_softmax is None:
-                raise ValueError("an attention spec without a recipe needs skip_softmax; use \"dense\" for dense")
-            recipes._check_choice("backend", self.backend, ("TRTLLM_ATTN",))
+                raise ValueError(f"{_at(where, 'recipe')}=None is invalid without skip_softmax; valid: a recipe, or "
+                                 "null with skip_softmax on TRTLLM_ATTN (use \"dense\" for dense attention)")
+            if backend != "TRTLLM_ATTN":
+                raise ValueError(f"{_at(where, 'backend')}={_show(backend)} is invalid with "
+                                 f"{_at(where, 'recipe')}=None; valid: TRTLLM_ATTN (the only backend running "
+                                 "bf16 + skip_softmax without a recipe)")
         else:
-            recipes.validate(self.backend, self.recipe)
-        if self.skip_softmax is not None and self.backend not in ("TRTLLM_ATTN", AUTO):
-            raise ValueError(f"skip_softmax is not accepted for backend={self.backend!r}; valid: TRTLLM_ATTN, auto")
-        if self.kernel is not None and self.kernel not in self.kernels():
-            raise ValueError(f"kernel={self.kernel!r} does not implement {self.describe_recipe()} via backend "
-                             f"{self.backend!r}; valid: {', '.join(self.kernels()) or 'none'}")
+            recipes.validate(backend, self.recipe, where=_at(where, "recipe"))
+        if self.skip_softmax is not None and backend not in ("TRTLLM_ATTN", AUTO):
+            raise ValueError(f"{_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
+                             "valid: TRTLLM_ATTN, auto")
+        if self.kernel is not None:
+            kernels, path = self.kernels(), _at(where, "kernel")
+            _check_str(path, self.kernel, f"a kernel name ({', '.join(kernels) or 'none'})")
+            if self.kernel not in kernels:
+                raise ValueError(f"{path}={self.kernel!r} does not implement {self.describe_recipe()} via backend "
+                                 f"{backend!r}; valid: {', '.join(kernels) or 'none'} (the kernels of this backend "
+                                 "and recipe)")
 
     def describe_recipe(self) -> str:
         return self.recipe.name if self.recipe else "bf16 + skip-softmax"
@@ -104,27 +132,21 @@ class AttentionSpec:
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "attention spec") -> "AttentionSpec":
         _reject_unknown(data, {"backend", "recipe", "skip_softmax", "kernel"}, where)
-        recipe = data.get("recipe", DEFAULT_RECIPE)
-        skip = data.get("skip_softmax")
-        return cls(
-            backend=data.get("backend", AUTO),
-            recipe=Recipe.from_dict(recipe, where=f"{where}.recipe") if isinstance(recipe, dict) else recipe,
-            skip_softmax=SkipSoftmax.from_dict(skip, where=f"{where}.skip_softmax") if skip is not None else None,
-            kernel=data.get("kernel"),
-        )
+        return cls(backend=data.get("backend", AUTO), recipe=data.get("recipe", DEFAULT_RECIPE),
+                   skip_softmax=data.get("skip_softmax"), kernel=data.get("kernel"), where=where)
 
 
 Use = Union[AttentionSpec, Literal["dense"]]
 
 
 def _parse_use(value: Any, where: str) -> Use:
-    if value == DENSE:
+    if isinstance(value, str) and value == DENSE:
         return DENSE
     if isinstance(value, AttentionSpec):
         return value
     if isinstance(value, dict):
         return AttentionSpec.from_dict(value, where=where)
-    raise ValueError(f"{where}={value!r} is invalid; valid: \"dense\" or an attention spec mapping")
+    raise _invalid(where, value, "\"dense\" or an attention spec mapping")
 
 
 def _use_to_dict(use: Use) -> Any:
@@ -136,20 +158,20 @@ def _use_to_dict(use: Use) -> Any:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _parse_layer_item(item: Any, where: str) -> int | str:
-    if isinstance(item, bool):
-        raise ValueError(f"{where}: layer {item!r} is invalid; valid: an int or a slice string like '2:5' or '-4:'")
-    if isinstance(item, int):
+_LAYER = "an int or a slice string like '2:5' or '-4:'"
+
+
+def _parse_layer_item(path: str, item: Any) -> int | str:
+    if isinstance(item, int) and not isinstance(item, bool):
         return item
     if isinstance(item, str) and item.count(":") == 1:
-        start, stop = item.split(":")
         try:
-            [int(x) for x in (start, stop) if x.strip()]
+            [int(x) for x in item.split(":") if x.strip()]
         except ValueError:
             pass
         else:
             return item.replace(" ", "")
-    raise ValueError(f"{where}: layer {item!r} is invalid; valid: an int or a slice string like '2:5' or '-4:'")
+    raise _invalid(path, item, _LAYER)
 
 
 def layer_selected(items: tuple[int | str, ...], layer: int, num_layers: int | None) -> bool:
@@ -177,6 +199,8 @@ class Match:
     ``role``: any of self/cross/joint; ``module``: an fnmatch glob on the module path (``blocks.*.attn2``);
     ``layers``: layer indices (negative count from the last layer) or ``"start:stop"`` slices;
     ``head_dim``: allowed head dims; ``min_q_len`` / ``min_kv_len``: minimum query / key lengths.
+    ``role``, ``layers`` and ``head_dim`` take one item or a non-empty list (stored as a tuple); ``None``: any.
+    ``where`` (keyword only, not a field): the match's place in a spec, for error messages.
     """
 
     role: tuple[str, ...] | None = None
@@ -185,25 +209,24 @@ class Match:
     head_dim: tuple[int, ...] | None = None
     min_q_len: int | None = None
     min_kv_len: int | None = None
+    _: KW_ONLY
+    where: InitVar[str] = "match"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, where: str) -> None:
         if self.role is not None:
-            roles = (self.role,) if isinstance(self.role, str) else tuple(self.role)
-            for r in roles:
-                recipes._check_choice("match.role", r, ROLES)
-            object.__setattr__(self, "role", roles)
+            object.__setattr__(self, "role", _check_items(
+                _at(where, "role"), self.role, lambda path, r: _check_choice(path, r, ROLES), ", ".join(ROLES)))
         if self.layers is not None:
-            items = (self.layers,) if isinstance(self.layers, (int, str)) else tuple(self.layers)
-            object.__setattr__(self, "layers", tuple(_parse_layer_item(i, "match.layers") for i in items))
+            object.__setattr__(self, "layers", _check_items(_at(where, "layers"), self.layers, _parse_layer_item,
+                                                            _LAYER))
         if self.head_dim is not None:
-            dims = (self.head_dim,) if isinstance(self.head_dim, int) else tuple(self.head_dim)
-            object.__setattr__(self, "head_dim", dims)
+            object.__setattr__(self, "head_dim", _check_items(
+                _at(where, "head_dim"), self.head_dim, lambda path, d: _check_int(path, d, 1), "an int >= 1"))
         for name in ("min_q_len", "min_kv_len"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"match.{name}={value!r} is invalid; valid: an int >= 0")
-        if self.module is not None and not isinstance(self.module, str):
-            raise ValueError(f"match.module={self.module!r} is invalid; valid: a glob string like 'blocks.*.attn1'")
+            if getattr(self, name) is not None:
+                _check_int(_at(where, name), getattr(self, name), 0)
+        if self.module is not None:
+            _check_str(_at(where, "module"), self.module, "a glob string like 'blocks.*.attn1'")
 
     def describe(self) -> str:
         parts = []
@@ -227,20 +250,25 @@ class Match:
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "match") -> "Match":
         _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
-        return cls(**data)
+        return cls(**data, where=where)
 
 
 @dataclass(frozen=True)
 class Rule:
-    """If ``match`` holds for a site, use ``use`` (an attention spec, or ``"dense"``)."""
+    """If ``match`` holds for a site, use ``use`` (an attention spec, or ``"dense"``); either may be a mapping.
+
+    ``where`` (keyword only, not a field): the rule's place in a spec, for error messages.
+    """
 
     match: Match
     use: Use
+    _: KW_ONLY
+    where: InitVar[str] = "rule"
 
-    def __post_init__(self) -> None:
-        if isinstance(self.match, dict):
-            object.__setattr__(self, "match", Match.from_dict(self.match))
-        object.__setattr__(self, "use", _parse_use(self.use, "rule.use"))
+    def __post_init__(self, where: str) -> None:
+        if not isinstance(self.match, Match):
+            object.__setattr__(self, "match", Match.from_dict(self.match, where=_at(where, "match")))
+        object.__setattr__(self, "use", _parse_use(self.use, _at(where, "use")))
 
     def to_dict(self) -> dict:
         return {"match": self.match.to_dict(), "use": _use_to_dict(self.use)}
@@ -250,8 +278,7 @@ class Rule:
         _reject_unknown(data, {"match", "use"}, where)
         if "use" not in data:
             raise ValueError(f"{where} needs 'use' (\"dense\" or an attention spec)")
-        return cls(Match.from_dict(data.get("match", {}), where=f"{where}.match"),
-                   _parse_use(data["use"], f"{where}.use"))
+        return cls(data.get("match", {}), data["use"], where=where)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -267,8 +294,10 @@ class Spec:
     rules: tuple[Rule, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "default", _parse_use(self.default, "default"))
-        object.__setattr__(self, "rules", tuple(r if isinstance(r, Rule) else Rule.from_dict(r) for r in self.rules))
+        object.__setattr__(self, "default", _parse_use(self.default, "spec.default"))
+        rules = _check_list("spec.rules", self.rules)
+        object.__setattr__(self, "rules", tuple(
+            r if isinstance(r, Rule) else Rule.from_dict(r, where=f"spec.rules[{i}]") for i, r in enumerate(rules)))
 
     def to_dict(self) -> dict:
         return {"default": _use_to_dict(self.default), "rules": [r.to_dict() for r in self.rules]}
@@ -279,23 +308,17 @@ class Spec:
     @classmethod
     def from_dict(cls, data: dict) -> "Spec":
         """Canonical form, TensorRT-LLM ``attention_config``, or vLLM-Omni ``--diffusion-attention-config``."""
-        if not isinstance(data, dict):
-            raise ValueError(f"a spec must be a mapping; got {type(data).__name__}")
+        _check_mapping("spec", data, "a mapping (canonical, TensorRT-LLM attention_config or vLLM-Omni diffusion "
+                                     "attention config)")
         if "attention_config" in data:
             _reject_unknown(data, {"attention_config"}, "spec")
             return _from_tensorrt_llm(data["attention_config"])
         if "quant_attention_config" in data or ("backend" in data and "default" not in data):
             return _from_tensorrt_llm(data)
-        if "per_role" in data or _looks_like_vllm(data.get("default")):
+        if _looks_like_vllm(data):
             return _from_vllm_omni(data)
         _reject_unknown(data, {"default", "rules"}, "spec")
-        rules = data.get("rules", [])
-        if not isinstance(rules, list):
-            raise ValueError(f"spec.rules must be a list; got {type(rules).__name__}")
-        return cls(
-            default=_parse_use(data.get("default", AttentionSpec()), "spec.default"),
-            rules=tuple(Rule.from_dict(r, where=f"spec.rules[{i}]") for i, r in enumerate(rules)),
-        )
+        return cls(default=data.get("default", AttentionSpec()), rules=data.get("rules", []))
 
     @classmethod
     def from_json(cls, text: str) -> "Spec":
@@ -316,7 +339,11 @@ class Spec:
             import yaml
         except ImportError as e:  # pragma: no cover - pyyaml is a dependency
             raise ImportError("reading YAML specs needs PyYAML: pip install pyyaml") from e
-        return cls.from_dict(yaml.safe_load(text))
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"spec YAML does not parse: {e}") from e
+        return cls.from_dict(data)
 
 
 def dense_spec() -> Spec:
@@ -333,21 +360,27 @@ _VLLM_QUANT = ("TRTLLM_ATTN",)
 
 
 def _from_tensorrt_llm(data: dict) -> Spec:
-    _reject_unknown(data, {"backend", "quant_attention_config"}, "attention_config")
-    backend = data.get("backend")
-    recipes._check_choice("attention_config.backend", backend, _TRTLLM_BACKENDS)
+    where = "attention_config"
+    _reject_unknown(data, {"backend", "quant_attention_config"}, where)
+    backend = _check_choice(f"{where}.backend", data.get("backend"), _TRTLLM_BACKENDS)
     quant = data.get("quant_attention_config")
     if quant is None:
         return Spec(default=DENSE)
     fields = ("qk_dtype", "v_dtype", "q_block_size", "k_block_size", "v_block_size")
-    _reject_unknown(quant, set(fields), "attention_config.quant_attention_config")
-    recipe = Recipe(**{"qk_dtype": "bf16", "v_dtype": "fp8", **quant})
-    return Spec(default=AttentionSpec(backend=backend, recipe=recipe))
+    quant_where = f"{where}.quant_attention_config"
+    _reject_unknown(quant, set(fields), quant_where)
+    recipe = Recipe(**{"qk_dtype": "bf16", "v_dtype": "fp8", **quant}, where=quant_where)
+    recipes.validate(backend, recipe, where=quant_where)  # named as written, not as the canonical recipe
+    return Spec(default=AttentionSpec(backend=backend, recipe=recipe, where=where))
 
 
-def _looks_like_vllm(entry: Any) -> bool:
-    if isinstance(entry, str):
-        return entry != DENSE
+def _looks_like_vllm(data: dict) -> bool:
+    """Whether a spec without TensorRT-LLM keys is a vLLM-Omni config (else canonical)."""
+    if "per_role" in data:
+        return True
+    entry = data.get("default")
+    if isinstance(entry, str):  # a backend name; a string but "dense" in a spec with rules is a canonical error
+        return entry in _VLLM_DENSE + _VLLM_QUANT or (entry != DENSE and "rules" not in data)
     return isinstance(entry, dict) and ("quant" in entry or entry.get("backend") in _VLLM_DENSE + _VLLM_QUANT
                                         and "recipe" not in entry)
 
@@ -357,26 +390,32 @@ _VLLM_DTYPE_QK = {"int8": "int8", "fp8_e4m3": "fp8"}
 
 def _vllm_entry(entry: Any, where: str) -> Use:
     ambiguous = isinstance(entry, dict) and "quant" not in entry  # a canonical entry could look the same
+    backends = _VLLM_DENSE + _VLLM_QUANT
     if isinstance(entry, str):
         entry = {"backend": entry}
+    elif not isinstance(entry, dict):
+        raise _invalid(where, entry, f"a backend name ({', '.join(backends)}) or a mapping with backend, quant, "
+                                     "skip_softmax")
     _reject_unknown(entry, {"backend", "quant", "skip_softmax"}, where)
-    backend = entry.get("backend")
-    recipes._check_choice(f"{where}.backend", backend, _VLLM_DENSE + _VLLM_QUANT)
+    backend = _check_choice(f"{where}.backend", entry.get("backend"), backends)
     quant, skip = entry.get("quant"), entry.get("skip_softmax")
+    quant_where = f"{where}.quant"
+    if quant is not None:
+        _reject_unknown(quant, {"dtype_qk", "q_block_size", "k_block_size"}, quant_where)
     if backend in _VLLM_DENSE:
-        if quant or skip:
+        if quant or skip is not None:
             raise ValueError(f"{where}: quant/skip_softmax are not accepted for {backend}; valid: TRTLLM_ATTN")
         return DENSE
     skip_softmax = SkipSoftmax.from_dict(skip, where=f"{where}.skip_softmax") if skip is not None else None
     recipe = None
-    if quant is not None:
-        _reject_unknown(quant, {"dtype_qk", "q_block_size", "k_block_size"}, f"{where}.quant")
-        if "dtype_qk" in quant:
-            recipes._check_choice(f"{where}.quant.dtype_qk", quant["dtype_qk"], tuple(_VLLM_DTYPE_QK))
-            recipe = Recipe(_VLLM_DTYPE_QK[quant["dtype_qk"]], "fp8", quant.get("q_block_size", 1),
-                            quant.get("k_block_size", 16), 1, smooth_k=True)
-        elif quant:
-            raise ValueError(f"{where}.quant has block sizes but no dtype_qk (absent dtype_qk means dense)")
+    if quant and "dtype_qk" not in quant:
+        raise ValueError(f"{quant_where} has block sizes but no dtype_qk (absent dtype_qk means dense); valid: add "
+                         f"dtype_qk: {', '.join(_VLLM_DTYPE_QK)}")
+    if quant:
+        dtype_qk = _check_choice(f"{quant_where}.dtype_qk", quant["dtype_qk"], tuple(_VLLM_DTYPE_QK))
+        recipe = Recipe(_VLLM_DTYPE_QK[dtype_qk], "fp8", quant.get("q_block_size", 1), quant.get("k_block_size", 16),
+                        1, smooth_k=True, where=quant_where)
+        recipes.validate(backend, recipe, where=quant_where)
     if recipe is None and skip_softmax is None:
         if ambiguous:
             warnings.warn(
@@ -385,18 +424,17 @@ def _vllm_entry(entry: Any, where: str) -> Use:
                 "{'backend': 'TRTLLM_ATTN', 'recipe': {...}} (canonical form) or add "
                 "'quant': {'dtype_qk': 'int8'} (vLLM-Omni form).", SpecWarning, stacklevel=4)
         return DENSE
-    return AttentionSpec(backend=backend, recipe=recipe, skip_softmax=skip_softmax)
+    return AttentionSpec(backend=backend, recipe=recipe, skip_softmax=skip_softmax, where=where)
 
 
 def _from_vllm_omni(data: dict) -> Spec:
     _reject_unknown(data, {"default", "per_role"}, "diffusion attention config")
     default = _vllm_entry(data["default"], "default") if data.get("default") is not None else DENSE
-    per_role = data.get("per_role") or {}
-    if not isinstance(per_role, dict):
-        raise ValueError(f"per_role must be a mapping of role to entry; got {type(per_role).__name__}")
+    per_role = data.get("per_role")
+    per_role = {} if per_role is None else _check_mapping("per_role", per_role, "a mapping of role to entry")
     rules = []
     for role, entry in per_role.items():
-        recipes._check_choice("per_role role", role, ROLES)
+        _check_choice("per_role role", role, ROLES)
         rules.append(Rule(Match(role=(role,)), _vllm_entry(entry, f"per_role[{role!r}]")))
     return Spec(default=default, rules=tuple(rules))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pytest
@@ -94,7 +95,7 @@ def test_bad_layer_items(item):
     with pytest.raises(ValueError) as e:
         Match(layers=[item])
     assert str(e.value) == (
-        f"match.layers: layer {item!r} is invalid; valid: an int or a slice string like '2:5' or '-4:'"
+        f"match.layers[0]={item!r} is invalid; valid: an int or a slice string like '2:5' or '-4:'"
     )
 
 
@@ -102,7 +103,7 @@ def test_bad_layer_items(item):
     "kwargs, message",
     [
         (dict(role="text"), "match.role='text' is invalid; valid: self, cross, joint"),
-        (dict(role=["self", "video"]), "match.role='video' is invalid; valid: self, cross, joint"),
+        (dict(role=["self", "video"]), "match.role[1]='video' is invalid; valid: self, cross, joint"),
         (dict(min_q_len=-1), "match.min_q_len=-1 is invalid; valid: an int >= 0"),
         (dict(min_kv_len=True), "match.min_kv_len=True is invalid; valid: an int >= 0"),
         (dict(min_kv_len=2.0), "match.min_kv_len=2.0 is invalid; valid: an int >= 0"),
@@ -166,7 +167,8 @@ def test_from_file_seed_formats(tmp_path):
 
 
 def test_from_json_invalid_top_level():
-    with pytest.raises(ValueError, match=r"^a spec must be a mapping; got list$"):
+    with pytest.raises(ValueError, match=r"^spec must be a mapping \(canonical, TensorRT-LLM attention_config or "
+                                         r"vLLM-Omni diffusion attention config\), got list: \[1, 2\]$"):
         Spec.from_json("[1, 2]")
 
 
@@ -281,11 +283,12 @@ def test_visualgen_without_quant_config_is_dense(backend):
          "attention_config.backend=None is invalid; valid: TRTLLM, CUDNN, CUTEDSL, FLASHINFER"),
         ({"backend": "TRTLLM", "quant_attention_config": {"qk_dtype": "fp8", "v_dtype": "fp8", "q_block_size": 1,
                                                           "k_block_size": 16, "v_block_size": 1}},
-         "k_block_size=16 is not accepted for TRTLLM fp8 Q/K; valid: (1,1,1), (1,4,1)"),
+         "attention_config.quant_attention_config.k_block_size=16 is not accepted for TRTLLM fp8 Q/K; "
+         "valid: (1,1,1), (1,4,1)"),
         ({"backend": "CUDNN", "quant_attention_config": {"qk_dtype": "nvfp4", "v_dtype": "fp8"}},
-         "qk_dtype='nvfp4' is not accepted for CUDNN; valid: fp8, mxfp8"),
+         "attention_config.quant_attention_config.qk_dtype='nvfp4' is not accepted for CUDNN; valid: fp8, mxfp8"),
         ({"backend": "TRTLLM", "quant_attention_config": {"qk_dtype": "int8", "q_block_size": -1}},
-         "q_block_size=-1 is invalid; valid: an int >= 0"),
+         "attention_config.quant_attention_config.q_block_size=-1 is invalid; valid: an int >= 0"),
     ],
 )
 def test_visualgen_errors(data, message):
@@ -394,19 +397,20 @@ def test_vllm_per_role_strings_and_dicts():
         ({"per_role": {"cross": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "int8"}, "extra": 1}}},
          "unknown key(s) ['extra'] in per_role['cross']; valid: ['backend', 'quant', 'skip_softmax']"),
         ({"per_role": {"text": "TORCH_SDPA"}}, "per_role role='text' is invalid; valid: self, cross, joint"),
-        ({"per_role": ["cross"]}, "per_role must be a mapping of role to entry; got list"),
+        ({"per_role": ["cross"]}, "per_role must be a mapping of role to entry, got list: ['cross']"),
         ({"default": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "fp8"}}},
          "default.quant.dtype_qk='fp8' is invalid; valid: int8, fp8_e4m3"),
         ({"default": {"backend": "TRTLLM_ATTN", "quant": {"q_block_size": 4}}},
-         "default.quant has block sizes but no dtype_qk (absent dtype_qk means dense)"),
+         "default.quant has block sizes but no dtype_qk (absent dtype_qk means dense); valid: add dtype_qk: int8, "
+         "fp8_e4m3"),
         ({"default": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "int8", "k_block_size": 32}}},
-         "k_block_size=32 is not accepted for TRTLLM_ATTN int8 Q/K; valid: q 1, 4, 16; k 1, 4, 16; v 1"),
+         "default.quant.k_block_size=32 is not accepted for TRTLLM_ATTN int8 Q/K; valid: q 1, 4, 16; k 1, 4, 16; v 1"),
         ({"default": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "fp8_e4m3", "q_block_size": 2}}},
-         "q_block_size=2 is not accepted for TRTLLM_ATTN fp8 Q/K; valid: q 1, 4, 16; k 1, 4, 16; v 1"),
+         "default.quant.q_block_size=2 is not accepted for TRTLLM_ATTN fp8 Q/K; valid: q 1, 4, 16; k 1, 4, 16; v 1"),
         ({"default": {"backend": "TRTLLM_ATTN", "skip_softmax": {"target_sparsity": 1.5}}},
-         "skip_softmax.target_sparsity=1.5 is out of range; valid: finite, [0.0, 1.0]"),
+         "default.skip_softmax.target_sparsity=1.5 is out of range; valid: finite, [0.0, 1.0]"),
         ({"default": {"backend": "TRTLLM_ATTN", "skip_softmax": {"target_sparsity": 0.5, "threshold": 1}}},
-         "skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); got "
+         "default.skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); got "
          "target_sparsity=0.5, threshold=1"),
         ({"default": "XFORMERS"},
          "default.backend='XFORMERS' is invalid; valid: TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN, FLASHINFER_ATTN, "
@@ -446,22 +450,226 @@ def test_vllm_errors(data, message):
         ({"rules": [{"match": {"role": "cross"}}]}, "spec.rules[0] needs 'use' (\"dense\" or an attention spec)"),
         ({"rules": [{"match": {}, "use": "sparse"}]},
          "spec.rules[0].use='sparse' is invalid; valid: \"dense\" or an attention spec mapping"),
-        ({"rules": {"match": {}}}, "spec.rules must be a list; got dict"),
+        ({"rules": {"match": {}}}, "spec.rules must be a list, got dict: {'match': {}}"),
         ({"rules": [{"match": [], "use": "dense"}]}, "spec.rules[0].match must be a mapping, got list: []"),
         ({"default": {"backend": "CUDNN", "recipe": {"qk_dtype": "int8", "v_dtype": "fp8"}}},
-         "qk_dtype='int8' is not accepted for CUDNN; valid: fp8, mxfp8"),
+         "spec.default.recipe.qk_dtype='int8' is not accepted for CUDNN; valid: fp8, mxfp8"),
         ({"default": {"backend": "CUDNN", "recipe": None}},
-         "an attention spec without a recipe needs skip_softmax; use \"dense\" for dense"),
+         "spec.default.recipe=None is invalid without skip_softmax; valid: a recipe, or null with skip_softmax on "
+         "TRTLLM_ATTN (use \"dense\" for dense attention)"),
         ({"default": {"backend": "CUDNN", "recipe": {"qk_dtype": "fp8"}, "skip_softmax": {"threshold": 1}}},
-         "skip_softmax is not accepted for backend='CUDNN'; valid: TRTLLM_ATTN, auto"),
+         "spec.default.skip_softmax is not accepted for backend='CUDNN'; valid: TRTLLM_ATTN, auto"),
         ({"default": {"backend": "auto", "recipe": None, "skip_softmax": {"threshold": 1}}},
-         "backend='auto' is invalid; valid: TRTLLM_ATTN"),
+         "spec.default.backend='auto' is invalid with spec.default.recipe=None; valid: TRTLLM_ATTN (the only "
+         "backend running bf16 + skip_softmax without a recipe)"),
     ],
 )
 def test_canonical_errors(data, message):
     with pytest.raises(ValueError) as e:
         Spec.from_dict(data)
     assert str(e.value) == message
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Wrong types anywhere: a ValueError naming the path, the value and what is valid (never AttributeError/TypeError)
+# ----------------------------------------------------------------------------------------------------------------
+
+SPEC_MAPPING = ("spec must be a mapping (canonical, TensorRT-LLM attention_config or vLLM-Omni diffusion attention "
+                "config)")
+VLLM_ENTRY = ("a backend name (TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN, FLASHINFER_ATTN, TRTLLM_ATTN) or a mapping with "
+              "backend, quant, skip_softmax")
+
+
+def _rule(**match):
+    return {"rules": [{"match": match, "use": "dense"}]}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        # canonical: the attention spec
+        ({"default": {"recipe": "int8"}},
+         "spec.default.recipe='int8' is invalid; valid: a recipe mapping, or null with skip_softmax"),
+        ({"default": {"recipe": [1]}}, "spec.default.recipe=[1] is invalid; valid: a recipe mapping, or null with "
+                                       "skip_softmax"),
+        ({"default": {"backend": 3}},
+         "spec.default.backend=3 is invalid; valid: auto, TRITON, TRTLLM, CUDNN, CUTEDSL, FLASHINFER, TRTLLM_ATTN, "
+         "REFERENCE"),
+        ({"default": {"backend": None}},
+         "spec.default.backend=None is invalid; valid: auto, TRITON, TRTLLM, CUDNN, CUTEDSL, FLASHINFER, TRTLLM_ATTN, "
+         "REFERENCE"),
+        ({"default": {"skip_softmax": 0.5}}, "spec.default.skip_softmax=0.5 is invalid; valid: a skip_softmax mapping, "
+                                             "or null"),
+        ({"default": {"kernel": 3}},
+         "spec.default.kernel=3 is invalid; valid: a kernel name (gluon_sage, triton_sage, flashinfer_trtllm_sage)"),
+        ({"default": {"kernel": ["triton_sage"]}},
+         "spec.default.kernel=['triton_sage'] is invalid; valid: a kernel name (gluon_sage, triton_sage, "
+         "flashinfer_trtllm_sage)"),
+        ({"rules": [{"use": {"backend": "TRITON", "recipe": {"qk_dtype": "bf16"}, "kernel": "cudnn_fp8"}}]},
+         "spec.rules[0].use.kernel='cudnn_fp8' does not implement bf16 Q/K, fp8 V per-tensor via backend 'TRITON'; "
+         "valid: gluon_sage, triton_sage (the kernels of this backend and recipe)"),
+        # canonical: recipe fields
+        ({"default": {"recipe": {"qk_dtype": 8}}},
+         "spec.default.recipe.qk_dtype=8 is invalid; valid: bf16, int8, fp8, mxfp8, nvfp4"),
+        ({"default": {"recipe": {"qk_dtype": "int8", "q_block_size": 1.0}}},
+         "spec.default.recipe.q_block_size=1.0 is invalid; valid: an int >= 0"),
+        ({"default": {"recipe": {"qk_dtype": "int8", "k_block_size": "16"}}},
+         "spec.default.recipe.k_block_size='16' is invalid; valid: an int >= 0"),
+        ({"default": {"recipe": {"qk_dtype": "int8", "v_block_size": False}}},
+         "spec.default.recipe.v_block_size=False is invalid; valid: an int >= 0"),
+        ({"default": {"recipe": {"qk_dtype": "int8", "smooth_k": "true"}}},
+         "spec.default.recipe.smooth_k='true' is invalid; valid: true, false"),
+        ({"default": {"recipe": {"qk_dtype": "int8", "scale_scope": ["head"]}}},
+         "spec.default.recipe.scale_scope=['head'] is invalid; valid: tensor, head"),
+        ({"rules": [{"use": {"recipe": {"qk_dtype": "int8", "q_block_size": 1, "k_block_size": 2}}}]},
+         "spec.rules[0].use.recipe.k_block_size=2 is not accepted for any backend int8 Q/K; valid: q 1, 4, 16, 32, "
+         "64, 128; k 1, 4, 16, 32, 64, 128; v 0, 1; (1,1,1), (1,4,1), (1,16,1); q 1, 4, 16; k 1, 4, 16; v 1"),
+        ({"default": {"recipe": {"qk_dtype": "bf16", "smooth_k": True}}},
+         "spec.default.recipe.smooth_k=True is invalid with qk_dtype='bf16' (K is not quantized); valid: false"),
+        # canonical: skip_softmax fields
+        ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"threshold": "1"}}},
+         "spec.default.skip_softmax.threshold='1' is invalid; valid: a finite number, >= 0.0"),
+        ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"target_sparsity": None}}},
+         "spec.default.skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); "
+         "got target_sparsity=None, threshold=None"),
+        ({"default": {"backend": "TRTLLM_ATTN", "recipe": None,
+                      "skip_softmax": {"threshold": 1, "disabled_until_timestep": [0.5]}}},
+         "spec.default.skip_softmax.disabled_until_timestep=[0.5] is invalid; valid: a finite number, [0.0, 1.0]"),
+        ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"target_sparsity": 10 ** 400}}},
+         f"spec.default.skip_softmax.target_sparsity={'1' + '0' * 116}... is out of range; valid: finite, "
+         "[0.0, 1.0]"),  # an int too large for a float: compared exactly, shown shortened
+        # canonical: match fields
+        (_rule(role=0), "spec.rules[0].match.role=0 is invalid; valid: self, cross, joint"),
+        (_rule(role=[]), "spec.rules[0].match.role=[] is invalid; valid: self, cross, joint, or a non-empty list of "
+                         "them"),
+        (_rule(role=["self", None]), "spec.rules[0].match.role[1]=None is invalid; valid: self, cross, joint"),
+        (_rule(role={"self": 1}), "spec.rules[0].match.role={'self': 1} is invalid; valid: self, cross, joint"),
+        (_rule(layers=3.5),
+         "spec.rules[0].match.layers=3.5 is invalid; valid: an int or a slice string like '2:5' or '-4:'"),
+        (_rule(layers=[]), "spec.rules[0].match.layers=[] is invalid; valid: an int or a slice string like '2:5' or "
+                           "'-4:', or a non-empty list of them"),
+        (_rule(layers=[0, [1]]),
+         "spec.rules[0].match.layers[1]=[1] is invalid; valid: an int or a slice string like '2:5' or '-4:'"),
+        (_rule(head_dim=64.0), "spec.rules[0].match.head_dim=64.0 is invalid; valid: an int >= 1"),
+        (_rule(head_dim="64"), "spec.rules[0].match.head_dim='64' is invalid; valid: an int >= 1"),
+        (_rule(head_dim=[64, 0]), "spec.rules[0].match.head_dim[1]=0 is invalid; valid: an int >= 1"),
+        (_rule(head_dim=[True]), "spec.rules[0].match.head_dim[0]=True is invalid; valid: an int >= 1"),
+        (_rule(head_dim=[]), "spec.rules[0].match.head_dim=[] is invalid; valid: an int >= 1, or a non-empty list of "
+                             "them"),
+        (_rule(module=["blocks.*"]),
+         "spec.rules[0].match.module=['blocks.*'] is invalid; valid: a glob string like 'blocks.*.attn1'"),
+        (_rule(min_q_len="1024"), "spec.rules[0].match.min_q_len='1024' is invalid; valid: an int >= 0"),
+        # canonical: structure
+        ({"default": None}, "spec.default=None is invalid; valid: \"dense\" or an attention spec mapping"),
+        ({"default": "sparse", "rules": []},
+         "spec.default='sparse' is invalid; valid: \"dense\" or an attention spec mapping"),
+        ({"rules": None}, "spec.rules must be a list, got NoneType: None"),
+        ({"rules": "dense"}, "spec.rules must be a list, got str: 'dense'"),
+        ({"rules": [3]}, "spec.rules[0] must be a mapping, got int: 3"),
+        ({"rules": [{"match": None, "use": "dense"}]}, "spec.rules[0].match must be a mapping, got NoneType: None"),
+        ({"rules": [{"match": {}, "use": 1}]},
+         "spec.rules[0].use=1 is invalid; valid: \"dense\" or an attention spec mapping"),
+        ({"default": "dense", 1: 2, "x": 3}, "unknown key(s) [1, 'x'] in spec; valid: ['default', 'rules']"),
+        # TensorRT-LLM attention_config
+        ({"attention_config": None}, "attention_config must be a mapping, got NoneType: None"),
+        ({"attention_config": ["TRTLLM"]}, "attention_config must be a mapping, got list: ['TRTLLM']"),
+        ({"backend": ["TRTLLM"]},
+         "attention_config.backend=['TRTLLM'] is invalid; valid: TRTLLM, CUDNN, CUTEDSL, FLASHINFER"),
+        ({"backend": "TRTLLM", "quant_attention_config": "int8"},
+         "attention_config.quant_attention_config must be a mapping, got str: 'int8'"),
+        ({"backend": "TRTLLM", "quant_attention_config": {"qk_dtype": "int8", "q_block_size": 1.0}},
+         "attention_config.quant_attention_config.q_block_size=1.0 is invalid; valid: an int >= 0"),
+        ({"backend": "TRTLLM", "quant_attention_config": {"qk_dtype": None}},
+         "attention_config.quant_attention_config.qk_dtype=None is invalid; valid: bf16, int8, fp8, mxfp8, nvfp4"),
+        ({"backend": "TRTLLM", "quant_attention_config": {}},
+         "attention_config.quant_attention_config.qk_dtype='bf16' is not accepted for TRTLLM; valid: int8, fp8"),
+        # vLLM-Omni
+        ({"default": 3, "per_role": {}}, f"default=3 is invalid; valid: {VLLM_ENTRY}"),
+        ({"per_role": {"cross": None}}, f"per_role['cross']=None is invalid; valid: {VLLM_ENTRY}"),
+        ({"per_role": {"cross": ["TORCH_SDPA"]}}, f"per_role['cross']=['TORCH_SDPA'] is invalid; valid: {VLLM_ENTRY}"),
+        ({"per_role": []}, "per_role must be a mapping of role to entry, got list: []"),
+        ({"per_role": "cross"}, "per_role must be a mapping of role to entry, got str: 'cross'"),
+        ({"per_role": {0: "TORCH_SDPA"}}, "per_role role=0 is invalid; valid: self, cross, joint"),
+        ({"default": {"backend": "TRTLLM_ATTN", "quant": []}}, "default.quant must be a mapping, got list: []"),
+        ({"default": {"backend": "FLASH_ATTN", "quant": []}}, "default.quant must be a mapping, got list: []"),
+        ({"default": {"backend": "FLASH_ATTN", "skip_softmax": {}}},
+         "default: quant/skip_softmax are not accepted for FLASH_ATTN; valid: TRTLLM_ATTN"),
+        ({"default": {"backend": "TRTLLM_ATTN", "skip_softmax": []}},
+         "default.skip_softmax must be a mapping, got list: []"),
+        ({"per_role": {"cross": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": 8}}}},
+         "per_role['cross'].quant.dtype_qk=8 is invalid; valid: int8, fp8_e4m3"),
+        ({"per_role": {"cross": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "int8", "q_block_size": True}}}},
+         "per_role['cross'].quant.q_block_size=True is invalid; valid: an int >= 0"),
+        ({"per_role": {"cross": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "int8", "k_block_size": None}}}},
+         "per_role['cross'].quant.k_block_size=None is invalid; valid: an int >= 0"),
+        ({"per_role": {"joint": {"backend": "TRTLLM_ATTN", "skip_softmax": {"threshold": -1}}}},
+         "per_role['joint'].skip_softmax.threshold=-1 is out of range; valid: finite, >= 0.0"),
+    ],
+)
+def test_wrong_types_name_the_path(data, message):
+    with pytest.raises(ValueError) as e:
+        Spec.from_dict(data)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("value", [[], ["default"], "dense", None, 3, 2.5, True])
+def test_top_level_non_mapping(value):
+    message = f"^{re.escape(SPEC_MAPPING)}, got {type(value).__name__}: {re.escape(repr(value))}$"
+    with pytest.raises(ValueError, match=message):
+        Spec.from_dict(value)
+    with pytest.raises(ValueError, match=message):
+        Spec.from_json(json.dumps(value))
+    with pytest.raises(ValueError, match=message):
+        Spec.from_yaml(json.dumps(value))  # JSON is YAML
+
+
+@pytest.mark.parametrize("text", ["", "# nothing\n", "- default: dense\n", "dense\n"])
+def test_yaml_text_that_is_not_a_mapping(text):
+    with pytest.raises(ValueError, match=f"^{re.escape(SPEC_MAPPING)}, got "):
+        Spec.from_yaml(text)
+
+
+def test_unparsable_text_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^spec YAML does not parse: "):
+        Spec.from_yaml("default: [dense\n")
+    with pytest.raises(ValueError):
+        Spec.from_json("{default: dense}")
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: Match(role=0), "match.role=0 is invalid; valid: self, cross, joint"),
+        (lambda: Match(head_dim=(64, "128")), "match.head_dim[1]='128' is invalid; valid: an int >= 1"),
+        (lambda: Match(layers=()), "match.layers=() is invalid; valid: an int or a slice string like '2:5' or '-4:', "
+                                   "or a non-empty list of them"),
+        (lambda: Rule(5, DENSE), "rule.match must be a mapping, got int: 5"),
+        (lambda: Rule(Match(), "sparse"),
+         "rule.use='sparse' is invalid; valid: \"dense\" or an attention spec mapping"),
+        (lambda: Spec(rules=5), "spec.rules must be a list, got int: 5"),
+        (lambda: Spec(default=3), "spec.default=3 is invalid; valid: \"dense\" or an attention spec mapping"),
+        (lambda: AttentionSpec(recipe="int8"), "recipe='int8' is invalid; valid: a recipe mapping, or null with "
+                                               "skip_softmax"),
+        (lambda: AttentionSpec(backend=None), "backend=None is invalid; valid: auto, TRITON, TRTLLM, CUDNN, CUTEDSL, "
+                                              "FLASHINFER, TRTLLM_ATTN, REFERENCE"),
+        (lambda: AttentionSpec("CUDNN", Recipe("int8", "fp8")),
+         "recipe.qk_dtype='int8' is not accepted for CUDNN; valid: fp8, mxfp8"),
+        (lambda: Match.from_dict({"role": 0}, where="rules[2].match"), "rules[2].match.role=0 is invalid; valid: self, "
+                                                                        "cross, joint"),
+    ],
+)
+def test_direct_construction_errors_use_a_generic_path(build, message):
+    with pytest.raises(ValueError) as e:
+        build()
+    assert str(e.value) == message
+
+
+def test_mappings_are_accepted_where_objects_are():
+    use = AttentionSpec("TRITON", {"qk_dtype": "int8", "q_block_size": 1, "k_block_size": 16, "v_block_size": 1})
+    assert use == AttentionSpec("TRITON", Recipe("int8", "fp8", 1, 16, 1))
+    assert AttentionSpec("TRTLLM_ATTN", None, {"threshold": 1}) == AttentionSpec("TRTLLM_ATTN", None,
+                                                                                  SkipSoftmax(threshold=1))
+    assert Rule({"role": "cross"}, DENSE) == Rule(Match(role="cross"), DENSE)
 
 
 def test_auto_with_skip_softmax_is_accepted():
