@@ -20,6 +20,7 @@ import torch.fx as fx
 from . import __version__
 from .fx.rewrite import is_training_graph, rewrite
 from .hardware import Hardware, detect
+from .policy import Site, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump
 from .spec import Spec
 
@@ -56,6 +57,8 @@ class Backend:
         self.report = Report()
         #: Every graph module this backend rewrote, in compile order (inspect them with ``qattn_fx.fx.printer``).
         self.graph_modules: list[fx.GraphModule] = []
+        self._sites: list[Site] = []  # the policy's view of every site so far (for rule usage)
+        self._warned_rules: set[int] = set()
 
     # -- the pass ----------------------------------------------------------------------------------------------
     def rewrite(self, gm: fx.GraphModule, example_inputs=None) -> Report:
@@ -69,14 +72,36 @@ class Backend:
                            first_index=len(self.report.sites))
         sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
         self.report.sites.extend(sites.sites)
+        self._sites.extend(o.site for o in outcomes)
+        self._note_unused_rules()
         after = readable(gm)
-        if sites.sites:
+        if sites.sites and not sites.quantized:
+            log.warning("%s (graph %d): no attention site was quantized", sites.summary(), graph)
+        elif sites.sites:
             log.info("%s (graph %d)", sites.summary(), graph)
         emit_trace_artifacts(before, after, sites)
         if dump is not None:
             write_dump(dump, graph, before, after, sites, self.context(gm))
             log.info("qattn_fx: debug dump of graph %d written to %s", graph, dump)
         return sites
+
+    def _note_unused_rules(self) -> None:
+        """Report-wide notes (and one WARNING per rule) for rules that decided no site of any graph so far."""
+        notes = []
+        graphs = len(self.graph_modules)
+        for index, decided, matched in rule_usage(self.spec, self._sites):
+            if decided:
+                continue
+            rule = self.spec.rules[index - 1]
+            what = ("matched no site" if not matched else
+                    f"matched {matched} site(s), all decided by earlier rules")
+            note = (f"rule {index} ({rule.match.describe()}) {what} of the {len(self._sites)} site(s) in "
+                    f"{graphs} graph(s) compiled so far")
+            notes.append(note)
+            if index not in self._warned_rules:
+                self._warned_rules.add(index)
+                log.warning("qattn_fx: %s", note)
+        self.report.notes[:] = notes
 
     def context(self, gm: fx.GraphModule | None = None) -> dict:
         hw = self.hardware or _hardware_of(gm)

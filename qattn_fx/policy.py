@@ -108,10 +108,28 @@ class Decision:
     notes: tuple[str, ...] = field(default=())
 
 
+def module_matches(glob: str, site: Site) -> str | None:
+    """How a module glob matches the site's module path: ``"path"``, ``"tail"`` or ``None`` (no match).
+
+    A site whose graph is one block compiled alone (regional compilation, ``compile_repeated_blocks``) knows its
+    path only inside the block (``attn2`` for ``blocks.3.attn2``). There the glob's last components are matched
+    against that path (``blocks.*.attn2`` → ``attn2``), so a module rule means the same under whole-model and
+    regional compilation; the decision's notes say so.
+    """
+    if fnmatch.fnmatchcase(site.module, glob):
+        return "path"
+    if site.layer is None and site.layer_shared and site.module:
+        parts = site.module.split(".")
+        tail = glob.split(".")[-len(parts):]
+        if len(glob.split(".")) > len(parts) and fnmatch.fnmatchcase(site.module, ".".join(tail)):
+            return "tail"
+    return None
+
+
 def match_site(match: Match, site: Site) -> bool:
     if match.role is not None and site.role not in match.role:
         return False
-    if match.module is not None and not fnmatch.fnmatchcase(site.module, match.module):
+    if match.module is not None and module_matches(match.module, site) is None:
         return False
     if match.layers is not None:
         if site.layer is None or not layer_selected(match.layers, site.layer, site.num_layers):
@@ -137,8 +155,29 @@ def select(spec: Spec, site: Site) -> tuple[object, str, tuple[str, ...]]:
             )
             continue
         if match_site(rule.match, site):
+            if rule.match.module is not None and module_matches(rule.match.module, site) == "tail":
+                notes.append(f"rule {i}: module glob {rule.match.module!r} matched against the path's tail "
+                             f"{site.module!r} (the site's graph is one block compiled alone, so its path starts "
+                             "inside the block)")
             return rule.use, f"rule {i} ({rule.match.describe()})", tuple(notes)
     return spec.default, "default", tuple(notes)
+
+
+def rule_usage(spec: Spec, sites: list[Site]) -> list[tuple[int, int, int]]:
+    """Per rule (numbered from 1): ``(index, sites it decided, sites it matched)`` over ``sites``.
+
+    A rule that matched sites but decided none was shadowed by an earlier rule.
+    """
+    decided = [0] * len(spec.rules)
+    matched = [0] * len(spec.rules)
+    for site in sites:
+        _, source, _ = select(spec, site)
+        for i, rule in enumerate(spec.rules):
+            if match_site(rule.match, site):
+                matched[i] += 1
+            if source.startswith(f"rule {i + 1} ("):
+                decided[i] += 1
+    return [(i + 1, decided[i], matched[i]) for i in range(len(spec.rules))]
 
 
 def _runtime_dropout(site: Site) -> str:

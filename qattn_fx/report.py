@@ -1,7 +1,8 @@
 """Why each attention site ended up as it did: the site table, its summary line, and debug dumps.
 
 ``Report.to_dict()`` → ``{"sites": [{"site", "module", "layer", "role", "q_shape", "kv_shape", "dtype",
-"rewritten", "recipe", "kernel", "reason", "graph", "notes"}, ...]}``; ``str(report)`` is a readable table;
+"rewritten", "recipe", "kernel", "reason", "graph", "notes"}, ...], "notes": [...]}`` (report-wide notes: rules
+of the spec that decided no site); ``str(report)`` is a readable table;
 ``report.summary()`` is the one line logged after each compile.
 
 Debug dumps (``debug_dir=`` or ``$QATTN_FX_DEBUG``), per compiled graph ``N``: ``graph_N_before.py`` and
@@ -29,8 +30,15 @@ _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "
 
 
 def _shape(shape: tuple) -> list:
-    """Ints, with a symbolic size (dynamic shapes) as its symbol's name (``"s0"``)."""
-    return [d if isinstance(d, int) else str(d) for d in shape]
+    """Ints, with a symbolic size (dynamic shapes) as its symbol's name (``"s0"``); a size the compile specialized
+    (head_dim) as its int."""
+    out = []
+    for d in shape:
+        if not isinstance(d, int):
+            known = d.node.maybe_as_int() if hasattr(d, "node") else None
+            d = known if known is not None else str(d)
+        out.append(d)
+    return out
 
 
 @dataclass(frozen=True)
@@ -79,9 +87,11 @@ class Report:
     """Every SDPA site of every graph a backend compiled, in compile order."""
 
     sites: list[SiteRecord] = field(default_factory=list)
+    #: Notes on the whole compile rather than one site (e.g. a rule of the spec that decided no site).
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"sites": [s.to_dict() for s in self.sites]}
+        return {"sites": [s.to_dict() for s in self.sites], "notes": list(self.notes)}
 
     @property
     def quantized(self) -> int:
@@ -100,7 +110,7 @@ class Report:
         widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
         fmt = lambda cells: "  ".join(v.ljust(w) for v, w in zip(cells, widths)).rstrip()  # noqa: E731
         lines = [fmt(columns), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-        notes = [f"note ({s.site}): {n}" for s in self.sites for n in s.notes]
+        notes = [f"note ({s.site}): {n}" for s in self.sites for n in s.notes] + [f"note: {n}" for n in self.notes]
         return "\n".join(lines + list(dict.fromkeys(notes)))
 
     def markdown(self, columns: tuple[str, ...] = _COLUMNS) -> str:

@@ -67,7 +67,12 @@ def pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
     if isinstance(pad, int) and pad == 0:
         return x
     widths = [0, 0] * (x.dim() - 1 - axis) + [0, pad]
-    return torch.nn.functional.pad(x, widths)
+    out = torch.nn.functional.pad(x, widths)
+    if not isinstance(pad, int):
+        # a pad of 0 at run time makes constant_pad_nd return a clone in x's memory order, any other pad a
+        # contiguous tensor; the traced graph assumes contiguous, so it is made so (a no-op copy for Inductor)
+        out = out.clone(memory_format=torch.contiguous_format)
+    return out
 
 
 def take_first(x: torch.Tensor, axis: int, n) -> torch.Tensor:
@@ -96,11 +101,15 @@ def cast_scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
     return y.clamp(-limit, limit).to(dtype)
 
 
-def seq_block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Amax of ``x (B,H,S,D)`` over blocks of ``block`` tokens and all channels → ``(B, H, ceil(S/block))``."""
-    b, h, s, d = x.shape
-    a = pad_to_multiple(x.abs().float(), -2, block)
-    return a.reshape(b, h, a.shape[-2] // block, block * d).amax(dim=-1)
+def seq_block_amax(x: torch.Tensor, block: int, divisor: float = 1.0) -> torch.Tensor:
+    """Amax of ``x (B,H,S,D)`` over blocks of ``block`` tokens and all channels, divided by ``divisor``
+    → ``(B, H, ceil(S/block))``.
+
+    The division is applied per element before the reduction (the same fp32 result: rounding is monotonic), so no
+    elementwise op touches the block axis, whose symbolic length may be 1 (a broadcast there would guard on it).
+    """
+    a = pad_to_multiple(x.abs().float() / divisor, -2, block)
+    return a.unflatten(-2, (a.shape[-2] // block, block)).amax(dim=(-2, -1))  # splitting S is a view in any layout
 
 
 def expand_seq_scale(scale: torch.Tensor, block: int, seq_len: int) -> torch.Tensor:

@@ -86,7 +86,7 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
     _check_8bit(dtype)
     if block < 1:
         raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
-    scale = formats.seq_block_amax(x, block) / formats.qmax(dtype)
+    scale = formats.seq_block_amax(x, block, formats.qmax(dtype))
     data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
     # each head's row padded to 4 fp32 (16 bytes), so every head's scales start where a TMA load can (75600 tokens
     # in groups of 16 give 4725 scales per head; the row holds 4728, the last 3 zero and never read)

@@ -1,0 +1,130 @@
+"""Every resolution compiles: symbolic lengths (automatic dynamic shapes, ``dynamic=True``) reach the quantize ops,
+their padding, the fake kernels and the attention op without specializing the graph, and every call is quantized.
+
+Under a default ``torch.compile`` the first call compiles for its static shapes and the second distinct length
+recompiles once with symbolic lengths; that graph must then serve every later length (at most 2 graphs).
+"""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qattn_fx
+from qattn_fx import tiny_models
+from qattn_fx.ops import quantized_attention
+from qattn_fx.spec import DEFAULT_RECIPE
+
+LENGTHS = (64, 100, 129, 1000)
+
+
+def sdpa(q, k, v, scale=None):
+    return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def compiled(backend, dynamic=None, fn=sdpa):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False], ids=["default", "dynamic", "static"])
+def test_bare_sdpa_at_every_length_is_quantized_and_exact(dynamic):
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = compiled(backend, dynamic)
+    torch.manual_seed(0)
+    for s in LENGTHS:
+        q, k, v = (torch.randn(2, 3, s, 48) for _ in range(3))
+        out = fn(q, k, v)
+        # the compiled graph runs the same ops as the eager lowering, so the outputs are identical
+        torch.testing.assert_close(out, quantized_attention(q, k, v, DEFAULT_RECIPE), rtol=0, atol=0)
+    assert all(site.rewritten for site in backend.report.sites)
+    graphs = len(backend.graph_modules)
+    assert graphs == {None: 2, True: 1, False: len(LENGTHS)}[dynamic], backend.report
+
+
+def test_symbolic_lengths_show_in_the_report():
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = compiled(backend, dynamic=True)
+    fn(*(torch.randn(1, 2, 100, 48) for _ in range(3)))
+    (site,) = backend.report.sites
+    assert isinstance(site.q_shape[2], str) and site.q_shape[3] == 48  # head_dim is specialized, lengths are not
+    assert site.rewritten
+
+
+def test_cross_attention_lengths_vary_independently():
+    """(Key lengths of at most 16 tokens, one K scale block, compile once more: the symbolic graph guards on the
+    block count not being 1.)"""
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = compiled(backend)
+    torch.manual_seed(0)
+    for sq, skv in ((64, 20), (100, 33), (129, 77), (1000, 250)):
+        q, k, v = torch.randn(1, 2, sq, 32), torch.randn(1, 2, skv, 32), torch.randn(1, 2, skv, 32)
+        torch.testing.assert_close(fn(q, k, v), quantized_attention(q, k, v, DEFAULT_RECIPE), rtol=0, atol=0)
+    assert len(backend.graph_modules) <= 2 and all(s.rewritten for s in backend.report.sites)
+
+
+def test_a_scale_that_changes_between_calls_compiles():
+    """A ``scale=`` that changes between calls: Dynamo may trace it as a value of the graph (a SymFloat read with
+    ``.item()``), which the rewrite hands to the op as a CPU scalar tensor (``runtime_scale``); every call is
+    quantized and exact, and no compile fails."""
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = compiled(backend)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 32) for _ in range(3))
+    for scale in (0.1, 0.2, 0.35):
+        expected = quantized_attention(q, k, v, DEFAULT_RECIPE, sm_scale=scale)
+        torch.testing.assert_close(fn(q, k, v, scale), expected, rtol=0, atol=0)
+    assert backend.report.sites and all(site.rewritten for site in backend.report.sites)
+
+
+def test_the_op_takes_a_runtime_scale():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 32) for _ in range(3))
+    expected = quantized_attention(q, k, v, DEFAULT_RECIPE, sm_scale=0.2)
+
+    def emit(target, args, name):
+        if target is torch.ops.qattn.scaled_attention.default:  # the same call with the scale as a tensor
+            args = (*args[:8], 1.0, *args[9:], None, torch.tensor(0.2, dtype=torch.float64))
+        return target(*args)
+
+    out = quantized_attention(q, k, v, DEFAULT_RECIPE, sm_scale=0.2, emit=emit)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, sizes", [
+    # (frames, height, width): the second call changes each of them, so Dynamo's automatic dynamic shapes mark
+    # them all symbolic at once (a dim that first changes later recompiles again, whatever the backend)
+    ("wan", [(2, 16, 16), (3, 24, 20), (4, 32, 24), (3, 20, 32)]),
+    ("flux", [16, 24, 36, 50]),
+])
+def test_tiny_models_at_four_resolutions(name, sizes, caplog):
+    """A diffusers model called at 4 resolutions under default settings (Inductor): at most 2 graphs, every
+    call quantized, every output close to the dense model's."""
+    model, inputs = tiny_models.MODELS[name]()
+    backend = qattn_fx.backend(emulate=True)
+    torch._dynamo.reset()
+    cf = torch.compile(model, backend=backend)
+    for size in sizes:
+        call = dict(inputs)
+        if name == "wan":
+            call["hidden_states"] = torch.randn(1, 4, *size)
+        else:
+            call["hidden_states"] = torch.randn(1, size, 4)
+            call["img_ids"] = torch.randn(size, 3)
+        with torch.no_grad():
+            out, dense = cf(**call)[0], model(**call)[0]
+        rel = (out - dense).norm() / dense.norm()
+        assert rel < 2e-2, (size, rel)
+    assert len(backend.graph_modules) <= 2, backend.report
+    assert backend.report.sites and all(s.rewritten for s in backend.report.sites), backend.report
+
+
+def test_a_graph_with_no_quantized_site_logs_a_warning(caplog):
+    backend = qattn_fx.backend(compiler="aot_eager", hardware=qattn_fx.Hardware.for_arch("sm_80"))
+    with caplog.at_level(logging.WARNING, logger="qattn_fx"):
+        compiled(backend)(*(torch.randn(1, 2, 16, 64, dtype=torch.bfloat16) for _ in range(3)))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "0/1 attention sites quantized" in warnings[0]
+    assert "no attention site was quantized" in warnings[0]
