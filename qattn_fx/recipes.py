@@ -513,7 +513,7 @@ def recipe_table_markdown() -> str:
     for row in TABLE:
         impls = "; ".join(
             f"{'/'.join(r.archs or ('any',))}, d {r.head_dims.describe()}"
-            f" ({r.kernel or 'no kernel: emulation only'})"
+            f" ({r.kernel or 'no kernel: emulation only'}{', key masks' if r.key_bias else ''})"
             for r in row.implementations
         )
         lines.append(
