@@ -108,8 +108,8 @@ def main() -> int:
                         help="triton: kernels/triton_sage.py; gluon: kernels/gluon_sage.py (warp-specialized, "
                         "sm_90 only; each shape is first run with triton_sage's 128,128,8,3,pipe config and every "
                         "gluon config is checked against that output)")
-    parser.add_argument("--configs", help="';'-separated configs: triton 'BM,BN,warps,stages[,pipe][,v16][,tma]', "
-                        "gluon 'BLOCK_N,STAGES' (default: the module's CONFIGS)")
+    parser.add_argument("--configs", help="';'-separated configs: triton 'BM,BN,warps,stages[,pipe]', "
+                        "gluon 'BLOCK_N,STAGES[,flags]' (default: the module's CONFIGS)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)

@@ -43,7 +43,7 @@ def test_pieces_are_whole_tiles_aligned_to_k_scales(k_block):
     if k_block:
         assert got.kv_split % k_block == 0
     last = 32760 - (got.splits - 1) * got.kv_split
-    assert last > 128  # at least two tiles (pvlate needs them)
+    assert last > 128  # at least two tiles
 
 
 def test_plan_names_bad_arguments():

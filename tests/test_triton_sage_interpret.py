@@ -289,9 +289,8 @@ def test_config_forcing(monkeypatch):
         ts.KernelConfig(128, 64, 8, 3, 2)
     with pytest.raises(ValueError, match="BLOCK_M,BLOCK_N,num_warps,num_stages"):
         ts.KernelConfig.parse("128,64")
-    assert ts.KernelConfig.parse("128,128,8,3,pipe,tma") == ts.KernelConfig(128, 128, 8, 3, pipe=1, tma=1)
-    with pytest.raises(ValueError, match=r"v16 and tma exclude each other"):
-        ts.KernelConfig.parse("128,64,8,3,v16,tma")
+    with pytest.raises(ValueError, match=r"config '128,64,8,3,v16' is invalid"):  # removed flags are unknown words
+        ts.KernelConfig.parse("128,64,8,3,v16")
     assert ts.forced_config() is None
     monkeypatch.setenv(ts.ENV_CONFIG, "64,32,4,2")
     assert ts.forced_config() == ts.KernelConfig(64, 32, 4, 2)
@@ -373,21 +372,3 @@ def test_compiles_for_gpu(monkeypatch, cap, qk, blocks, config):
         assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in compiled.asm["ptx"]
     # V (8-byte aligned rows) and K are copied asynchronously into shared memory
     assert ttgir.count("ttg.async_copy_global_to_local") >= 2
-
-
-@pytest.mark.skipif(not _ptxas_available(), reason="Triton's ptxas is not installed")
-def test_v16_config_compiles_with_an_asynchronous_fp16_pv(monkeypatch):
-    """``v16``: P·V is an fp16 wgmma on the fp16 copy of V that accumulates into the running output, which Triton
-    then keeps in flight (``isAsync = true`` and no wait right after it inside the loop)."""
-    monkeypatch.delenv("TRITON_INTERPRET")
-    compiled = ts.compile_for((9, 0), ts.KernelConfig.parse("128,64,8,3,v16"), *_meta_inputs(torch.int8, 1, 16))
-    report = ts.ptxas_report(compiled, (9, 0))
-    assert report["ptxas_ok"] and report["spill_stores"] == 0, report
-    lines = compiled.asm["ttgir"].splitlines()
-    pv = [i for i, ln in enumerate(lines) if "ttng.warp_group_dot " in ln and "xf16, #ttg.dot_op" in ln]
-    assert pv, "no fp16 P·V wgmma"
-    in_loop = [i for i in pv if "isAsync = true" in lines[i]]
-    assert in_loop, [lines[i][:160] for i in pv]
-    following = lines[in_loop[0] + 1]
-    assert "warp_group_dot_wait" not in following, following
-    assert ".f16.f16" in compiled.asm["ptx"] and "wgmma.mma_async" in compiled.asm["ptx"]

@@ -22,13 +22,13 @@ schedule, which plain Triton 3.6 cannot express:
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
   bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
   warp on every SM sub-partition to hide it, which measured fastest at video lengths (seventh session).
-* schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V), ``ahead`` (the next tile's
-  Q·Kᵀ in flight during this tile's exponentials; the default), optionally ``pingpong`` (measured slower).
-  Tiles are full except the last, which is handled after the loop with masks: a per-tile branch
-  between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's Gluon (wrong values and
-  NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change the data layout, the CTA
-  shape and the slot release; which schedule is fastest depends on the shape, so calls are autotuned per problem
-  key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
+* schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
+  ``ahead`` (the next tile's Q·Kᵀ in flight during this tile's exponentials); docs/kernel-design.md describes
+  them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
+  masks: a per-tile branch between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's
+  Gluon (wrong values and NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change
+  the data layout, the CTA shape and the slot release; which schedule is fastest depends on the shape, so calls
+  are autotuned per problem key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
 * a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
   (:mod:`._tail_split`, :func:`tail_plan`; ``$QATTN_GLUON_TAIL_SPLIT=0`` turns it off): measured on the H200 in
   one process (tools/ab_tail_split.py), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 % at
@@ -199,19 +199,9 @@ def _scales_read_early(KS_TMA, K_BLOCK):
 
 
 @_jit
-def _row_reduce(x, TREE: gl.constexpr, IS_MAX: gl.constexpr):
-    """Max or sum over axis 1 of a ``(64, BLOCK_N)`` wgmma-layout tile. ``TREE``: first over the
-    ``BLOCK_N / 16`` column chunks (a register relabeling: each thread holds the same columns of every chunk, so
-    this is 16 independent in-thread chains per row), then over the 16; shorter dependency chains than one
-    sequential in-thread pass. The sum's association order changes (fp32 rounding only)."""
-    if TREE:
-        x3 = gl.reshape(x, [x.shape[0], x.shape[1] // 16, 16])
-        if IS_MAX:
-            r = gl.max(gl.max(x3, axis=1), axis=1)
-        else:
-            r = gl.sum(gl.sum(x3, axis=1), axis=1)
-        return gl.convert_layout(r, gl.SliceLayout(1, x.type.layout))
-    elif IS_MAX:
+def _row_reduce(x, IS_MAX: gl.constexpr):
+    """Max or sum over axis 1 of a ``(64, BLOCK_N)`` wgmma-layout tile."""
+    if IS_MAX:
         return gl.max(x, axis=1)
     else:
         return gl.sum(x, axis=1)
@@ -251,28 +241,28 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
 
 
 @_jit
-def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr):
     """The new running max ``m`` (log2 units) after the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV``
     ignored)."""
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
-        t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), TREE, True)
+        t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), True)
     else:
-        t_max = _row_reduce(t, TREE, True)
+        t_max = _row_reduce(t, True)
     return gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
 
 
 @_jit
 def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr):
+                BLOCK_N: gl.constexpr, MASK: gl.constexpr):
     """First half of an online-softmax step: :func:`_scale_logits` then :func:`_running_max`; ``(t, rs, m)``."""
     t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, TREE, MASK)
+    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, MASK)
 
 
 @_jit
-def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
-             MASK: gl.constexpr, MMASUM: gl.constexpr = 0):
+def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+             MMASUM: gl.constexpr = 0):
     """Second half: ``(p8, alpha, l)``: e4m3 ``448 · exp2(z - m)`` (0 past ``SEQ_KV`` when ``MASK``), the factor
     rescaling earlier tiles, row sum (``MMASUM``: ``l`` is returned as given; the P·V step's ones-MMA sums P)."""
     p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
@@ -281,17 +271,17 @@ def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, TRE
         p = gl.where((offs_n < SEQ_KV)[None, :], p, 0.0)
     alpha = gl.exp2(m_i - m_new)
     if not MMASUM:
-        l_i = l_i * alpha + _row_reduce(p, TREE, False)
+        l_i = l_i * alpha + _row_reduce(p, False)
     return p.to(gl.float8e4nv), alpha, l_i
 
 
 @_jit
 def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
-             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, TREE: gl.constexpr,
-             MASK: gl.constexpr, MMASUM: gl.constexpr = 0):
+             QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+             MMASUM: gl.constexpr = 0):
     """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``."""
-    t, rs_t, m_new = _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, TREE, MASK, MMASUM)
+    t, rs_t, m_new = _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM)
     return p8, alpha, l_i, m_new
 
 
@@ -350,52 +340,33 @@ def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.
 
 
 @_jit
-def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, P_SMEM: gl.constexpr, PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None,
-              MMASUM: gl.constexpr = 0, fresh=False):
-    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator. ``P_SMEM``: P goes through this
-    consumer's shared-memory buffer ``p_buf`` (its registers are free at once, and no cross-thread shuffles);
-    else P is the register A operand (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were
-    loaded permuted (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key
-    ``16h + 4c + 2i + e``: relabeling P's registers puts every key at its operand position (no shuffles), on
-    either path.
+def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None, MMASUM: gl.constexpr = 0):
+    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator, P being the register A operand
+    (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were loaded permuted
+    (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key ``16h + 4c + 2i + e``: relabeling
+    P's registers puts every key at its operand position (no shuffles).
 
     Returns ``(pv, pl)``: ``MMASUM`` also issues ``P8 · 1`` (B: ``ones_smem``, ``(8, BLOCK_N)`` e4m3 ones) into
     a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
-    (accumulated over the tile as P·V's own products are); else ``pl`` is 0.
-
-    ``fresh``: the wgmma's ``use_acc``. False (a constant) starts from zeros with ``pv_zero`` unread; a runtime
-    false (``pvlate``) passes ``pv_zero`` (then the previous tile's P·V, already added) as the accumulator operand,
-    so the result takes its registers: a loop-carried in-flight accumulator without copies, whose register moves at
-    the loop's back edge would otherwise make ptxas wait for the MMA there."""
+    (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
     slot = j % STAGES
     v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
-    if PERMK:  # keys back in operand order (a relabeling of P's registers), for either path
+    if PERMK:  # keys back in operand order (a relabeling of P's registers)
         BM: gl.constexpr = p8.type.shape[0]
         p8 = gl.reshape(gl.permute(gl.reshape(p8, [BM, BLOCK_N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]),
                         [BM, BLOCK_N])
-    if P_SMEM:
-        p_buf.store(p8)
-        fence_async_shared()
-        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        pv = warpgroup_mma(p_buf, v_tile, pv_zero, use_acc=False, is_async=True)
-        if MMASUM:
-            pl = warpgroup_mma(p_buf, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
-        else:
-            pl = 0.0
+        p_op = gl.convert_layout(p8, p_layout, assert_trivial=True)
     else:
-        if PERMK:
-            p_op = gl.convert_layout(p8, p_layout, assert_trivial=True)
-        else:
-            p_op = gl.convert_layout(p8, p_layout)
-        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=fresh, is_async=True)
-        if MMASUM:
-            p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_zero.type.layout,
-                                                              k_width=4), assert_trivial=True)
-            pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
-        else:
-            pl = 0.0
+        p_op = gl.convert_layout(p8, p_layout)
+    mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+    pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
+    if MMASUM:
+        p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_zero.type.layout,
+                                                          k_width=4), assert_trivial=True)
+        pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
+    else:
+        pl = 0.0
     return pv, pl
 
 
@@ -410,18 +381,15 @@ def _accumulate(acc, l_i, alpha, pv, pl, row_o: gl.constexpr, MMASUM: gl.constex
 
 
 @_jit
-def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_buf,
+def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, MASK: gl.constexpr,
-                P_SMEM: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr,
-                sums=None, MMASUM: gl.constexpr = 0):
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, LAST: gl.constexpr,
+                PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
     ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums (:func:`_pv_issue`)."""
-    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, TREE, MASK,
-                                   MMASUM)
-    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK, sums[0],
-                       sums[1], MMASUM)
+    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK, MMASUM)
+    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1], MMASUM)
     if MMASUM:
         pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
     else:
@@ -434,20 +402,12 @@ def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, k
 
 @_jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
-                v_ready, p_buf, my_turn, other_turn, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr,
-                col_s: gl.constexpr, grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr, P_SMEM: gl.constexpr,
-                PINGPONG: gl.constexpr, FIRST: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr,
-                TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0):
+                v_ready, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
+                grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None,
+                MMASUM: gl.constexpr = 0):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
-    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``sums``, ``MMASUM``: as :func:`_softmax_pv`'s.
-
-    ``PINGPONG``: the softmax (row max, exponentials, P·V issue) is taken in turns with the other consumer through
-    the ``my_turn`` / ``other_turn`` mbarriers, so that each has the exponent unit (MUFU, as busy per tile as the
-    tensor cores) to itself while the other's MMAs run — FlashAttention-3's inter-warpgroup ping-pong, turned
-    around the exponentials. ``FIRST``: this consumer takes the first turn. Each consumer waits ``n - 1`` times
-    and arrives ``n - 1`` times (``n`` tiles; the tail tile runs outside the turns): no wait is left unmatched.
-    """
+    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``sums``, ``MMASUM``: as :func:`_softmax_pv`'s."""
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
@@ -463,15 +423,10 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
         ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    if PINGPONG:  # the j-th turn: a fresh mbarrier passes a wait on parity 1, so FIRST starts
-        mbarrier.wait(my_turn, (j & 1) ^ FIRST)
-    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, False, MMASUM)
+    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM)
     m_i = m_new
-    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_buf, p_layout, BLOCK_N, STAGES, P_SMEM, PERMK, sums[0],
-                       sums[1], MMASUM)
-    if PINGPONG:  # after the P·V issue (ordered after the exponentials that feed it): the other's turn
-        mbarrier.arrive(other_turn, count=1)
+    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1], MMASUM)
     if MMASUM:
         s_next, pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv, pl))
     else:
@@ -482,64 +437,15 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 
 @_jit
-def _late_step(j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
-               v_ready, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
-               grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, TREE: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr,
-               TARRIVE: gl.constexpr, FIRST: gl.constexpr, LAST: gl.constexpr):
-    """Tile ``j`` of the ``pvlate`` schedule. On entry ``S_j`` has landed and tile ``j-1``'s P·V (``pv``) may still
-    be in flight (``FIRST``: tile 0, there is none; ``pv`` is then the zero tile, ``alpha`` unused). ``S_j`` is
-    scaled and its row max taken before that P·V is waited for (in the SASS ptxas keeps the scaling under the MMA,
-    right after the wait for ``S_j``, and waits before the row max); then it is added to ``acc`` (``alpha``: tile
-    ``j-1``'s rescale) and release event ``j`` signalled (K slot ``j``, V slot ``j-1``). Tile ``j+1``'s Q·Kᵀ is
-    issued next, so its latency passes under this tile's exponentials, then tile ``j``'s P·V (into ``pv``'s
-    registers, ``fresh`` being a runtime false: :func:`_pv_issue`), and ``S_{j+1}`` is waited for alone.
-    Returns ``(m, l, acc, alpha, pv, S_{j+1}, ks_{j+1})``. ``LAST``: the row's last tile (masked; its P·V is
-    waited for and added here, release event ``j + 1``; ``S`` and ``ks`` come back as given). The host runs this
-    schedule for rows of two tiles or more only, so ``FIRST`` and ``LAST`` never meet. K scales travel as in
-    :func:`_ahead_step` (group scales read from the ring a step early, per-column ones at use)."""
-    EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
-    if not EARLY:
-        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, LAST)
-    if not FIRST:
-        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    _release(j, kv_free, STAGES, TARRIVE)
-    if not FIRST:
-        acc, l_i = _accumulate(acc, l_i, alpha, pv, 0.0, row_o, 0)
-    if LAST:
-        s_next = s
-        ks_next = ks
-    else:
-        s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-        if EARLY:
-            ks_next = _tile_k_scales(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        else:
-            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, TREE, LAST)
-    pv, _ = _pv_issue(j, p8, pv, v_smem, v_ready, None, p_layout, BLOCK_N, STAGES, 0, 0 if LAST else PERMK,
-                      fresh=False if FIRST else fresh)
-    if LAST:
-        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-        _release(j + 1, kv_free, STAGES, TARRIVE)
-        acc, l_i = _accumulate(acc, l_i, alpha, pv, 0.0, row_o, 0)
-    else:
-        s_next = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-    return m_new, l_i, acc, alpha, pv, s_next, ks_next
-
-
-@_jit
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-             TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-             PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr,
+             KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
              SPLIT_TAIL: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
-    q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem = smem
-    q_bar, k_ready, v_ready, kv_free, turn = bars
+    q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
+    q_bar, k_ready, v_ready, kv_free = bars
     QS, KS, VS, Out, Lse, OutWs, LseWs = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
      stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh, kv0, piece) = ints
@@ -585,7 +491,6 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
     q = q_smem.index(CID).reshape([BM, HEAD_DIM])
-    p_buf = p_smem.index(CID)
     if MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
         l_zero = gl.zeros([BM, 8], gl.float32, _sum_layout(NW))
         l_i = l_zero
@@ -594,7 +499,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     else:
         l_zero = pv_zero  # unused
         l_i = gl.full([BM], 0.0, gl.float32, row_s)
-        ones = p_buf  # unused
+        ones = ones_smem  # unused
     sums = (ones, l_zero)
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
@@ -603,51 +508,31 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
     # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    if PVLATE:  # tile 0, tiles 1 .. n_tiles-2, the masked last tile (n_tiles >= 2: the host's choice)
-        fresh = SEQ_KV < 0  # false, but not a constant: P·V then reuses the in-flight accumulator's registers
-        s = _qk_issue(0, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        if _scales_read_early(KS_TMA, K_BLOCK):  # (else ks is _k_scales_ahead's, above)
-            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        m_i, l_i, acc, alpha, pv, s, ks = _late_step(
-            0, s, ks, m_i, l_i, acc, m_i, pv_zero, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
-            v_ready, ksrc, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, KS_TMA, PERMK,
-            TARRIVE, True, False)
-        for j in range(1, n_tiles - 1):
-            m_i, l_i, acc, alpha, pv, s, ks = _late_step(
-                j, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
-                v_ready, ksrc, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, KS_TMA,
-                PERMK, TARRIVE, False, False)
-        m_i, l_i, acc, alpha, pv, s, ks = _late_step(
-            n_tiles - 1, s, ks, m_i, l_i, acc, alpha, pv, q, rs, s_init, fresh, SEQ_KV, k_smem, v_smem, k_ready,
-            kv_free, v_ready, ksrc, p_layout, row_o, col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE,
-            KS_TMA, PERMK, TARRIVE, False, True)
-    elif AHEAD:
+    if AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
             ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         for j in range(n_tiles - 1):
             m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
-                                               v_smem, k_ready, kv_free, v_ready, p_buf, turn.index(CID),
-                                               turn.index(1 - CID), ksrc, p_layout, row_o, col_s, grp_layout,
-                                               QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, P_SMEM, PINGPONG,
-                                               1 if CID == 0 else 0, KS_TMA, PERMK, TARRIVE, sums, MMASUM)
+                                               v_smem, k_ready, kv_free, v_ready, ksrc, p_layout, row_o, col_s,
+                                               grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK, TARRIVE,
+                                               sums, MMASUM)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                                        p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, False,
-                                        P_SMEM, False, PERMK, TARRIVE, sums, MMASUM)
+                                        p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False, PERMK,
+                                        TARRIVE, sums, MMASUM)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-    if not PVLATE:  # the last (masked) tile
-        if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
-            ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                    kv_free, p_buf, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, TREE, True,
-                                    P_SMEM, True, 0, TARRIVE, sums, MMASUM)
+    # the last (masked) tile
+    if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
+        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+                                p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0, TARRIVE, sums,
+                                MMASUM)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -682,8 +567,8 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
     """Tile ``j``'s K (with its scales) and V, each into its ring slot once the consumers have freed it.
     ``PERMUTED``: K through the permuting 5-D view (:func:`_permuted_k`), for full tiles only."""
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
-    q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem = smem
-    q_bar, k_ready, v_ready, kv_free, turn = bars
+    q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
+    q_bar, k_ready, v_ready, kv_free = bars
     b, hk, ks_base, kp_x, kp_g, kv0 = coords
     slot = j % STAGES
     phase = (j // STAGES) & 1
@@ -710,8 +595,7 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
 @_jit
 def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-              TREE: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr, KS_TMA: gl.constexpr,
-              PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr, PVLATE: gl.constexpr,
+              KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
               SPLIT_TAIL: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
@@ -756,9 +640,8 @@ def _sage_fwd_ws(
     N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
-    AHEAD: gl.constexpr = 0, TREE: gl.constexpr = 0, P_SMEM: gl.constexpr = 0,
-    PINGPONG: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
-    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, PVLATE: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0,
+    AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -803,36 +686,30 @@ def _sage_fwd_ws(
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    P_ROWS: gl.constexpr = BM if P_SMEM else 8  # P's buffers are only used with P_SMEM
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [NC, P_ROWS, BLOCK_N],
-                                       gl.NVMMASharedLayout.get_default_for([P_ROWS, BLOCK_N], gl.float8e4nv))
     if KS_TMA:
         # twice the K ring's depth: tile j's scales stay until tile j + 2·STAGES, i.e. past the release of tile j's
         # K slot, so consumers may read them any time after its ready barrier
         ks_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES] + ks_desc.block_type.shape, ks_desc.layout)
     else:
-        ks_smem = p_smem  # unused
+        ks_smem = k_smem  # unused
     if MMASUM:  # each consumer's ones-MMA B operand: 8 rows of e4m3 ones over the tile's keys
         ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [NC, 8, BLOCK_N],
                                               gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv))
     else:
-        ones_smem = p_smem  # unused
+        ones_smem = k_smem  # unused
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         # every consumer (TARRIVE: every consumer thread) arrives on each release event
         mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
 
-    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, p_smem, ks_smem, ones_smem),
-            (q_bar, k_ready, v_ready, kv_free, turn),
+    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, ks_smem, ones_smem),
+            (q_bar, k_ready, v_ready, kv_free),
             (QS, KS, VS, Out, Lse, OutWs, LseWs),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
@@ -842,30 +719,30 @@ def _sage_fwd_ws(
     # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
-            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                         TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [1], [PRODUCER_NREG])
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
-            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
-            (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
-            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL)),
+            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL)),
+            (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                         TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
         gl.warp_specialize([
-            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
-            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                        PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
-            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, TREE, P_SMEM,
-                         PINGPONG, KS_TMA, PERMK, TARRIVE, MMASUM, PVLATE, SPLIT_TAIL)),
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL)),
+            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                         TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
 
 
@@ -880,44 +757,30 @@ ENV_CONFIG = "QATTN_GLUON_SAGE_CONFIG"
 class GluonConfig:
     """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and schedule flags:
     ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
-    exponentials; ``tree``: row max/sum reduce the ``BLOCK_N / 16`` column chunks first (shorter dependency
-    chains); ``psmem``: P reaches the P·V wgmma through shared memory instead of registers; ``pingpong`` (with
-    ``ahead``): the two consumers take turns for their softmax through two mbarriers (FlashAttention-3's
-    inter-warpgroup ping-pong; turns around the MMA section instead measured ~20 % slower, BENCHMARKS.md);
-    ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P reaches the P·V
-    wgmma without shuffles, where the K layout allows it; ``solo``: one consumer
+    exponentials; ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P
+    reaches the P·V wgmma without shuffles, where the K layout allows it; ``solo``: one consumer
     warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
     ring (each streams K/V itself: twice the L2 reads); ``tarrive``: every consumer
     thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
     warpgroup ``bar.sync`` and one thread's arrive; ``mmasum``: the softmax denominator comes from the tensor
     cores, a second wgmma per tile multiplying P by a shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums
     added like P·V's), instead of ~70 fp32 adds and shuffles per thread and tile: ``l`` is then the sum of the
-    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``pvlate`` (a schedule of
-    its own, instead of ``ahead``): each tile's P·V is left in flight while the next tile's S is scaled and its
-    row max taken, and the next Q·Kᵀ is issued after that P·V is added (:func:`_late_step`; offline only so far:
-    ptxas keeps the ~70 scaling FMAs under the MMA and waits before the row max; no spills without ``permk``, 100
-    bytes with it; measured 2-5 % slower than ``ahead,permk``); ``trio``: three consumer warpgroups per CTA (192
-    query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule fits: three warps per SM
-    sub-partition hide more of the MMA and exponential latency than ``ahead`` does with two (4-5 % faster at the
-    Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50 instructions per tile it
-    saves, 8-12 %). FlashAttention-3's
-    intra-warpgroup ``overlap`` schedule was removed after it measured 12 % slower and made ptxas spill
-    (BENCHMARKS.md, 2026-11-30)."""
+    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``trio``: three consumer
+    warpgroups per CTA (192 query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule
+    fits: three warps per SM sub-partition hide more of the MMA and exponential latency than ``ahead`` does with
+    two (4-5 % faster at the Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50
+    instructions per tile it saves, 8-12 %). Schedules tried and removed: docs/kernel-design.md."""
 
     block_n: int
     stages: int
     ahead: int = 0
-    tree: int = 0
-    psmem: int = 0
-    pingpong: int = 0
     permk: int = 0
     solo: int = 0
     tarrive: int = 0
     mmasum: int = 0
-    pvlate: int = 0
     trio: int = 0
 
-    FLAGS = ("ahead", "tree", "psmem", "pingpong", "permk", "solo", "tarrive", "mmasum", "pvlate", "trio")
+    FLAGS = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio")
 
     def __post_init__(self) -> None:
         if self.block_n not in (64, 128):
@@ -927,17 +790,9 @@ class GluonConfig:
         for name in self.FLAGS:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
-        if self.solo and self.pingpong:
-            raise ValueError(f"pingpong takes turns between two consumers; solo has one; got {self}")
-        if self.pvlate and (self.ahead or self.pingpong or self.psmem or self.mmasum):
-            raise ValueError(f"pvlate is a schedule of its own, with P as a register operand and fp32 row sums; got "
-                             f"{self}; valid: 'BLOCK_N,STAGES,pvlate[,tree][,permk][,solo][,tarrive]'")
-        if self.trio and (self.ahead or self.pvlate or self.pingpong or self.psmem or self.solo):
+        if self.trio and (self.ahead or self.solo):
             raise ValueError(f"trio (three consumers of {TRIO_CONSUMER_REGS} registers) runs the serial schedule "
-                             f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,tree][,permk][,tarrive][,mmasum]'")
-        if self.pingpong and not self.ahead:
-            raise ValueError(f"pingpong is implemented for the ahead schedule only; got {self}; valid: "
-                             "'BLOCK_N,STAGES,ahead,pingpong[,tree][,psmem]'")
+                             f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,permk][,tarrive][,mmasum]'")
 
     @property
     def consumers(self) -> int:
@@ -988,24 +843,19 @@ TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, perm
                  GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 #: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
-CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1), GluonConfig(128, 3, ahead=1, tree=1),
-           GluonConfig(128, 2, tree=1),
-           GluonConfig(128, 2), GluonConfig(128, 2, ahead=1, psmem=1),
-           GluonConfig(64, 3, ahead=1), GluonConfig(128, 2, ahead=1, pingpong=1),
+CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
+           GluonConfig(128, 2),
+           GluonConfig(64, 3, ahead=1),
            GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
            GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, tarrive=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
            GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1),
            GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 2, mmasum=1),
-           GluonConfig(128, 2, ahead=1, psmem=1, mmasum=1), GluonConfig(64, 3, ahead=1, mmasum=1),
+           GluonConfig(64, 3, ahead=1, mmasum=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
-           GluonConfig(128, 2, ahead=1, psmem=1, permk=1),
-           GluonConfig(128, 3, pvlate=1), GluonConfig(128, 2, pvlate=1), GluonConfig(128, 3, pvlate=1, tree=1),
-           GluonConfig(128, 3, pvlate=1, solo=1, tarrive=1),
            GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
-           GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, trio=1, tree=1),
-           GluonConfig(128, 3, tree=1, permk=1, trio=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
+           GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
            GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 
 _forced: Optional[GluonConfig] = None
@@ -1079,10 +929,16 @@ def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[st
     if not ts._seq_major(v):
         return f"needs sequence-major fp8 V (stride(-2) == 1); got strides {tuple(v.stride())}"
     for name, x, dims in (("q", q, (0, 1, 2)), ("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
-        if not ts._tma_aligned(x, dims):
+        if not _tma_aligned(x, dims):
             return (f"{name} needs a 16-byte aligned base and strides for TMA; got strides {tuple(x.stride())} "
                     f"of {x.dtype}")
     return None
+
+
+def _tma_aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """TMA's addressing rule: a 16-byte aligned base and 16-byte multiple strides on ``dims`` (the non-unit ones)."""
+    size = x.element_size()
+    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1178,12 +1034,9 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 BLOCK_N=config.block_n, STAGES=config.stages,
                 CONSUMER_NREG=TRIO_CONSUMER_REGS if config.trio else CONSUMER_REGS,
                 PRODUCER_NREG=PRODUCER_REGS,
-                AHEAD=config.ahead,
-                TREE=config.tree, P_SMEM=config.psmem, PINGPONG=config.pingpong, KS_TMA=int(ks_box is not None),
+                AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
-                MMASUM=config.mmasum,
-                # pvlate needs two tiles: a row of one runs the plain schedule (same numerics)
-                PVLATE=int(bool(config.pvlate) and skv > config.block_n), SPLIT_TAIL=int(tail is not None))
+                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None))
     grid = (tail.grid,) if tail else (_q_blocks(sq, config), bsz * hq)
     return grid, args, meta
 

@@ -51,11 +51,9 @@ as one tile's span (``BLOCK_N · stride_s``, ``Dv · stride_d``) fits in int32.
 
 Configs: :data:`CONFIGS` are autotuned (``triton.autotune``) per (head_dim, dtypes, block sizes, V layout,
 sequence-length buckets). :func:`set_config` / :func:`use_config` or the environment variable
-``QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16][,tma]"`` force one (benchmarks sweep with
-them). ``v16`` configs run P·V as an exact fp16 MMA on an fp16 copy of V (made by the wrapper) accumulated in the
-MMA: measured 15 % slower than the FP8 P·V at Wan shapes on the H200 (BENCHMARKS.md), so autotuning never picks
-them. ``tma`` configs load K/V through host TMA descriptors: slower than the best
-pointer-load config on the H200 too (BENCHMARKS.md); both stay as forced-config options for re-measuring. Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config.
+``QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]"`` force one (benchmarks sweep with them).
+Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config. Variants
+tried and removed (an fp16 P·V, K/V through TMA descriptors, a depth-2 pipeline): docs/kernel-design.md.
 
 The jitted kernel is built lazily on first use so that ``TRITON_INTERPRET=1`` set at any time before the first
 call runs it under the Triton interpreter (CPU tensors allowed there). The interpreter's fp32→fp8 cast and its
@@ -107,14 +105,7 @@ class KernelConfig:
 
     ``block_m`` query rows per program, ``block_n`` keys per tile, ``num_warps``, ``num_stages`` (cp.async
     pipeline depth of the K/V loads), ``pipe``: software pipelining across tiles — 0: none; 1: the next tile's
-    Q·Kᵀ is issued (async wgmma) before this tile's softmax. (A depth-2 variant that also keeps the previous
-    tile's P·V in flight was tried: Triton 3.6 waits on that wgmma right after issuing it, so it only added
-    shared-memory traffic for P.) ``v16``: P·V as an fp16 MMA on V upcast to fp16 by the wrapper (exact: every
-    e4m3 value is an fp16 value, and fp16 MMAs accumulate in full fp32), accumulated in the MMA across tiles,
-    which lets Triton keep it in flight while the next tile's softmax runs (forced configs only). ``tma``: K
-    and V tiles are loaded by the TMA unit through host-built tensor descriptors (no per-thread address math; tail
-    rows arrive as zeros); needs 16-byte aligned bases and strides and sequence-major V (forced configs only).
-    ``v16`` and ``tma`` exclude each other (``tma`` loads the e4m3 V that ``v16`` replaces by an fp16 copy).
+    Q·Kᵀ is issued (async wgmma) before this tile's softmax.
     """
 
     block_m: int
@@ -122,18 +113,14 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pipe: int = 0
-    v16: int = 0
-    tma: int = 0
 
     def __post_init__(self) -> None:
         for name in self.FLAGS:
             if int(getattr(self, name)) not in (0, 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: 0, 1")
             object.__setattr__(self, name, int(getattr(self, name)))
-        if self.v16 and self.tma:
-            raise ValueError(f"config {self} is invalid: v16 and tma exclude each other; valid: one of them")
 
-    FLAGS = ("pipe", "v16", "tma")
+    FLAGS = ("pipe",)
 
     def __str__(self) -> str:
         suffix = "".join(f"_{name}" for name in self.FLAGS if getattr(self, name))
@@ -141,7 +128,7 @@ class KernelConfig:
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """``"128,128,8,3"``, ``"128,64,8,3,pipe"``, ``"128,128,8,3,pipe,tma"`` (or ``str()`` of a config)."""
+        """``"128,128,8,3"``, ``"128,64,8,3,pipe"`` (or ``str()`` of a config)."""
         fields = [f.strip().lower() for f in text.replace("_", ",").split(",") if f.strip()]
         flags = dict.fromkeys(cls.FLAGS, 0)
         while len(fields) > 4:
@@ -156,11 +143,11 @@ class KernelConfig:
             numbers = []
         if len(numbers) != 4:
             raise ValueError(f"config {text!r} is invalid; valid: "
-                             "'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe][,v16][,tma]'")
+                             "'BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]'")
         return cls(*numbers, **flags)
 
     def meta(self) -> dict:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe, "TMA": self.tma}
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe}
 
     def to_triton(self):
         return triton.Config(self.meta(), num_warps=self.num_warps, num_stages=self.num_stages)
@@ -229,17 +216,14 @@ def _seq_bucket(n: int) -> int:
 
 
 def _qk_tile(q, k_base, k_offs, start_n, SEQ_KV,
-             QK_KIND: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
-             k_desc=None, b32=0, hk32=0, TMA: tl.constexpr = 0):
+             QK_KIND: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
     """Raw ``S = Q·Kᵀ`` of the K tile starting at key ``start_n``: int32 (int8 Q/K) or fp32.
 
     ``k_base + k_offs``: (D, BLOCK_N) pointers to the tile of Kᵀ (a scalar 64-bit base advanced per tile plus
     loop-invariant int32 offsets: fewer registers than carried pointer tiles). For int8 the accumulator starts at
     ``0x4B400000`` (Triton folds the add into the MMA's initial value): read as fp32 that is ``S + 1.5·2^23``.
     """
-    if TMA:  # (1, 1, BLOCK_N, D) box of the (B, Hkv, Skv, D) descriptor; rows past Skv arrive as zeros
-        kt = tl.trans(tl.reshape(k_desc.load([b32, hk32, start_n, 0]), (BLOCK_N, q.shape[1])))
-    elif MASK_KV:
+    if MASK_KV:
         n_valid = (start_n + tl.arange(0, BLOCK_N)) < SEQ_KV
         if INTERPRET:  # the interpreter zero-fills masked lanes and cannot cast `other` to fp8
             kt = tl.load(k_base + k_offs, mask=n_valid[None, :])
@@ -256,11 +240,8 @@ def _qk_tile(q, k_base, k_offs, start_n, SEQ_KV,
     return s
 
 
-def _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
-            v_desc=None, b32=0, hk32=0, TMA: tl.constexpr = 0, HEAD_DIM_V: tl.constexpr = 128):
+def _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
     """The (BLOCK_N, Dv) V tile at key ``start_n`` (rows past ``SEQ_KV`` read as 0 when ``MASK_KV``)."""
-    if TMA:  # (1, 1, Dv, BLOCK_N) box of the sequence-major (B, Hkv, Dv, Skv) descriptor
-        return tl.trans(tl.reshape(v_desc.load([b32, hk32, 0, start_n]), (HEAD_DIM_V, BLOCK_N)))
     if MASK_KV:
         n_valid = (start_n + tl.arange(0, BLOCK_N)) < SEQ_KV
         if INTERPRET:
@@ -381,12 +362,8 @@ def _softmax(l_i, m_i, s, ks, rs, start_n, SEQ_KV,
     return p.to(tl.float8e4nv), alpha, l_i, m_new
 
 
-def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr,
-        PV_ACC: tl.constexpr):
-    """Two-level accumulation: ``acc · alpha + P8·V8``, the product in a fresh fp32 MMA accumulator; with ``PV_ACC``
-    (fp16 V) the fp16 MMA accumulates into ``acc · alpha`` itself (full fp32 accumulation, kept asynchronous)."""
-    if PV_ACC:
-        return tl.dot(p8.to(tl.float16), v.to(tl.float16), acc * alpha[:, None])
+def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr):
+    """Two-level accumulation: ``acc · alpha + P8·V8``, the product in a fresh fp32 MMA accumulator."""
     if PV_FP16:  # D-major V: exact fp16 MMA (e4m3 values and their products are exact in fp16/fp32)
         pv = tl.dot(p8.to(tl.float16), v.to(tl.float16))
     elif PV_SPLIT:
@@ -398,12 +375,11 @@ def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLI
 
 def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
                 QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, PV_ACC: tl.constexpr, INTERPRET: tl.constexpr,
-                MASK_KV: tl.constexpr):
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
     """:func:`_softmax` then :func:`_pv` for one tile; returns the updated ``(acc, l, m)``."""
     p8, alpha, l_i, m_i = _softmax_jit(l_i, m_i, s, ks, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
                                        INTERPRET, MASK_KV)
-    acc = _pv_jit(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC)
+    acc = _pv_jit(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT)
     return acc, l_i, m_i
 
 
@@ -421,10 +397,9 @@ def _sage_fwd(
     SQ_BUCKET, SKV_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
-    RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, PV_ACC: tl.constexpr, INTERPRET: tl.constexpr,
+    RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
     V_ALIGN: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
-    k_desc=None, v_desc=None, TMA: tl.constexpr = 0,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
     pid_m = tl.program_id(0)
@@ -460,8 +435,6 @@ def _sage_fwd(
             rs = rs * tl.load(ks_ptr)
 
     # ---- K/V tiles ------------------------------------------------------------------------------------------
-    b32 = b.to(tl.int32)
-    hk32 = hk.to(tl.int32)
     k_base = K + b * stride_kb + hk * stride_kh
     k_offs = offs_d[:, None] + offs_n[None, :] * stride_ks
     v_base = V + b * stride_vb + hk * stride_vh
@@ -478,44 +451,44 @@ def _sage_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
-    PV_FP16: tl.constexpr = (not V_SEQ_MAJOR) or PV_ACC
+    PV_FP16: tl.constexpr = not V_SEQ_MAJOR
     # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
     # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr.
     if PIPE == 1:
         # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
         # work while the exp2s of tile j run. The last tile (full or tail) is finished after the loop, masked.
-        s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True, k_desc, b32, hk32, TMA)
+        s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, BLOCK_N):
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
             k_base += k_step
-            s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True, k_desc, b32, hk32, TMA)
-            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False, v_desc, b32, hk32, TMA, HEAD_DIM_V)
+            s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, False)
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
             v_base += v_step
             s = s_next
         last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
-        v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True, v_desc, b32, hk32, TMA, HEAD_DIM_V)
+        v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
         ks = _load_ks_jit(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
         acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, last, SEQ_KV, QK_KIND,
-                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, True)
+                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
     else:
         # Full tiles without masks, then the tail tile (if any) with masks.
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
-            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False, v_desc, b32, hk32, TMA, HEAD_DIM_V)
+            v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
-            s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False, k_desc, b32, hk32, TMA)
+            s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, False)
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
             k_base += k_step
             v_base += v_step
         n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
         if n_full < SEQ_KV:
-            v = _load_v_jit(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True, v_desc, b32, hk32, TMA, HEAD_DIM_V)
+            v = _load_v_jit(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True)
             ks = _load_ks_jit(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
-            s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True, k_desc, b32, hk32, TMA)
+            s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
             acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, n_full,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, PV_ACC, INTERPRET, True)
+                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
@@ -533,7 +506,7 @@ def _sage_fwd(
 # ------------------------------------------------------------------------------------------------------------------
 
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
-                 "PV_SPLIT", "PV_ACC", "SQ_BUCKET", "SKV_BUCKET"]
+                 "PV_SPLIT", "SQ_BUCKET", "SKV_BUCKET"]
 
 
 class _Built:
@@ -673,38 +646,8 @@ def _seq_major(v: torch.Tensor) -> bool:
     return v.stride(-2) == 1 and v.stride(-1) != 1
 
 
-def _tma_aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
-    """TMA's addressing rule: a 16-byte aligned base and 16-byte multiple strides on ``dims`` (the non-unit ones)."""
-    size = x.element_size()
-    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
-
-
-def _tma_descriptors(k, v, block_n: int) -> dict:
-    """Host TMA descriptors of K ``(B, Hkv, Skv, D)`` and sequence-major V (as ``(B, Hkv, Dv, Skv)``) for ``tma``."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if not _seq_major(v):
-        raise ValueError(f"triton_sage: tma configs need sequence-major V (stride(-2) == 1); got strides "
-                         f"{tuple(v.stride())}")
-    for name, x, dims in (("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
-        if not _tma_aligned(x, dims):
-            raise ValueError(f"triton_sage: tma configs need a 16-byte aligned {name} base and strides; got "
-                             f"strides {tuple(x.stride())}")
-    vt = v.transpose(2, 3)
-    return {"k_desc": TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, block_n, k.shape[-1]]),
-            "v_desc": TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [1, 1, vt.shape[2], block_n])}
-
-
-def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
-            config: Optional[KernelConfig] = None):
-    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT).
-
-    ``config`` (``None``: autotuned) with ``v16``: V is upcast to a D-major fp16 copy here (exact) and P·V
-    accumulates in an fp16 MMA (``PV_ACC``); with ``tma``: the TMA descriptors go into the returned meta."""
-    v16 = bool(config and config.v16)
-    descriptors = _tma_descriptors(k, v, config.block_n) if config and config.tma else {}
-    if v16:
-        v = v.to(torch.float16, memory_format=torch.contiguous_format)
+def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret):
+    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
@@ -730,10 +673,8 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         # sm_90 FP8 dots default to max_num_imprecise_acc = 2^30, which keeps Triton from folding `acc + dot` into
         # the MMA; elsewhere the default is 0, so the kernel passes BLOCK_N to keep the per-tile accumulator apart.
         PV_SPLIT=cap is not None and cap != (9, 0),
-        PV_ACC=v16,
         INTERPRET=interpret,
         V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
-        **descriptors,
     )
     return out, lse, args, meta
 
@@ -759,7 +700,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     built = _build()
     config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, built.mode, config)
+                                   return_lse, cap, built.mode)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
     skv = k.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
@@ -812,7 +753,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
             os.environ["TRITON_INTERPRET"] = saved
     _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False, config)
+                               return_lse, tuple(capability), False)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
     signature, constexprs, attrs = launch_signature(kernel, args, meta)

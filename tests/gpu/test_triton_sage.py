@@ -176,33 +176,6 @@ def test_every_config_matches_emulation_and_reference(config, qk, blocks):
     assert_close_to_reference(out, reference.scaled_attention(*args, 0.125, torch.float32), f"{cfg} {qk}")
 
 
-FLAG_CONFIGS = ["128,128,8,3,v16", "128,64,8,3,v16", "64,64,4,3,v16", "128,64,8,3,pipe,v16",
-                "128,128,8,3,pipe,tma", "128,64,8,3,tma", "64,64,4,3,tma"]
-
-
-@needs_sm89_90
-@pytest.mark.parametrize("config", FLAG_CONFIGS)
-@pytest.mark.parametrize("qk,blocks", [("int8", (1, 16)), ("fp8", (1, 16)), ("bf16", (0, 0))],
-                         ids=["int8-1-16", "fp8-1-16", "bf16"])
-@pytest.mark.parametrize("d", [128, 64])
-def test_flag_configs_match_emulation_and_reference(config, qk, blocks, d):
-    """``v16``: P·V as an fp16 MMA on the exact fp16 copy of V, accumulated in the MMA (same values, fp32
-    accumulation). ``tma``: K/V tiles through TMA descriptors (tails zero-filled by the TMA unit)."""
-    cfg = ts.KernelConfig.parse(config)
-    args = quantize(*make_qkv(b=2, hq=4, hkv=2, sq=333, skv=555, d=d), qk, *blocks)
-    with ts.use_config(cfg):
-        out = ts.scaled_attention(*args, 0.125, torch.float32)
-    assert_fp32_level(out, emulate(*args, 0.125, cfg.block_n), f"{cfg} d{d} {qk} vs emulation", fp8_qk=qk == "fp8")
-    assert_close_to_reference(out, reference.scaled_attention(*args, 0.125, torch.float32), f"{cfg} d{d} {qk}")
-
-
-@needs_sm89_90
-def test_tma_config_refuses_d_major_v_with_reason():
-    args = quantize(*make_qkv(sq=64, skv=64), "int8", 1, 16, v_seq_major=False)
-    with ts.use_config("128,64,8,3,tma"), pytest.raises(ValueError, match=r"tma configs need sequence-major V"):
-        ts.scaled_attention(*args, 0.1, torch.bfloat16)
-
-
 @needs_sm89_90
 @pytest.mark.parametrize("qk,blocks", [("fp8", (1, 16)), ("int8", (1, 16)), ("int8", (0, 0)), ("bf16", (0, 0))])
 def test_exact_when_row_max_is_in_first_tile(qk, blocks):
