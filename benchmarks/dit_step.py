@@ -1,16 +1,23 @@
-"""One denoising forward of a diffusers Wan transformer under torch.compile: dense vs each qattn_fx kernel.
+"""One denoising forward of a diffusers video transformer under torch.compile: dense vs each qattn_fx kernel.
 
     python benchmarks/dit_step.py --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
     python benchmarks/dit_step.py --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
+    python benchmarks/dit_step.py --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
 
-The model is ``WanTransformer3DModel`` at the published Wan2.1 config (random weights, bf16, built on the GPU), fed
-480p-sized latents (``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames) and a 512-token text
-embedding. Blocks are compiled with diffusers' regional compilation (``compile_repeated_blocks``: one block graph
-reused by every layer), so the full-depth model compiles in seconds per variant; the same rewrite applies to every
-layer. Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SDPA returns its query: the
-step time without attention, giving attention's share), and qattn_fx with each kernel that runs here. For each:
-median step time (CUDA events), speedup over compiled dense, output cosine and relative L2 vs dense, compile time,
-and the site summary. Prints one table and writes JSON.
+Models (random weights at the published configs, bf16, built on the GPU):
+
+* ``wan``: ``WanTransformer3DModel`` (Wan2.1 ``--config 1.3b`` / ``14b``), 480p latents
+  ``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames, a 512-token text embedding.
+* ``hunyuan_video``: ``HunyuanVideoTransformer3DModel`` (HunyuanVideo's config: 24 heads, d128, 20 dual- and 40
+  single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` and 256 text tokens of which
+  ``--text-tokens`` are valid: its joint attention masks the padding with a ``(B, 1, 1, N)`` key mask.
+
+``--compile regional`` (default) compiles the repeated blocks (``compile_repeated_blocks``: one block graph reused
+by every layer); ``--compile whole`` compiles the whole model as a user would
+(``torch.compile(model, backend=...)``). Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention"
+(every SDPA returns its query: the step time without attention, giving attention's share), and qattn_fx with each
+kernel that runs here. For each: median step time (CUDA events), speedup over compiled dense, output cosine and
+relative L2 vs dense, compile time, and the site summary. Prints one table and writes JSON.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ VARIANTS = {
 }
 
 
-def build(config: str, blocks: int | None, frames: int, device: str):
+def build_wan(config: str, blocks: int | None, frames: int, device: str, **_):
     from diffusers import WanTransformer3DModel
 
     cfg = dict(CONFIGS[config])
@@ -69,7 +76,45 @@ def build(config: str, blocks: int | None, frames: int, device: str):
         return_dict=False,
     )
     tokens = latent_frames * 30 * 52
-    return model, inputs, cfg, tokens
+    header = (f"Wan2.1-{config} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {frames} frames 480p = {tokens} tokens, text 512")
+    return model, inputs, header
+
+
+def build_hunyuan_video(config: str, blocks: int | None, frames: int, device: str, single_blocks: int | None = None,
+                        text_tokens: int = 120, **_):
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    cfg = dict(num_attention_heads=24, attention_head_dim=128, num_layers=blocks or 20,
+               num_single_layers=single_blocks if single_blocks is not None else 40, num_refiner_layers=2)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = HunyuanVideoTransformer3DModel(
+            in_channels=16, out_channels=16, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm",
+            guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0,
+            rope_axes_dim=(16, 56, 56), **cfg,
+        ).to(torch.bfloat16).eval()
+    latent_frames = 1 + (frames - 1) // 4
+    text = 256
+    mask = torch.zeros(1, text, device=device)
+    mask[:, :text_tokens] = 1
+    inputs = dict(
+        hidden_states=torch.randn(1, 16, latent_frames, 60, 106, device=device, dtype=torch.bfloat16),
+        timestep=torch.tensor([500.0], device=device),
+        encoder_hidden_states=torch.randn(1, text, 4096, device=device, dtype=torch.bfloat16),
+        encoder_attention_mask=mask,
+        pooled_projections=torch.randn(1, 768, device=device, dtype=torch.bfloat16),
+        guidance=torch.tensor([6000.0], device=device, dtype=torch.bfloat16),
+        return_dict=False,
+    )
+    tokens = latent_frames * 30 * 53
+    header = (f"HunyuanVideo config ({cfg['num_layers']} dual + {cfg['num_single_layers']} single blocks, 24 heads, "
+              f"d128), {frames} frames 480p = {tokens} video tokens + {text} text ({text_tokens} valid, the rest "
+              "masked)")
+    return model, inputs, header
+
+
+MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video}
 
 
 def no_attention_backend(gm, example_inputs, **kwargs):
@@ -98,15 +143,19 @@ def time_step(fn, iters: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def run_variant(name, model, inputs, backend, dense_out, iters, warmup):
+def run_variant(name, model, inputs, backend, dense_out, iters, warmup, how="regional"):
     torch._dynamo.reset()
-    model.compile_repeated_blocks(backend=backend, fullgraph=True)
+    if how == "regional":
+        model.compile_repeated_blocks(backend=backend, fullgraph=True)
+        step = model
+    else:
+        step = torch.compile(model, backend=backend)
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model(**inputs)[0]
+        out = step(**inputs)[0]
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
-        ms = time_step(lambda: model(**inputs), iters, warmup)
+        ms = time_step(lambda: step(**inputs), iters, warmup)
     row = {"variant": name, "step_ms": ms, "compile_s": compile_s}
     if dense_out is not None:
         a, b = out.float().flatten(), dense_out.float().flatten()
@@ -127,8 +176,13 @@ def require_cuda() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b")
-    parser.add_argument("--blocks", type=int, help="transformer blocks (default: all of the config)")
+    parser.add_argument("--model", choices=tuple(MODELS), default="wan")
+    parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b", help="Wan2.1 size")
+    parser.add_argument("--blocks", type=int, help="transformer blocks (default: all of the config; HunyuanVideo: "
+                                                   "dual-stream blocks)")
+    parser.add_argument("--single-blocks", type=int, help="HunyuanVideo single-stream blocks (default 40)")
+    parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256")
+    parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
@@ -137,21 +191,21 @@ def main() -> None:
     args = parser.parse_args()
     require_cuda()
 
-    model, inputs, cfg, tokens = build(args.config, args.blocks, args.frames, "cuda")
+    model, inputs, what = MODELS[args.model](args.config, args.blocks, args.frames, "cuda",
+                                             single_blocks=args.single_blocks, text_tokens=args.text_tokens)
     hw = qattn_fx.detect("cuda")
-    header = (f"Wan2.1-{args.config} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
-              f"d{cfg['attention_head_dim']}), {args.frames} frames 480p = {tokens} tokens, text 512, bf16, "
-              f"{torch.cuda.get_device_name()} ({hw.arch}), torch {torch.__version__}")
+    header = (f"{what}, bf16, {args.compile} compile, {torch.cuda.get_device_name()} ({hw.arch}), "
+              f"torch {torch.__version__}")
     print(header, flush=True)
     rows = []
     with torch.no_grad():
         torch._dynamo.reset()
         dense_row, dense_out = run_variant("compiled dense (torch SDPA)", model, inputs, "inductor", None,
-                                           args.iters, args.warmup)
+                                           args.iters, args.warmup, args.compile)
         rows.append(dense_row)
         print(json.dumps(dense_row), flush=True)
         row, _ = run_variant("compiled, no attention", model, inputs, no_attention_backend, None, args.iters,
-                             args.warmup)
+                             args.warmup, args.compile)
         rows.append(row)
         print(json.dumps(row), flush=True)
         for name, spec in VARIANTS.items():
@@ -159,7 +213,7 @@ def main() -> None:
                 continue
             try:
                 row, _ = run_variant(name, model, inputs, qattn_fx.backend(spec), dense_out, args.iters,
-                                     args.warmup)
+                                     args.warmup, args.compile)
             except Exception as e:  # noqa: BLE001 - report and go on to the next kernel
                 row = {"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             rows.append(row)
