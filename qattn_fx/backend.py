@@ -89,6 +89,8 @@ class Backend:
         """Report-wide notes (and one WARNING per rule) for rules that decided no site of any graph so far."""
         notes = []
         graphs = len(self.graph_modules)
+        if not self._sites:  # graphs without attention (a model's other compiled regions) say nothing of rules
+            return
         for index, decided, matched in rule_usage(self.spec, self._sites):
             if decided:
                 continue

@@ -213,3 +213,59 @@ def test_dropout_and_causal_sites_stay_exactly_as_they_were():
         "dense: is_causal=True; qattn_fx's quantized attention ops are non-causal",
         "dense: attn_mask is a float bias of shape (8, 8) that varies per query or head; per-key biases are served"]
     assert backend.graph_modules[0].code.count("scaled_dot_product_attention") == 2
+
+
+def test_a_rule_that_decides_no_site_is_noted_and_warned_once(caplog):
+    torch.manual_seed(0)
+    block, x = AttentionBlock().eval(), torch.randn(1, 24, 64)
+    spec = Spec(rules=(qattn_fx.Rule(qattn_fx.Match(role=("cross",)), "dense"),
+                       qattn_fx.Rule(qattn_fx.Match(module="blocks.*.attn"), "dense")))
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="qattn_fx"):
+        run(block, x, backend)
+        run(block, torch.randn(1, 40, 64), backend)  # a second graph: no second warning
+    assert backend.report.notes == [
+        "rule 1 (role=cross) matched no site of the 2 site(s) in 2 graph(s) compiled so far",
+        "rule 2 (module=blocks.*.attn) matched no site of the 2 site(s) in 2 graph(s) compiled so far"]
+    warned = [r.getMessage() for r in caplog.records if "matched no site" in r.getMessage()]
+    assert len(warned) == 2
+    assert "note: rule 1 (role=cross) matched no site" in str(backend.report)
+    assert backend.report.to_dict()["notes"] == backend.report.notes
+
+
+def test_a_rule_shadowed_by_an_earlier_one_is_noted():
+    torch.manual_seed(0)
+    block, x = AttentionBlock().eval(), torch.randn(1, 24, 64)
+    spec = Spec(rules=(qattn_fx.Rule(qattn_fx.Match(role=("self",)), "dense"),
+                       qattn_fx.Rule(qattn_fx.Match(head_dim=(32,)), "dense")))
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    run(block, x, backend)
+    assert backend.report.notes == [
+        "rule 2 (head_dim=32) matched 1 site(s), all decided by earlier rules of the 1 site(s) in 1 graph(s) "
+        "compiled so far"]
+
+
+def test_module_globs_match_the_path_tail_under_regional_compilation():
+    """compile_repeated_blocks compiles one block alone: its sites' paths start inside the block (``attn2``); the
+    README's rule ``blocks.*.attn2 → dense`` must still make cross-attention dense, and say how it matched."""
+    model, inputs = tiny_models.wan()
+    spec = Spec(rules=(qattn_fx.Rule(qattn_fx.Match(module="blocks.*.attn2"), "dense"),))
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    torch._dynamo.reset()
+    model.compile_repeated_blocks(backend=backend, fullgraph=True)
+    with torch.no_grad():
+        model(**inputs)
+    sites = {s.module: s for s in backend.report.sites}
+    assert set(sites) == {"attn1", "attn2"}
+    assert sites["attn1"].rewritten and not sites["attn2"].rewritten
+    assert sites["attn2"].reason == "dense: rule 1 (module=blocks.*.attn2)"
+    assert sites["attn2"].notes == ("rule 1: module glob 'blocks.*.attn2' matched against the path's tail 'attn2' "
+                                    "(the site's graph is one block compiled alone, so its path starts inside the "
+                                    "block)",)
+    # the same rule, whole-model compiled, matches the full paths
+    for module in model.modules():  # undo the regional compilation
+        module._compiled_call_impl = None
+    with torch.no_grad():
+        whole = qattn_fx.explain(model, **inputs, spec=spec, emulate=True)
+    assert {s.module: s.rewritten for s in whole.sites} == {
+        "blocks.0.attn1": True, "blocks.0.attn2": False, "blocks.1.attn1": True, "blocks.1.attn2": False}

@@ -299,3 +299,20 @@ def test_split_tail_launch_compiles_with_the_same_loop(config):
         body = _loop_body(sass_opcodes(gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, tail=plan)))
         loops[plan] = (len(body), sum(op.startswith(("LDL", "STL")) for op in body))
     assert loops[tail][0] <= loops[None][0] + 8 and loops[tail][1] <= loops[None][1], loops
+
+
+@pytest.mark.parametrize("config", [str(c) for c in gs.BIAS_TUNED_CONFIGS])
+@pytest.mark.parametrize("d", [128, 64])
+def test_key_bias_launches_compile_in_key_order_without_loop_spills(config, d):
+    """A key bias (masks) is loaded per tile at use (``HAS_BIAS``); such launches read K in key order (no
+    ``permk`` view) and are tuned over the configs that keep their registers (``trio`` without ``permk`` spills)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
+    cfg = gs.GluonConfig.parse(config)
+    bias = torch.empty(1, k.shape[2], device="meta")
+    _, args, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias)
+    assert meta["HAS_BIAS"] == 1 and meta["PERMK"] == 0
+    compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)
+    report = ts.ptxas_report(compiled, (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] <= 80, report
+    assert not any(c.trio for c in gs.BIAS_TUNED_CONFIGS) and gs.BIAS_TUNER.candidates == [
+        str(c) for c in gs.BIAS_TUNED_CONFIGS]

@@ -45,9 +45,9 @@ KERNELS: dict[str, KernelInfo] = {
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
                    key_bias=True, description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested against"),
-        KernelInfo("triton_sage", "qattn_fx.kernels.triton_sage", "scaled_attention", v_seq_major=True,
+        KernelInfo("triton_sage", "qattn_fx.kernels.triton_sage", "scaled_attention", v_seq_major=True, key_bias=True,
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
-        KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
+        KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True, key_bias=True,
                    description="qattn_fx warp-specialized Gluon SageAttention (TMA producer warp, two consumer "
                                "warpgroups; triton_sage's numerics), sm_90, triton >= 3.6"),
         KernelInfo("cudnn_fp8", "qattn_fx.kernels.cudnn", "fp8_attention",

@@ -105,9 +105,11 @@ def workspace(tail_plan: TailPlan, rows: int, dv: int, device) -> tuple[torch.Te
 
 
 def merge_reference(o_pieces: torch.Tensor, lse_pieces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(O, lse)`` of pieces stacked on dim 0: ``o_pieces (n, ..., Dv)``, ``lse_pieces (n, ...)`` (natural log)."""
+    """``(O, lse)`` of pieces stacked on dim 0: ``o_pieces (n, ..., Dv)``, ``lse_pieces (n, ...)`` (natural log).
+    A piece whose keys are all masked (LSE ``-inf``) weighs 0; a row whose pieces all are gives 0 and ``-inf``."""
     lse = torch.logsumexp(lse_pieces, dim=0)
-    w = torch.exp(lse_pieces - lse)
+    finite = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
+    w = torch.exp(lse_pieces - finite)
     return (w.unsqueeze(-1) * o_pieces).sum(0), lse
 
 
@@ -123,11 +125,13 @@ if tl is not None:
         m = tl.full([ROWS], float("-inf"), tl.float32)
         for s in range(SPLITS):
             m = tl.maximum(m, tl.load(LseWs + first + s * CTA_ROWS + r))
+        # every piece of the row masked (key bias): weights 0, output 0, LSE -inf
+        m_use = tl.where(m == float("-inf"), 0.0, m)
         den = tl.zeros([ROWS], tl.float32)
         acc = tl.zeros([ROWS, DV], tl.float32)
         for s in range(SPLITS):
             row = first + s * CTA_ROWS + r
-            w = tl.exp(tl.load(LseWs + row) - m)
+            w = tl.exp(tl.load(LseWs + row) - m_use)
             den += w
             acc += w[:, None] * tl.load(OWs + row[:, None] * DV + d[None, :])
         g = MAIN + t
@@ -138,7 +142,8 @@ if tl is not None:
         rows = pid_m * CTA_ROWS + r
         valid = rows < SEQ_Q
         o_ptrs = Out + b * stride_ob + h * stride_oh + rows.to(tl.int64)[:, None] * stride_os + d[None, :]
-        tl.store(o_ptrs, (acc / den[:, None]).to(Out.dtype.element_ty), mask=valid[:, None])
+        o = acc / tl.where(den == 0.0, 1.0, den)[:, None]  # (acc is 0 where den is)
+        tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=valid[:, None])
         if RETURN_LSE:
             tl.store(Lse + (b * H + h) * SEQ_Q + rows, m + tl.log(den), mask=valid)
 

@@ -245,14 +245,15 @@ def ragged_scale_slots(seq_lens: Sequence[int], block: int) -> tuple[list[int], 
 
 
 def to_ragged_block_scales(scale: torch.Tensor, seq_len: int, block: int, batch: int, heads: int) -> torch.Tensor:
-    """Our per-block Q/K scales ``(B|1, H|1, ceil(S/block))`` (B sequences of ``seq_len`` tokens) → FlashInfer's
-    ragged ``(H, ceil(B·S/block) + B - 1)`` fp32 layout (:func:`ragged_scale_slots`); unused slots hold 0."""
+    """Our per-block Q/K scales ``(B|1, H|1, NB)``, ``NB >= ceil(S/block)`` (B sequences of ``seq_len`` tokens;
+    entries past ``ceil(S/block)`` are the quantize node's row padding) → FlashInfer's ragged
+    ``(H, ceil(B·S/block) + B - 1)`` fp32 layout (:func:`ragged_scale_slots`); unused slots hold 0."""
     nb = (seq_len + block - 1) // block
-    if scale.dim() != 3 or scale.shape[2] != nb or scale.shape[0] not in (1, batch) or scale.shape[1] not in (1, heads):
-        raise ValueError(f"scale must have shape (B|1, H|1, ceil(S/{block})) = ({batch}|1, {heads}|1, {nb}); "
+    if scale.dim() != 3 or scale.shape[2] < nb or scale.shape[0] not in (1, batch) or scale.shape[1] not in (1, heads):
+        raise ValueError(f"scale must have shape (B|1, H|1, >= ceil(S/{block})) = ({batch}|1, {heads}|1, >= {nb}); "
                          f"got {tuple(scale.shape)}")
     _, slots = ragged_scale_slots([seq_len] * batch, block)
-    full = scale.float().expand(batch, heads, nb)
+    full = scale[..., :nb].float().expand(batch, heads, nb)
     seq = torch.arange(batch, dtype=torch.long, device=scale.device)
     starts = seq * seq_len // block + seq  # cum_seq_lens[b] // block + b, computed on the device (no host copy)
     index = (starts[:, None] + torch.arange(nb, dtype=torch.long, device=scale.device)[None, :]).reshape(-1)

@@ -42,10 +42,13 @@ on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum
 the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
 
 Inputs (validated by :func:`qattn_fx.kernels.triton_sage._validate`, plus :func:`ineligible`): int8 / e4m3 /
-bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D and 16-byte aligned base and
-strides (BSHD and BHSD views both, no copies); V e4m3 ``(B, Hkv, Skv, Dv)`` sequence-major (``stride(-2) == 1``,
-the quantize node's layout, rows padded to 16 bytes); head_dim 64 or 128; fp32 scales as for triton_sage. GQA
-through ``Hq = g · Hkv``. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
+bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D (BSHD and BHSD views both; a Q
+or K whose base or strides are not 16-byte aligned for TMA is copied); V e4m3 ``(B, Hkv, Sv, Dv)``, ``Sv >= Skv``,
+sequence-major (``stride(-2) == 1``, the quantize node's layout, rows padded to 16 tokens); head_dim 64 or 128;
+fp32 scales as for triton_sage. GQA through ``Hq = g · Hkv``. Optional ``key_bias`` fp32 ``(B|1, Skv)`` (masks):
+each tile's bias is loaded at use and added to the logits, whose max is then taken over ``t·rs + bias`` (a row
+with every key masked gives 0); such launches read K in key order (no ``permk``) and are tuned over
+:data:`BIAS_TUNED_CONFIGS`. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
 """
 
 from __future__ import annotations
@@ -199,6 +202,21 @@ def _scales_read_early(KS_TMA, K_BLOCK):
 
 
 @_jit
+def _key_bias(j, kbsrc, COL_LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Tile ``j``'s key bias in log2 units, ``(BLOCK_N,)`` in ``COL_LAYOUT`` (``-inf`` past ``SEQ_KV``): a global
+    load at use (32 registers per thread at BLOCK_N 128: carried a tile ahead, they made ptxas spill); 0.0 without
+    ``HAS_BIAS``. ``kbsrc``: ``(kb_ptr, SEQ_KV)``. Key-bias launches never use ``permk`` (the host's choice), so
+    column ``n`` of ``S`` is key ``n``."""
+    if HAS_BIAS:
+        kb_ptr, SEQ_KV = kbsrc
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_LAYOUT)
+        kb = gl.load(kb_ptr + offs_n, mask=offs_n < SEQ_KV, other=float("-inf")) * 1.4426950408889634
+    else:
+        kb = 0.0
+    return kb
+
+
+@_jit
 def _row_reduce(x, IS_MAX: gl.constexpr):
     """Max or sum over axis 1 of a ``(64, BLOCK_N)`` wgmma-layout tile."""
     if IS_MAX:
@@ -241,9 +259,12 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
 
 
 @_jit
-def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr):
+def _running_max(t, rs, kb, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+                 HAS_BIAS: gl.constexpr = 0):
     """The new running max ``m`` (log2 units) after the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV``
-    ignored)."""
+    ignored). ``HAS_BIAS``: the max of ``t · rs + kb`` (``kb``: :func:`_key_bias`, ``-inf`` past ``SEQ_KV``)."""
+    if HAS_BIAS:
+        return gl.maximum(m_i, _row_reduce(t * rs[:, None] + kb[None, :], True))
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
         t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), True)
@@ -253,35 +274,42 @@ def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.co
 
 
 @_jit
-def _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, MASK: gl.constexpr):
+def _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
+                BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
     """First half of an online-softmax step: :func:`_scale_logits` then :func:`_running_max`; ``(t, rs, m)``."""
     t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, MASK)
+    return t, rs, _running_max(t, rs, kb, m_i, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
 
 
 @_jit
-def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-             MMASUM: gl.constexpr = 0):
+def _exp_sum(t, rs, kb, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+             MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
     """Second half: ``(p8, alpha, l)``: e4m3 ``448 · exp2(z - m)`` (0 past ``SEQ_KV`` when ``MASK``), the factor
-    rescaling earlier tiles, row sum (``MMASUM``: ``l`` is returned as given; the P·V step's ones-MMA sums P)."""
-    p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
-    if MASK:
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
-        p = gl.where((offs_n < SEQ_KV)[None, :], p, 0.0)
-    alpha = gl.exp2(m_i - m_new)
+    rescaling earlier tiles, row sum (``MMASUM``: ``l`` is returned as given; the P·V step's ones-MMA sums P).
+    ``HAS_BIAS``: ``z = t · rs + kb``, and a running max of ``-inf`` (every key so far masked) is used as 0, so
+    such rows get P = 0 and alpha = 0 instead of NaN."""
+    if HAS_BIAS:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(t * rs[:, None] + kb[None, :] - (m_use - 8.807354922057604)[:, None])
+        alpha = gl.exp2(m_i - m_use)
+    else:
+        p = gl.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
+        if MASK:
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
+            p = gl.where((offs_n < SEQ_KV)[None, :], p, 0.0)
+        alpha = gl.exp2(m_i - m_new)
     if not MMASUM:
         l_i = l_i * alpha + _row_reduce(p, False)
     return p.to(gl.float8e4nv), alpha, l_i
 
 
 @_jit
-def _softmax(s, ks, m_i, l_i, rs, start_n, SEQ_KV,
+def _softmax(s, ks, kb, m_i, l_i, rs, start_n, SEQ_KV,
              QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-             MMASUM: gl.constexpr = 0):
+             MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
     """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``."""
-    t, rs_t, m_new = _logits_max(s, ks, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM)
+    t, rs_t, m_new = _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK, HAS_BIAS)
+    p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM, HAS_BIAS)
     return p8, alpha, l_i, m_new
 
 
@@ -381,14 +409,16 @@ def _accumulate(acc, l_i, alpha, pv, pl, row_o: gl.constexpr, MMASUM: gl.constex
 
 
 @_jit
-def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                 p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, LAST: gl.constexpr,
-                PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0):
+                PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0,
+                HAS_BIAS: gl.constexpr = 0):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
     ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums (:func:`_pv_issue`)."""
-    p8, alpha, l_i, m_i = _softmax(s, ks, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK, MMASUM)
+    p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK,
+                                   MMASUM, HAS_BIAS)
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1], MMASUM)
     if MMASUM:
         pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
@@ -402,12 +432,13 @@ def _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, k
 
 @_jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
-                v_ready, ksrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
+                v_ready, ksrc, kbsrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
                 grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None,
-                MMASUM: gl.constexpr = 0):
+                MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
-    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``sums``, ``MMASUM``: as :func:`_softmax_pv`'s."""
+    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``sums``, ``MMASUM``: as :func:`_softmax_pv`'s;
+    ``HAS_BIAS``: the tile's key bias (:func:`_key_bias`) is added to its logits."""
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
@@ -423,8 +454,9 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
         ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM)
+    kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+    m_new = _running_max(t, rs_t, kb, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, HAS_BIAS)
+    p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, HAS_BIAS)
     m_i = m_new
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1], MMASUM)
     if MMASUM:
@@ -440,15 +472,16 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
              KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
-             SPLIT_TAIL: gl.constexpr):
+             SPLIT_TAIL: gl.constexpr, HAS_BIAS: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
     descs, smem, bars, ptrs, ints, qk_scale = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free = bars
-    QS, KS, VS, Out, Lse, OutWs, LseWs = ptrs
+    QS, KS, VS, Out, Lse, OutWs, LseWs, KB = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
-     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh, kv0, piece) = ints
+     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh, kv0, piece,
+     stride_kbb) = ints
 
     BM: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -477,6 +510,9 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     ks_ptr = KS + b * stride_ksb + hk * stride_ksh
     if SPLIT_TAIL and K_BLOCK > 0:  # a tail piece's keys start at kv0 (a multiple of K_BLOCK); its K scales there
         ks_ptr += (kv0 // K_BLOCK) * stride_ksn
+    kb_ptr = KB + b * stride_kbb
+    if SPLIT_TAIL:
+        kb_ptr += kv0
     if QK_KIND == 2:
         rs = gl.full([BM], 0.0, gl.float32, row_s) + qk_scale
     else:
@@ -503,6 +539,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     sums = (ones, l_zero)
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
+    kbsrc = (kb_ptr, SEQ_KV)
     mbarrier.wait(q_bar, 0)
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
@@ -514,32 +551,37 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
             ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         for j in range(n_tiles - 1):
             m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
-                                               v_smem, k_ready, kv_free, v_ready, ksrc, p_layout, row_o, col_s,
-                                               grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK, TARRIVE,
-                                               sums, MMASUM)
+                                               v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o,
+                                               col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK,
+                                               TARRIVE, sums, MMASUM, HAS_BIAS)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            m_i, l_i, acc = _softmax_pv(j, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+            kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+            m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                                         p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False, PERMK,
-                                        TARRIVE, sums, MMASUM)
+                                        TARRIVE, sums, MMASUM, HAS_BIAS)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
         ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                                p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0, TARRIVE, sums,
-                                MMASUM)
+    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0, TARRIVE,
+                                sums, MMASUM, HAS_BIAS)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
     vs = gl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
     if MMASUM:  # its 8 columns hold the same sums: take one (max: exact)
         l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s)
-    inv_l = gl.convert_layout(1.0 / l_i, row_o)
+    if HAS_BIAS:  # a row whose keys are all masked has l = 0 (and acc = 0): its output is 0, as SDPA's
+        inv_l = gl.convert_layout(gl.where(l_i == 0.0, 0.0, 1.0 / gl.where(l_i == 0.0, 1.0, l_i)), row_o)
+    else:
+        inv_l = gl.convert_layout(1.0 / l_i, row_o)
     out = acc * inv_l[:, None] * vs[None, :]
     offs_mo = row0 + gl.arange(0, BM, layout=row_o)
     o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
@@ -604,7 +646,7 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
     q_smem = smem[0]
     q_bar = bars[0]
     (_, _, _, stride_ksb, stride_ksh, _, _, _, _, _, _, _, _, _, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
-     kp_gh, kv0, _) = ints
+     kp_gh, kv0, _, _) = ints
     # K scales' flat offset of this head (KS_TMA) and the permuted view's coordinates of this head (PERMK), both
     # at this CTA's first key kv0 (0 but in a split tail's pieces: a multiple of BLOCK_N and of K_BLOCK)
     ks_base = b * stride_ksb + hk * stride_ksh
@@ -630,18 +672,19 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
 
 @_jit
 def _sage_fwd_ws(
-    q_desc, k_desc, v_desc, ks_desc, kp_desc, QS, KS, VS, Out, Lse,
+    q_desc, k_desc, v_desc, ks_desc, kp_desc, QS, KS, VS, KB, Out, Lse,
     qk_scale,
     stride_qsb, stride_qsh, stride_qsn,
     stride_ksb, stride_ksh, stride_ksn,
     stride_vsb, stride_vsh, stride_vsd,
+    stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
     N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
-    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -710,37 +753,37 @@ def _sage_fwd_ws(
 
     args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, ks_smem, ones_smem),
             (q_bar, k_ready, v_ready, kv_free),
-            (QS, KS, VS, Out, Lse, OutWs, LseWs),
+            (QS, KS, VS, Out, Lse, OutWs, LseWs, KB),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
-             kp_gh, kv0, piece),
+             kp_gh, kv0, piece, stride_kbb),
             qk_scale)
     # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
     # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
                          TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [1], [PRODUCER_NREG])
     elif CONSUMERS == 3:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
             (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
                          TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
                          TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
@@ -907,17 +950,26 @@ def last_tail_plan() -> Optional[_tail_split.TailPlan]:
     return _last_tail
 
 
-def _tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool) -> tuple:
-    """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket)``: lengths in powers of 4
-    from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2."""
+def _tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool,
+                key_bias: bool = False) -> tuple:
+    """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket[, "bias"])``: lengths in
+    powers of 4 from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2; key-bias calls
+    (masks) are tuned apart."""
     bsz, hq, sq, d = q.shape
-    return (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), ts._seq_bucket(sq),
-            ts._seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
+    key = (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), ts._seq_bucket(sq),
+           ts._seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
+    return key + ("bias",) if key_bias else key
 
 
 #: The autotuner: one timing of :data:`TUNED_CONFIGS` per :func:`_tuning_key`, cached in memory and on disk
 #: (:mod:`._config_tuner`); under graph capture before any tuning it uses :data:`DEFAULT_CONFIGS`.
 TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]))
+#: Key-bias launches (masks) load K in key order (no ``permk`` view), where ``trio`` spills in its loop (offline,
+#: d128: over 1 KB): they are tuned over the other configs, by a tuner of their own.
+BIAS_TUNED_CONFIGS = tuple(c for c in TUNED_CONFIGS if not c.trio)
+BIAS_DEFAULT_CONFIG = GluonConfig(128, 3, ahead=1)
+BIAS_TUNER = ConfigTuner("gluon_sage_key_bias", [str(c) for c in BIAS_TUNED_CONFIGS],
+                         default=lambda key: str(BIAS_DEFAULT_CONFIG))
 
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
@@ -1008,22 +1060,25 @@ def _permuted_k(k: torch.Tensor, k_block: int, block_n: int):
 
 
 def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
-                 config: GluonConfig, tail: Optional[_tail_split.TailPlan] = None, workspace=None):
+                 config: GluonConfig, tail: Optional[_tail_split.TailPlan] = None, workspace=None, key_bias=None):
     """(grid, positional args, keyword args) of one launch; shared by :func:`attention` and the offline compile.
-    ``tail``: split the last wave (:mod:`._tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``."""
+    ``tail``: split the last wave (:mod:`._tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``.
+    ``key_bias``: fp32 ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
     ks = k_scale if k_scale is not None else v_scale
     ks_box = _k_scale_box(k_scale, k_block, config.block_n)
-    permuted = _permuted_k(k, k_block if k_scale is not None else 0, config.block_n) if config.permk else None
+    permuted = (_permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
+                if config.permk and key_bias is None else None)
     kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     args = [
         _descriptor(q, [1, 1, ROWS_PER_CONSUMER, d]), _descriptor(k, [1, 1, config.block_n, d]),
         _descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
         _k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
-        qs, ks, v_scale, out, lse, float(sm_scale) * ts.LOG2E,
+        qs, ks, v_scale, key_bias if key_bias is not None else v_scale, out, lse, float(sm_scale) * ts.LOG2E,
         *ts._scale_strides(q_scale), *ts._scale_strides(k_scale), *ts._scale_strides(v_scale),
+        0 if key_bias is None or key_bias.shape[0] == 1 else key_bias.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
         _q_blocks(sq, config), tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
@@ -1036,7 +1091,7 @@ def _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
-                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None))
+                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None))
     grid = (tail.grid,) if tail else (_q_blocks(sq, config), bsz * hq)
     return grid, args, meta
 
@@ -1071,18 +1126,28 @@ def _launch_maxnreg(meta: dict) -> int:
     return {1: SOLO_LAUNCH_MAXNREG, 3: TRIO_LAUNCH_MAXNREG}.get(meta["CONSUMERS"], LAUNCH_MAXNREG)
 
 
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when TMA can address it (:func:`_tma_aligned` on its batch, head and token strides), else a
+    contiguous copy (a bf16 Q/K straight from the model at an odd offset; the quantize nodes' outputs always are)."""
+    return x if _tma_aligned(x, (0, 1, 2)) else x.clone(memory_format=torch.contiguous_format)
+
+
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
-              out_dtype: torch.dtype, *, return_lse: bool = False):
+              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
     """``qattn::scaled_attention`` on the warp-specialized sm_90 kernel (layouts/dtypes: the module docstring).
 
     Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
-    :func:`ineligible` found. Launches on the current stream; the config is the forced one
-    (:func:`forced_config`), else :data:`TUNER`'s choice for this problem key. The first call of a key not in the
-    tuning cache times every :data:`TUNED_CONFIGS` entry on these inputs (and synchronizes to do so); later calls
-    never synchronize. Where the grid's last wave is partial (:func:`tail_plan`), that wave runs split over the keys
-    into an fp32 workspace and a second, small kernel merges it (:mod:`._tail_split`).
+    :func:`ineligible` found (a Q or K whose base or strides TMA cannot address is copied instead). Launches on the
+    current stream; the config is the forced one (:func:`forced_config`), else :data:`TUNER`'s choice for this
+    problem key. The first call of a key not in the tuning cache times every :data:`TUNED_CONFIGS` entry on these
+    inputs (and synchronizes to do so); later calls never synchronize. Where the grid's last wave is partial
+    (:func:`tail_plan`), that wave runs split over the keys into an fp32 workspace and a second, small kernel
+    merges it (:mod:`._tail_split`). ``key_bias``: fp32 ``(B|1, Skv)`` added to the logits (masked keys
+    ``-inf``; a row with every key masked gives 0 and LSE ``-inf``). Calls of more than 65,535 (batch, head) pairs
+    run in batch chunks (the grid limit).
     """
-    ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
+    q, k = _aligned(q), _aligned(k)
     reason = ineligible(q, k, v)
     if reason is not None:
         raise RuntimeError(f"gluon_sage: {reason}")
@@ -1092,22 +1157,28 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
+    per_chunk = max(1, ts.MAX_GRID_Y // hq)
+    chunks = [(lo, min(bsz, lo + per_chunk)) for lo in range(0, bsz, per_chunk)]
 
     def launch(config: GluonConfig) -> None:
-        tail = tail_plan(q, k, k_block if k_scale is not None else 0, config)
-        ws = _tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
-        grid, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
-                                        return_lse, config, tail, ws)
-        _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=_launch_maxnreg(meta))
-        if tail:
-            _tail_split.merge(tail, *ws, out, lse if return_lse else None, _q_blocks(sq, config))
+        for lo, hi in chunks:
+            part = [ts._batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
+            o, ls = out[lo:hi], lse[lo:hi] if return_lse else out[lo:hi]
+            tail = tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
+            ws = _tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
+            grid, args, meta = _launch_args(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail,
+                                            ws, part[6])
+            _sage_fwd_ws[grid](*args, **meta, num_warps=4, maxnreg=_launch_maxnreg(meta))
+            if tail:
+                _tail_split.merge(tail, *ws, o, ls if return_lse else None, _q_blocks(sq, config))
         global _last_tail
         _last_tail = tail
 
     with torch.cuda.device(q.device):
         config = forced_config()
         if config is None:
-            name = TUNER.choose(_tuning_key(q, k, q_block, k_block, return_lse),
+            tuner = TUNER if key_bias is None else BIAS_TUNER
+            name = tuner.choose(_tuning_key(q, k, q_block, k_block, return_lse, key_bias is not None),
                                 lambda text: launch(_config_named(text)))
             config = _config_named(name)
         launch(config)
@@ -1116,14 +1187,14 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     return (out, lse) if return_lse else out
 
 
-def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
     """Kernel entry for ``qattn::scaled_attention``."""
-    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias)
 
 
 def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,
                 sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16, *, return_lse: bool = False,
-                tail: Optional[_tail_split.TailPlan] = None):
+                tail: Optional[_tail_split.TailPlan] = None, key_bias: Optional[torch.Tensor] = None):
     """Compile (not run) the kernel for sm_90 with these inputs' dtypes, shapes and strides (``meta`` tensors are
     fine: data pointers are taken as 16-byte aligned), with the tail split ``tail`` if given. Returns Triton's
     compiled kernel (``.asm["ptx"|"cubin"]``); needs only Triton's bundled ptxas, no GPU."""
@@ -1132,13 +1203,13 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
 
     from ._offline import launch_signature
 
-    ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    ts._validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
     bsz, hq, sq, _ = q.shape
     out = torch.empty(bsz, sq, hq, v.shape[-1], dtype=out_dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
     ws = _tail_split.workspace(tail, config.rows, v.shape[-1], q.device) if tail else None
     _, args, meta = _launch_args(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse,
-                                 return_lse, config, tail, ws)
+                                 return_lse, config, tail, ws, key_bias)
     kernel = _sage_fwd_ws
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)

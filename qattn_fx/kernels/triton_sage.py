@@ -1,7 +1,7 @@
 """qattn_fx's own Triton SageAttention kernel for Ada (sm_89) and Hopper (sm_90).
 
 Implements ``qattn::scaled_attention`` with exactly the numerics of
-:func:`qattn_fx.kernels.reference.scaled_attention` (non-causal, no mask):
+:func:`qattn_fx.kernels.reference.scaled_attention` (non-causal; masks as a per-key logit bias):
 
 * ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``: int8 or float8_e4m3fn with fp32 scales ``(B|1, H|1, NB)``, one
   scale per ``q_block`` / ``k_block`` tokens (``NB = ceil(S / block)``), or ``block == 0``: one scale per head
@@ -11,6 +11,10 @@ Implements ``qattn::scaled_attention`` with exactly the numerics of
 * ``v (B, Hkv, Skv, Dv)``: float8_e4m3fn, sequence-major (``stride(-2) == 1``, physically ``(B, H, Dv, S)``, what
   the quantize node writes for this kernel and what Hopper's FP8 wgmma wants for its B operand) or D-major
   (``stride(-1) == 1``, accepted; P·V then runs as an exact fp16 MMA, slower). ``v_scale (B|1, Hkv|1, Dv|1)``.
+* ``key_bias`` (optional): fp32 ``(B|1, Skv)``, unit stride on keys, added to the logits in natural-log units
+  (``-inf`` masks a key; how key-padding masks run). A row whose keys are all masked gives 0.
+* ``V`` may hold more rows than K (``Sv >= Skv``: the quantize node pads sequence-major V to 16 tokens); only the
+  first ``Skv`` are read. Calls of more than 65,535 (batch, head) pairs run in batch chunks (the grid limit).
 * GQA (``Hq = g · Hkv``), ``Sq != Skv``, lengths that are not multiples of any tile, head_dim 64 or 128.
 * Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype`` stored BSHD (``torch.empty(B, Sq, Hq, Dv).transpose(1, 2)``);
   :func:`attention` can also return the natural-log LSE ``(B, Hq, Sq)`` fp32.
@@ -284,14 +288,31 @@ def _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N
     return ks
 
 
-def _softmax(l_i, m_i, s, ks, rs, start_n, SEQ_KV,
+def _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N: tl.constexpr, MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The key bias of the tile at ``start_n`` in log2 units, ``(BLOCK_N,)`` (``-inf`` past ``SEQ_KV``); 0 without
+    ``HAS_BIAS``."""
+    if HAS_BIAS:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASK_KV:
+            kb = tl.load(kb_ptr + offs_n, mask=offs_n < SEQ_KV, other=float("-inf"))
+        else:
+            kb = tl.load(kb_ptr + offs_n)
+        kb = kb * 1.4426950408889634
+    else:
+        kb = 0.0
+    return kb
+
+
+def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
              QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-             MASK_KV: tl.constexpr):
+             MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Online-softmax step for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
 
-    ``ks``: the tile's K scales (:func:`_load_ks`); ``rs`` (BLOCK_M,) row scale; ``MASK_KV``: the tile may run
-    past ``SEQ_KV``. Returns ``(p8, alpha, l, m)``: the e4m3 ``P448`` tile, the factor rescaling earlier
-    accumulations, and the updated row sum / max.
+    ``ks``: the tile's K scales (:func:`_load_ks`); ``rs`` (BLOCK_M,) row scale; ``kb``: with ``HAS_BIAS`` the
+    tile's key bias in log2 units (:func:`_load_kb`, ``-inf`` for masked keys and past ``SEQ_KV``), added to the
+    logits ``z = t·rs + kb`` whose max is then taken directly (a running max of ``-inf``, every key so far masked,
+    is used as 0: the tile's P are 0, not NaN); ``MASK_KV``: the tile may run past ``SEQ_KV``. Returns ``(p8,
+    alpha, l, m)``: the e4m3 ``P448`` tile, the factor rescaling earlier accumulations, and the updated row sum / max.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASK_KV:
@@ -334,19 +355,30 @@ def _softmax(l_i, m_i, s, ks, rs, start_n, SEQ_KV,
         rs = rs * ks
 
     # ---- online softmax (log2 units, scales >= 0 so max(t·rs) = max(t)·rs) --------------------------------------
-    if MASK_KV:
-        t_for_max = tl.where(n_valid[None, :], t, float("-inf"))
+    if HAS_BIAS:  # z = t·rs + kb; kb is -inf past SEQ_KV, so no column mask is needed
+        z = t * rs[:, None] + kb[None, :]
+        if INTERPRET:
+            z_max = tl.reduce(z, 1, tl.standard._elementwise_max)
+        else:
+            z_max = tl.max(z, 1)
+        m_new = tl.maximum(m_i, z_max)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(z - (m_use - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
+        alpha = tl.math.exp2(m_i - m_use)
     else:
-        t_for_max = t
-    if INTERPRET:  # tl.max/tl.sum are @jit functions, compiled-mode objects if triton was imported before
-        t_max = tl.reduce(t_for_max, 1, tl.standard._elementwise_max)  # TRITON_INTERPRET=1; the interpreter
-    else:  # runs tl.reduce with these combine functions natively
-        t_max = tl.max(t_for_max, 1)
-    m_new = tl.maximum(m_i, t_max * rs)
-    p = tl.math.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
-    if MASK_KV:
-        p = tl.where(n_valid[None, :], p, 0.0)
-    alpha = tl.math.exp2(m_i - m_new)
+        if MASK_KV:
+            t_for_max = tl.where(n_valid[None, :], t, float("-inf"))
+        else:
+            t_for_max = t
+        if INTERPRET:  # tl.max/tl.sum are @jit functions, compiled-mode objects if triton was imported before
+            t_max = tl.reduce(t_for_max, 1, tl.standard._elementwise_max)  # TRITON_INTERPRET=1; the interpreter
+        else:  # runs tl.reduce with these combine functions natively
+            t_max = tl.max(t_for_max, 1)
+        m_new = tl.maximum(m_i, t_max * rs)
+        p = tl.math.exp2(t * rs[:, None] - (m_new - 8.807354922057604)[:, None])  # 448 · exp2(z - m)
+        if MASK_KV:
+            p = tl.where(n_valid[None, :], p, 0.0)
+        alpha = tl.math.exp2(m_i - m_new)
     if INTERPRET:
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
     else:
@@ -373,18 +405,19 @@ def _pv(acc, alpha, p8, v, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLI
     return acc * alpha[:, None] + pv
 
 
-def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, start_n, SEQ_KV,
+def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV,
                 QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr):
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
+                HAS_BIAS: tl.constexpr):
     """:func:`_softmax` then :func:`_pv` for one tile; returns the updated ``(acc, l, m)``."""
-    p8, alpha, l_i, m_i = _softmax_jit(l_i, m_i, s, ks, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
-                                       INTERPRET, MASK_KV)
+    p8, alpha, l_i, m_i = _softmax_jit(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N,
+                                       INTERPRET, MASK_KV, HAS_BIAS)
     acc = _pv_jit(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT)
     return acc, l_i, m_i
 
 
 def _sage_fwd(
-    Q, K, V, QS, KS, VS, Out, Lse,
+    Q, K, V, QS, KS, VS, KB, Out, Lse,
     qk_scale,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -392,13 +425,14 @@ def _sage_fwd(
     stride_qsb, stride_qsh, stride_qsn,
     stride_ksb, stride_ksh, stride_ksn,
     stride_vsb, stride_vsh, stride_vsd,
+    stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV,
     SQ_BUCKET, SKV_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
     RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-    V_ALIGN: tl.constexpr,
+    V_ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
@@ -423,6 +457,7 @@ def _sage_fwd(
     else:
         q = tl.load(q_ptrs, mask=m_valid[:, None], other=0.0)
     ks_ptr = KS + b * stride_ksb + hk * stride_ksh
+    kb_ptr = KB + b * stride_kbb
     if QK_KIND == 2:
         rs = tl.full([BLOCK_M], 0.0, tl.float32) + qk_scale
     else:
@@ -460,39 +495,47 @@ def _sage_fwd(
         s = _qk_tile_jit(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, BLOCK_N):
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
+            kb = _load_kb_jit(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
             k_base += k_step
             s_next = _qk_tile_jit(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
             v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
-            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                            BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
             v_base += v_step
             s = s_next
         last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
         v = _load_v_jit(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
         ks = _load_ks_jit(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
-        acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, last, SEQ_KV, QK_KIND,
-                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+        kb = _load_kb_jit(kb_ptr, last, SEQ_KV, BLOCK_N, True, HAS_BIAS)
+        acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, kb, last, SEQ_KV, QK_KIND,
+                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
     else:
         # Full tiles without masks, then the tail tile (if any) with masks.
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
             v = _load_v_jit(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
             ks = _load_ks_jit(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
+            kb = _load_kb_jit(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
             s = _qk_tile_jit(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
-            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, start_n,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                            BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
             k_base += k_step
             v_base += v_step
         n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
         if n_full < SEQ_KV:
             v = _load_v_jit(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True)
             ks = _load_ks_jit(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
+            kb = _load_kb_jit(kb_ptr, n_full, SEQ_KV, BLOCK_N, True, HAS_BIAS)
             s = _qk_tile_jit(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, n_full,
-                                            SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+            acc, l_i, m_i = _softmax_pv_jit(acc, l_i, m_i, s, v, ks, rs, kb, n_full, SEQ_KV, QK_KIND, K_BLOCK,
+                                            BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
-    out = acc * (1.0 / l_i)[:, None] * vs[None, :]
+    if HAS_BIAS:  # a row whose keys are all masked has l = 0 (and acc = 0): its output is 0, as SDPA's
+        inv_l = tl.where(l_i == 0.0, 0.0, 1.0 / tl.where(l_i == 0.0, 1.0, l_i))
+    else:
+        inv_l = 1.0 / l_i
+    out = acc * inv_l[:, None] * vs[None, :]
     o_ptrs = (Out + b * stride_ob + h * stride_oh + start_m.to(tl.int64) * stride_os
               + offs_ml[:, None] * stride_os + offs_dv[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_valid[:, None])
@@ -506,7 +549,7 @@ def _sage_fwd(
 # ------------------------------------------------------------------------------------------------------------------
 
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
-                 "PV_SPLIT", "SQ_BUCKET", "SKV_BUCKET"]
+                 "PV_SPLIT", "HAS_BIAS", "SQ_BUCKET", "SKV_BUCKET"]
 
 
 class _Built:
@@ -556,6 +599,7 @@ def _build():
         globals()["_softmax_pv_jit"] = triton.jit(_softmax_pv)
         globals()["_load_v_jit"] = triton.jit(_load_v)
         globals()["_load_ks_jit"] = triton.jit(_load_ks)
+        globals()["_load_kb_jit"] = triton.jit(_load_kb)
         kernel = triton.jit(_sage_fwd)
         _Built.kernel = kernel
         _Built.tuned = None if mode else triton.autotune(
@@ -611,7 +655,7 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return p
 
 
-def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
+def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias=None) -> None:
     d, dv = q.shape[-1], v.shape[-1]
     if d not in HEAD_DIMS or dv not in HEAD_DIMS:
         bad = d if d not in HEAD_DIMS else dv
@@ -628,15 +672,17 @@ def _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block) -> None:
     for name, x in (("q", q), ("k", k)):
         if x.stride(-1) != 1:
             raise ValueError(f"triton_sage: {name} needs a unit stride on D; got strides {x.stride()}")
-    if k.shape[2] == 0 or v.shape[2] != k.shape[2]:
-        raise ValueError(f"triton_sage: k and v need the same, non-zero number of tokens; got k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}")
+    if k.shape[2] == 0 or v.shape[2] < k.shape[2]:
+        raise ValueError(f"triton_sage: k needs tokens and v at least as many (rows past k's are padding); got "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or k.shape[1] != v.shape[1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(f"triton_sage: heads must satisfy Hq % Hkv == 0 with equal batch sizes; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[0] * q.shape[1] > 65535:
-        raise ValueError(f"triton_sage: B·Hq = {q.shape[0] * q.shape[1]} exceeds the grid limit 65535; "
-                         "split the batch")
+    if key_bias is not None and (key_bias.dtype != torch.float32 or key_bias.dim() != 2
+                                 or key_bias.shape[0] not in (1, k.shape[0]) or key_bias.shape[1] != k.shape[2]
+                                 or (key_bias.stride(-1) != 1 and k.shape[2] > 1)):
+        raise ValueError(f"triton_sage: key_bias must be float32 (B|1, Skv) with unit stride on keys; got "
+                         f"{key_bias.dtype} {tuple(key_bias.shape)} strides {key_bias.stride()}")
     if q_block < 0 or k_block < 0:
         raise ValueError(f"triton_sage: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
 
@@ -646,22 +692,28 @@ def _seq_major(v: torch.Tensor) -> bool:
     return v.stride(-2) == 1 and v.stride(-1) != 1
 
 
-def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret):
-    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT)."""
+def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
+            key_bias=None, out=None, lse=None):
+    """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT);
+    ``out``/``lse`` given: write into them (a batch chunk of a larger call)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
-    out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
-    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    if out is None:
+        out = torch.empty(bsz, sq, hq, dv, dtype=out_dtype, device=q.device).transpose(1, 2)
+    if lse is None:
+        lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
     v_seq_major = _seq_major(v)
-    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K (never read)
+    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
     ks = k_scale if k_scale is not None else v_scale
+    kb = key_bias if key_bias is not None else v_scale
     args = [
-        q, k, v, qs, ks, v_scale, out, lse,
+        q, k, v, qs, ks, v_scale, kb, out, lse,
         float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         *_scale_strides(q_scale), *_scale_strides(k_scale), *_scale_strides(v_scale),
+        0 if key_bias is None or key_bias.shape[0] == 1 else key_bias.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv,
         _seq_bucket(sq), _seq_bucket(skv),
@@ -675,6 +727,7 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         PV_SPLIT=cap is not None and cap != (9, 0),
         INTERPRET=interpret,
         V_ALIGN=_pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
+        HAS_BIAS=key_bias is not None,
     )
     return out, lse, args, meta
 
@@ -688,24 +741,46 @@ def _loop_end(config: KernelConfig, skv: int, interpret: bool) -> int:
     return (skv // config.block_n) * config.block_n
 
 
+#: The grid's second dimension (B · Hq programs) is at most 65535: larger calls run in batch chunks.
+MAX_GRID_Y = 65535
+
+
+def _batch_chunk(t: Optional[torch.Tensor], lo: int, hi: int) -> Optional[torch.Tensor]:
+    """Rows ``lo:hi`` of a tensor's batch dim (a size-1 batch broadcasts: kept whole)."""
+    return t if t is None or t.shape[0] == 1 else t[lo:hi]
+
+
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
-              out_dtype: torch.dtype, *, return_lse: bool = False):
+              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
     """``qattn::scaled_attention`` on this kernel; with ``return_lse`` also the LSE ``(B, Hq, Sq)`` fp32.
 
-    Layouts and dtypes: see the module docstring. The LSE is ``ln Σ_j exp(s_ij)`` of the dequantized, scaled
-    logits ``s = q·kᵀ·sm_scale`` (natural log). Launches on the current stream, never synchronizes.
+    Layouts and dtypes: see the module docstring. ``key_bias``: fp32 ``(B|1, Skv)`` added to the logits (masked
+    keys ``-inf``; a row with every key masked gives 0 and LSE ``-inf``). The LSE is ``ln Σ_j exp(s_ij)`` of the
+    dequantized, scaled (and biased) logits ``s = q·kᵀ·sm_scale + bias`` (natural log). Launches on the current
+    stream, never synchronizes.
     """
-    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
     cap = _check_device(q)
     built = _build()
     config = forced_config() or (INTERPRET_CONFIG if built.mode else None)
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, built.mode)
+                                   return_lse, cap, built.mode, key_bias)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
-    skv = k.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    per_chunk = max(1, MAX_GRID_Y // hq)
+    for lo in range(0, bsz, per_chunk):
+        hi = min(bsz, lo + per_chunk)
+        if (lo, hi) != (0, bsz):
+            chunk = [_batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
+            _, _, args, meta = _launch(*chunk[:6], q_block, k_block, sm_scale, out_dtype, return_lse, cap,
+                                       built.mode, chunk[6], out[lo:hi], lse[lo:hi] if return_lse else None)
+        _run(built, config, args, meta, hi - lo, hq, sq, k.shape[2], q.device)
+    return (out, lse) if return_lse else out
+
+
+def _run(built, config, args, meta, bsz, hq, sq, skv, device) -> None:
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if config is not None:
             grid = (triton.cdiv(sq, config.block_m), bsz * hq)
             built.kernel[grid](*args, **meta, **config.meta(), INTERP_LOOP_END=_loop_end(config, skv, built.mode),
@@ -713,12 +788,11 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         else:
             grid = lambda meta_: (triton.cdiv(sq, meta_["BLOCK_M"]), bsz * hq)  # noqa: E731
             built.tuned[grid](*args, **meta, INTERP_LOOP_END=0)
-    return (out, lse) if return_lse else out
 
 
-def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
     """Kernel entry for ``qattn::scaled_attention`` (``kernel="triton_sage"``)."""
-    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype)
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -730,7 +804,7 @@ from ._offline import ptxas_report  # noqa: E402,F401  (re-exported: tests and t
 
 def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k, k_scale, v, v_scale,
                 q_block: int, k_block: int, sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16,
-                *, return_lse: bool = False):
+                *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
     """Compile (not run) the kernel a CUDA launch with these inputs would use, for ``capability`` and ``config``.
 
     Inputs may live on the ``meta`` device (only dtypes, shapes and strides are read); data pointers are assumed
@@ -751,9 +825,9 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
-    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    _validate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False)
+                               return_lse, tuple(capability), False, key_bias)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     kernel = built.kernel
     signature, constexprs, attrs = launch_signature(kernel, args, meta)

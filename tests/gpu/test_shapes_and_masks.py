@@ -1,0 +1,159 @@
+"""Symbolic lengths and per-key masks on the H200: the compiled pass at changing lengths on every Hopper kernel, and
+the key bias in gluon_sage and triton_sage against the emulated tile loop and the reference.
+
+Run: ``pytest -m gpu tests/gpu/test_shapes_and_masks.py -v -s``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import support
+from support import emulate, quantize
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+import qattn_fx  # noqa: E402
+from qattn_fx import AttentionSpec, Recipe, Spec  # noqa: E402
+from qattn_fx.kernels import reference  # noqa: E402
+
+DEV = "cuda"
+needs_sm90 = pytest.mark.skipif(
+    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != (9, 0), reason="needs sm_90")
+SAGE = Recipe("int8", "fp8", 1, 16, 1)
+KERNEL_SPECS = {
+    "gluon_sage": (Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")), None),
+    "triton_sage": (Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage")), None),
+    "cudnn_fp8": (Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8"))), "cudnn"),
+    "flashinfer_fa3_fp8": (Spec(default=AttentionSpec("FLASHINFER", Recipe("fp8", "fp8", scale_scope="head"))),
+                           "flashinfer"),
+}
+
+
+def cos(a, b):
+    return F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("kernel", list(KERNEL_SPECS))
+def test_symbolic_lengths_on_every_hopper_kernel(kernel):
+    """bf16 SDPA at lengths 4096, 4608, 6144, 8190 under a default torch.compile: the second length recompiles with
+    a symbolic length, which then serves the rest (2 graphs), every call quantized and close to SDPA."""
+    spec, library = KERNEL_SPECS[kernel]
+    if library:
+        pytest.importorskip(library)
+    backend = qattn_fx.backend(spec)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), backend=backend, fullgraph=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    for s in (4096, 4608, 6144, 8190):
+        q, k, v = (torch.randn(1, s, 8, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+                   for _ in range(3))
+        out = fn(q, k, v)
+        c = cos(out, F.scaled_dot_product_attention(q, k, v))
+        print(f"[{kernel}] S={s}: cosine {c:.5f}")
+        assert c > 0.998, (kernel, s, c)
+    assert len(backend.graph_modules) == 2, str(backend.report)
+    assert all(site.kernel == kernel for site in backend.report.sites), str(backend.report)
+
+
+def key_bias(b, skv, pattern, device=DEV):
+    g = torch.Generator().manual_seed(1)
+    bias = torch.zeros(b, skv)
+    if pattern == "tail":  # HunyuanVideo: the text padding at the end of the joint sequence
+        bias[:, skv - skv // 5:] = float("-inf")
+    elif pattern == "scattered":
+        bias[torch.rand(b, skv, generator=g) < 0.4] = float("-inf")
+    elif pattern == "finite":
+        bias = torch.randn(b, skv, generator=g)
+        bias[:, ::3] = -10000.0
+    elif pattern == "all":
+        bias[1] = float("-inf")
+    return bias.to(device)
+
+
+make_qkv = functools.partial(support.make_qkv, hq=8, hkv=4, sq=1000, skv=1500, d=128, device=DEV)
+
+
+@needs_sm90
+@pytest.mark.parametrize("pattern", ["tail", "scattered", "finite", "all"])
+@pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
+@pytest.mark.parametrize("qk, blocks", [("int8", (1, 16)), ("bf16", (0, 0))])
+def test_key_bias_matches_emulation_and_reference(kernel, qk, blocks, pattern):
+    """The kernel with a key bias runs the emulated tile loop (fp32 level, Hopper FP8-MMA precision; gluon_sage
+    with its tail split and mmasum where its config has them) and stays close to the reference."""
+    from qattn_fx.kernels import gluon_sage as gs
+    from qattn_fx.kernels import triton_sage as ts
+
+    args = quantize(*make_qkv(), qk, *blocks)
+    bias = key_bias(2, args[2].shape[2], pattern)
+    module = gs if kernel == "gluon_sage" else ts
+    out = module.scaled_attention(*args, 1 / math.sqrt(128), torch.float32, key_bias=bias)
+    ref = reference.scaled_attention(*args, 1 / math.sqrt(128), torch.float32, key_bias=bias)
+    if kernel == "gluon_sage":
+        config, tail = gs.last_config(), gs.last_tail_plan()
+        want = emulate_launched(args, 1 / math.sqrt(128), config, tail, bias)
+        mmasum = bool(config.mmasum)
+    else:
+        config = ts.best_config() or ts.KernelConfig(128, 64, 8, 3)
+        want = emulate(*args, 1 / math.sqrt(128), config.block_n, key_bias=bias)
+        mmasum = False
+    if pattern == "all":
+        assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.equal(ref[1], out[1])
+        out, ref, want = out[:1], ref[:1], want[:1]
+    support.assert_fp32_level(out.float(), want, f"{kernel} {qk} {pattern}", name=kernel, mmasum=mmasum)
+    support.assert_close_to_reference(out.float(), ref, f"{kernel} {qk} {pattern}", name=kernel)
+
+
+def emulate_launched(args, sm_scale, config, tail, bias):
+    """gluon_sage's emulation as launched (its tail split's pieces merged by LSE), with the key bias."""
+    from qattn_fx.kernels import _tail_split
+
+    q, qs, k, ks, v, vs, qb, kb = args
+    want = emulate(*args, sm_scale, config.block_n, config.mmasum, key_bias=bias)
+    if tail is None:
+        return want
+    from qattn_fx.kernels import gluon_sage as gs
+
+    pieces = []
+    for lo in range(0, k.shape[2], tail.kv_split):
+        hi = min(lo + tail.kv_split, k.shape[2])
+        kss = ks[..., lo // kb:(hi + kb - 1) // kb] if ks is not None and kb > 0 else ks
+        pieces.append(emulate(q, qs, k[:, :, lo:hi], kss, v[:, :, lo:hi], vs, qb, kb, sm_scale, config.block_n,
+                              config.mmasum, return_lse=True, key_bias=bias[:, lo:hi]))
+    split, _ = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]), torch.stack([p[1] for p in pieces]))
+    hq, sq = q.shape[1], q.shape[2]
+    rows, n_m = config.rows, gs._q_blocks(sq, config)
+    for g in range(tail.main, tail.ctas):
+        bh, m = divmod(g, n_m)
+        at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
+        want[at] = split[at]
+    return want
+
+
+@needs_sm90
+@pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
+def test_a_padded_call_equals_the_unpadded_call(kernel):
+    """HunyuanVideo-like: 4096 video tokens + 256 text tokens of which 100 are valid. The padded, masked call
+    matches the call on the 4196 valid tokens within quantization tolerance."""
+    spec = KERNEL_SPECS[kernel][0]
+    backend = qattn_fx.backend(spec)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), backend=backend,
+                       fullgraph=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q, k, v = (torch.randn(1, 4352, 8, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    mask = torch.ones(1, 1, 1, 4352, dtype=torch.bool, device=DEV)
+    mask[..., 4196:] = False
+    padded = fn(q, k, v, mask)
+    assert backend.report.sites[0].kernel == kernel, str(backend.report)
+    unpadded = F.scaled_dot_product_attention(q[:, :, :4196], k[:, :, :4196], v[:, :, :4196])
+    c = cos(padded[:, :, :4196], unpadded)
+    print(f"[{kernel}] padded vs unpadded: cosine {c:.5f}")
+    assert c > 0.998
