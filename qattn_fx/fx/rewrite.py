@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
-from torch.fx.experimental.symbolic_shapes import guard_int
+from torch.fx.experimental.symbolic_shapes import guard_float, guard_int
 
 from ..hardware import Hardware, detect
 from ..ops.lowering import quantized_attention
@@ -75,6 +75,16 @@ def _graph_value(arg: object) -> tuple[bool, float | None]:
     return True, float(hint) if hint is not None else None
 
 
+def _specialized_dropout(arg: object) -> tuple[bool, float | None]:
+    """SDPA's ``dropout_p``: a constant, or a graph value with a known value (``dynamic=True`` makes Python floats
+    symbolic), which is specialized by a guard, as SDPA's own tracing would (the graph is then re-made for
+    another value). Unknown at compile time (read from a tensor): a runtime value."""
+    runtime, value = _graph_value(arg)
+    if runtime and value is not None:
+        return False, guard_float(match.example_value(arg))
+    return runtime, value
+
+
 def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[int, int],
                   grad_enabled: bool) -> Site:
     q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
@@ -83,7 +93,7 @@ def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[in
     container, index = match.split_layer(path)
     shared_graph = uses.get(id(call.module), 1) > 1
     scale_runtime, scale = _graph_value(call.args["scale"])
-    dropout_runtime, dropout = _graph_value(call.args["dropout_p"])
+    dropout_runtime, dropout = _specialized_dropout(call.args["dropout_p"])
     runtime = tuple(name for name, flag in (("scale", scale_runtime), ("dropout_p", dropout_runtime)) if flag)
     return Site(
         name=call.node.name,
