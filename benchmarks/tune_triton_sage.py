@@ -67,7 +67,7 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, int, int, int]]:
 def make_inputs(shape, recipe):
     """Quantized op-level arguments for one shape: BSHD Q/K views, sequence-major V (as the graph produces)."""
     import qattn_fx.ops  # noqa: F401  (registers qattn::*)
-    from qattn_fx.ops import formats
+    from qattn_fx import formats
 
     ops = torch.ops.qattn
     b, h, s, d = shape

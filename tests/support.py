@@ -9,7 +9,7 @@ import torch
 
 import qattn_fx.ops  # noqa: F401  (registers qattn::* ops)
 from qattn_fx.kernels import triton_sage as ts
-from qattn_fx.ops import formats
+from qattn_fx import formats
 
 ops = torch.ops.qattn
 FP8 = torch.float8_e4m3fn

@@ -1,6 +1,6 @@
 """CPU tests of the library-kernel adapters: scale layouts, gates, caches (no GPU, no cudnn/flashinfer needed).
 
-* MXFP8 F8_128x4 packing (cuDNN) against :func:`qattn_fx.ops.formats.quantize_mxfp8` outputs, hand-checked byte positions,
+* MXFP8 F8_128x4 packing (cuDNN) against :func:`qattn_fx.formats.quantize_mxfp8` outputs, hand-checked byte positions,
   zero padding, non-divisible lengths, the D-plane-major V layout.
 * FlashInfer Sage ragged scale slots against ``torch.ops.qattn.quantize_per_block``.
 * Architecture / version gates on faked hardware, input validation, graph/plan cache keys and the FIFO cache.
@@ -20,7 +20,7 @@ from qattn_fx import kernels
 from qattn_fx.kernels import _cuda_utils as cu
 from qattn_fx.kernels import cudnn as kc
 from qattn_fx.kernels import flashinfer as kf
-from qattn_fx.ops import formats
+from qattn_fx import formats
 
 ops = torch.ops.qattn
 

@@ -1,6 +1,6 @@
 """Quantize ops (``torch.ops.qattn.*``): opcheck, hand-computed encodings, layouts, and a round-trip property test.
 
-Dequantization here is written independently of ``qattn_fx.ops.formats`` (plain tables and powers of two), so the
+Dequantization here is written independently of ``qattn_fx.formats`` (plain tables and powers of two), so the
 tests check the encoders against the format definitions, not against themselves.
 """
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qattn_fx  # noqa: F401  (registers the ops)
-from qattn_fx.ops import formats
+from qattn_fx import formats
 from qattn_fx.ops.quantize import QUANTIZE_OPS
 
 ops = torch.ops.qattn

@@ -41,7 +41,7 @@ triton = pytest.importorskip("triton")
 import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
-from qattn_fx.ops import formats  # noqa: E402
+from qattn_fx import formats  # noqa: E402
 import support  # noqa: E402
 from support import emulate, errors, make_qkv, quantize  # noqa: E402
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..ops import formats
+from .. import formats
 from ._cuda_utils import (
     FifoCache,
     PerDevice,

@@ -2,7 +2,7 @@
 
 This is the *definition* every fast kernel is tested against:
 
-1. dequantize Q, K and V exactly (:mod:`qattn_fx.ops.formats`) to fp32;
+1. dequantize Q, K and V exactly (:mod:`qattn_fx.formats`) to fp32;
 2. ``S = Q·Kᵀ · sm_scale + key_bias`` in fp32 (``key_bias``: a per-key logit bias, ``-inf`` for masked keys);
    ``P = exp(S - rowmax(S))``; ``l = rowsum(P)`` (fp32, before any rounding);
 3. P is rounded the way the recipe's P·V sees it: e4m3 with the fixed scale 448 when V is fp8/mxfp8, NVFP4 with
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import formats
+from .. import formats
 
 #: Upper bound on fp32 elements of one chunk of the score matrix.
 _CHUNK_ELEMENTS = 1 << 26

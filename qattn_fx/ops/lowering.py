@@ -16,7 +16,8 @@ import torch
 from .. import kernels
 from ..recipes import Recipe
 from . import attention as _attention  # noqa: F401  (registers qattn::*_attention)
-from . import canonical, formats
+from .. import formats
+from . import canonical
 from . import quantize as _quantize  # noqa: F401  (registers qattn::quantize_*)
 
 ops = torch.ops.qattn

@@ -1,7 +1,7 @@
 """Quantize ops: each one FX node, defined in plain aten (CompositeImplicitAutograd) so Inductor fuses it.
 
 All ops live in the ``qattn`` torch.library namespace, take logical ``(B, H, S, D)`` tensors of any strides and
-never mutate their inputs. The numerics are those of :mod:`qattn_fx.ops.formats`.
+never mutate their inputs. The numerics are those of :mod:`qattn_fx.formats`.
 
 =====================================================  ==========================================================
 op                                                     returns
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from . import formats
+from .. import formats
 
 lib = torch.library.Library("qattn", "DEF")
 

@@ -32,7 +32,8 @@ import pytest
 import torch
 
 import qattn_fx.ops  # noqa: F401  (registers the ops)
-from qattn_fx.ops import formats, quantized_attention
+from qattn_fx import formats
+from qattn_fx.ops import quantized_attention
 from qattn_fx.recipes import Recipe
 
 ops = torch.ops.qattn

@@ -32,7 +32,7 @@ triton = pytest.importorskip("triton")
 import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
-from qattn_fx.ops import formats  # noqa: E402
+from qattn_fx import formats  # noqa: E402
 
 ops = torch.ops.qattn
 FP8 = torch.float8_e4m3fn
