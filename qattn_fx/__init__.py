@@ -10,6 +10,7 @@ The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass
 
 __version__ = "0.1.0"
 
+from . import config  # noqa: E402
 from .backend import Backend, backend, explain, install_pre_grad_pass, pre_grad_pass  # noqa: E402
 from .hardware import Hardware, detect
 from .ops import quantized_attention
@@ -20,6 +21,7 @@ from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
 __all__ = [
     "AttentionSpec",
+    "config",
     "Backend",
     "Report",
     "backend",

@@ -20,6 +20,9 @@ from typing import Any, Callable, Iterable, Literal
 
 import torch
 
+from . import kernels
+from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)
+
 QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
 VDType = Literal["fp8", "mxfp8", "nvfp4"]
 ScaleScope = Literal["tensor", "head"]
@@ -117,59 +120,6 @@ class Recipe:
         return cls(**data, where=where)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Requirements: where a row can run.
-# ------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HeadDims:
-    """Head dims a kernel accepts: an explicit set, or multiples of ``multiple_of`` up to ``max``."""
-
-    allowed: tuple[int, ...] | None = None
-    multiple_of: int = 1
-    max: int = 1 << 30
-
-    def accepts(self, head_dim: int) -> bool:
-        if self.allowed is not None:
-            return head_dim in self.allowed
-        return head_dim % self.multiple_of == 0 and head_dim <= self.max
-
-    def describe(self) -> str:
-        if self.allowed is not None:
-            return "/".join(str(d) for d in self.allowed)
-        return f"multiple of {self.multiple_of}, <= {self.max}"
-
-
-ANY_HEAD_DIM = HeadDims()
-
-
-@dataclass(frozen=True)
-class Requirements:
-    """What one implementation of a row needs from the hardware and from the attention call site.
-
-    ``archs`` are compute capabilities as ``sm_XY`` strings (``None``: any device, CPU included);
-    ``library`` is ``(distribution, minimum version)``; ``kernel`` names the entry in
-    :data:`qattn_fx.kernels.KERNELS` that implements it (``None``: no kernel in qattn_fx yet, so the row can
-    only be emulated). ``dtypes``: the Q/K/V dtypes it takes; ``key_bias``: it serves per-key masks
-    (key-padding or additive, as a logit bias).
-    """
-
-    kernel: str | None
-    archs: tuple[str, ...] | None
-    head_dims: HeadDims = ANY_HEAD_DIM
-    library: tuple[str, str] | None = None
-    cross_attention: bool = True
-    gqa: bool = True
-    causal: bool = False
-    key_bias: bool = False
-    dtypes: tuple = (torch.bfloat16, torch.float16)
-    self_attention_only_equal_shapes: bool = False
-    seq_multiple_of: int = 1
-    skip_softmax: bool = False
-    note: str = ""
-
-
 @dataclass(frozen=True)
 class BlockChoices:
     """Accepted (q, k, v) block sizes: an explicit list of tuples, or the product of per-field choices."""
@@ -223,32 +173,23 @@ def _scope_matters(recipe: Recipe) -> bool:
     return qk_whole or v_whole
 
 
-# Architecture groups used in the table.
-SM90 = ("sm_90",)
-SM100 = ("sm_100",)
-SM100_103 = ("sm_100", "sm_103")
-SM120_121 = ("sm_120", "sm_121")
-ADA_HOPPER = ("sm_89", "sm_90")
-
 VG = "TensorRT-LLM VisualGen quantized attention"
 VO = "vLLM-Omni TRTLLM_ATTN"
 OURS = "qattn_fx (Hopper)"
 
-_FI_SAGE = ("flashinfer-python", "0.6.16rc1")
-_CUDNN_MXFP8 = ("cudnn", "9.21.0")
-_CUDNN_FP8 = ("cudnn", "9.1.0")
 _FI = ("flashinfer-python", "0.6.0")
 _SAGE_HD = HeadDims(allowed=(128,))
-_CUDNN_HD_BLACKWELL = HeadDims(allowed=(32, 64, 96, 128))
-_CUDNN_HD_HOPPER = HeadDims(multiple_of=16, max=256)
-#: The warp-specialized Gluon kernel: same numerics as triton_sage, faster on sm_90 (BENCHMARKS.md); its Gluon
-#: API is the one of Triton 3.6.
-_GLUON_SM90 = Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"), key_bias=True,
-                           note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes write them so")
-_TRITON_SAGE = Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)), ("triton", "3.0.0"), key_bias=True)
+#: The Hopper Sage kernels, fastest first: the warp-specialized Gluon kernel (sm_90, Triton 3.6's Gluon API), then
+#: the Triton one (sm_89/sm_90, same numerics).
+_HOPPER_SAGE = (*kernels.requirements("gluon_sage"), *kernels.requirements("triton_sage"))
 #: The reference kernel (``emulate=True``, backend ``REFERENCE``): every recipe, any device, masks too.
-REFERENCE_REQUIREMENTS = Requirements("reference", None, key_bias=True,
-                                      dtypes=(torch.bfloat16, torch.float16, torch.float32))
+(REFERENCE_REQUIREMENTS,) = kernels.requirements("reference")
+
+
+def _without_skip_softmax(reqs: tuple[Requirements, ...]) -> tuple[Requirements, ...]:
+    """The trtllm-gen kernels skip softmax tiles, but VisualGen's ``attention_config`` has no such setting: its
+    rows do not offer it (vLLM-Omni's TRTLLM_ATTN rows do)."""
+    return tuple(dataclasses.replace(r, skip_softmax=False) for r in reqs)
 
 #: Every accepted (backend, recipe) combination. Order matters for ``backend="auto"``: the first row whose
 #: implementation runs on the hardware and serves the site wins, so faster/more accurate rows come first.
@@ -256,27 +197,21 @@ TABLE: tuple[Row, ...] = (
     # ---- our own Hopper kernels ---------------------------------------------------------------------------------
     Row("TRITON", "int8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
         "SageAttention (INT8 QK), Triton", OURS,
-        (_GLUON_SM90, _TRITON_SAGE),
-        scale_scopes=("tensor",)),
+        _HOPPER_SAGE, scale_scopes=("tensor",)),
     Row("TRITON", "fp8", "fp8", BlockChoices(q=(1, 4, 16, 32, 64, 128), k=(1, 4, 16, 32, 64, 128), v=(0, 1)),
         "SageAttention (FP8 QK), Triton", OURS,
-        (_GLUON_SM90, _TRITON_SAGE),
-        scale_scopes=("tensor",)),
+        _HOPPER_SAGE, scale_scopes=("tensor",)),
     Row("TRITON", "bf16", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "QK16PV8, Triton", OURS,
-        (_GLUON_SM90, _TRITON_SAGE)),
+        _HOPPER_SAGE),
     # ---- TensorRT-LLM VisualGen table ---------------------------------------------------------------------------
     Row("TRTLLM", "int8", "fp8", _blocks((1, 1, 1), (1, 4, 1), (1, 16, 1)), "SageAttention (INT8 QK)", VG,
-        (Requirements("flashinfer_trtllm_sage", SM100, _SAGE_HD, _FI_SAGE,
-                      note="trtllm-gen cubins; INT8 Q/K compiled for sm_100 only"),)),
+        _without_skip_softmax(kernels.requirements("flashinfer_trtllm_sage", "int8"))),
     Row("TRTLLM", "fp8", "fp8", _blocks((1, 1, 1), (1, 4, 1)), "SageAttention (FP8 QK)", VG,
-        (Requirements("flashinfer_trtllm_sage", SM100_103, _SAGE_HD, _FI_SAGE, note="trtllm-gen cubins"),)),
+        _without_skip_softmax(kernels.requirements("flashinfer_trtllm_sage", "fp8"))),
     Row("CUDNN", "fp8", "fp8", _blocks((0, 0, 0)), "cuDNN FP8", VG,
-        (Requirements("cudnn_fp8", SM100_103, _CUDNN_HD_BLACKWELL, _CUDNN_FP8,
-                      note="bf16 output straight from cuDNN (Blackwell, cuDNN >= 9.13)"),
-         Requirements("cudnn_fp8", SM90, _CUDNN_HD_HOPPER, _CUDNN_FP8,
-                      note="sm_90: FP8 output with scale_o, dequantized after (qattn_fx)"))),
+        kernels.requirements("cudnn_fp8")),
     Row("CUDNN", "mxfp8", "mxfp8", _blocks((0, 0, 0)), "cuDNN MXFP8", VG,
-        (Requirements("cudnn_mxfp8", SM100_103, HeadDims(allowed=(64, 128)), _CUDNN_MXFP8),)),
+        kernels.requirements("cudnn_mxfp8")),
     Row("CUTEDSL", "bf16", "fp8", _blocks((0, 0, 0)), "QK16PV8", VG,
         (Requirements(None, SM100_103, _SAGE_HD, None, note="TensorRT-LLM CuTe DSL kernel; not in qattn_fx"),)),
     Row("CUTEDSL", "mxfp8", "fp8", _blocks((0, 0, 0), (0, 0, 1)), "MXFP8 Q/K", VG,
@@ -293,14 +228,13 @@ TABLE: tuple[Row, ...] = (
                       note="FlashInfer nvfp4_attention_sm120; not wired"),)),
     # ---- our Hopper rows for the library backends ---------------------------------------------------------------
     Row("FLASHINFER", "fp8", "fp8", _blocks((0, 0, 0)), "FA3 FP8 per-head", OURS,
-        (Requirements("flashinfer_fa3_fp8", SM90, HeadDims(allowed=(64, 128, 256)), _FI),),
+        kernels.requirements("flashinfer_fa3_fp8"),
         scale_scopes=("head",)),
     # ---- vLLM-Omni TRTLLM_ATTN ----------------------------------------------------------------------------------
     Row("TRTLLM_ATTN", "int8", "fp8", BlockChoices(q=(1, 4, 16), k=(1, 4, 16), v=(1,)), "SAGE (INT8 QK)", VO,
-        (Requirements("flashinfer_trtllm_sage", SM100, _SAGE_HD, _FI_SAGE, skip_softmax=True,
-                      note="INT8 Q/K kernels are compiled for sm_100 only"),)),
+        kernels.requirements("flashinfer_trtllm_sage", "int8")),
     Row("TRTLLM_ATTN", "fp8", "fp8", BlockChoices(q=(1, 4, 16), k=(1, 4, 16), v=(1,)), "SAGE (FP8 QK)", VO,
-        (Requirements("flashinfer_trtllm_sage", SM100_103, _SAGE_HD, _FI_SAGE, skip_softmax=True),)),
+        kernels.requirements("flashinfer_trtllm_sage", "fp8")),
 )
 
 #: Backend names a spec may name. ``auto`` searches the table; ``REFERENCE`` is the exact torch definition

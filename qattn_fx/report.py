@@ -5,7 +5,7 @@
 of the spec that decided no site); ``str(report)`` is a readable table;
 ``report.summary()`` is the one line logged after each compile.
 
-Debug dumps (``debug_dir=`` or ``$QATTN_FX_DEBUG``), per compiled graph ``N``: ``graph_N_before.py`` and
+Debug dumps (``debug_dir=``, else ``qattn_fx.config.debug_dir`` / ``$QATTN_FX_DEBUG``), per compiled graph ``N``: ``graph_N_before.py`` and
 ``graph_N_after.py`` (readable code with shapes, strides and devices), ``graph_N_sites.md`` / ``.json``, and
 ``spec.json`` (the spec as resolved, the hardware, versions). The same payloads are emitted as structured trace
 artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named ``qattn_fx_before_rewrite``, ``qattn_fx_after_rewrite``,
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from . import config
 from .fx.rewrite import SiteOutcome
 
-DEBUG_ENV = "QATTN_FX_DEBUG"
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe",
             "kernel", "reason")
 
@@ -137,7 +137,7 @@ def _cell(value) -> str:
 
 
 def debug_dir(explicit: str | os.PathLike | None) -> Path | None:
-    chosen = explicit if explicit is not None else os.environ.get(DEBUG_ENV)
+    chosen = explicit if explicit is not None else config.debug_dir
     return Path(chosen) if chosen else None
 
 

@@ -1,6 +1,7 @@
 """Test configuration: GPU tests skip cleanly without CUDA; compiles use a per-session Inductor cache; kernel
 autotuning keeps its choices in memory."""
 
+import contextlib
 import os
 import tempfile
 
@@ -20,3 +21,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def qattn_config():
+    """``qattn_config(autotune=False, ...)``: set ``qattn_fx.config`` settings for this test (restored after)."""
+    import qattn_fx
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(qattn_fx.config.patch(**settings))

@@ -8,7 +8,7 @@ import math
 import torch
 
 import qattn_fx.ops  # noqa: F401  (registers qattn::* ops)
-from qattn_fx.kernels import triton_sage as ts
+from qattn_fx.kernels.emulation import emulate  # noqa: F401  (re-exported for the tests)
 from qattn_fx import formats
 
 ops = torch.ops.qattn
@@ -105,74 +105,6 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(max |err| / max |ref|, mean |err| / mean |ref|)."""
     err = (out.double() - ref.double()).abs()
     return (err.max() / ref.double().abs().max()).item(), (err.mean() / ref.double().abs().mean()).item()
-
-
-def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False,
-            key_bias=None):
-    """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
-
-    Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
-    log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``;
-    ``l = l·alpha + ΣP448`` (``mmasum``: ``Σ e4m3(P448)``, gluon_sage's ones-MMA). Shared by the interpreter
-    tests (exact fp32 agreement) and the GPU tests. ``return_lse``: also the kernels' natural-log LSE
-    ``(m + log2 l - log2 448) · ln 2``. ``key_bias`` ``(B|1, Skv)``: logits are ``z = t·rs + bias·log2 e`` and the
-    max is taken over ``z``; a running max of ``-inf`` (every key so far masked) is used as 0, and a row with
-    ``l = 0`` gives 0.
-    """
-    b, hq, sq, _ = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    g = hq // hkv
-    kk = k.repeat_interleave(g, 1)
-    v8 = v.double().repeat_interleave(g, 1)
-    qk_scale = torch.tensor(sm_scale * ts.LOG2E, dtype=torch.float32, device=q.device)
-    s_all = q.double() @ kk.double().transpose(-1, -2)
-    if q_scale is None:
-        s_all = s_all.float()
-        rs = torch.full((b, hq, sq), qk_scale.item(), device=q.device)
-    else:
-        s_all = s_all.to(torch.int32) if q.dtype == torch.int8 else s_all.float()
-        rs = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float().expand(b, hq, sq) * qk_scale
-        if k_block == 0:
-            rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
-    per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
-    m = torch.full((b, hq, sq), -math.inf, device=q.device)
-    l = torch.zeros(b, hq, sq, device=q.device)
-    acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64, device=q.device)
-    for s0 in range(0, skv, block_n):
-        n = torch.arange(s0, min(s0 + block_n, skv), device=q.device)
-        s = s_all[..., n]
-        if k_scale is not None and k_block > 0:
-            ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]
-        if q.dtype == torch.int8:
-            t = (s + 0x4B400000).view(torch.float32)
-            if per_col:
-                t = (t - 12582912.0) * (ks.view(torch.int32) & -4).view(torch.float32)[:, :, None, :]
-            else:
-                t = t - 12582912.0
-        else:
-            t = s * ks[:, :, None, :] if per_col else s
-        r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
-        if key_bias is None:
-            m_new = torch.maximum(m, t.amax(-1) * r)
-            p = torch.exp2(t * r[..., None] - (m_new - ts.LOG2_448)[..., None])
-            alpha = torch.exp2(m - m_new)
-        else:
-            kb = (key_bias.float()[:, None, None, :] * torch.tensor(ts.LOG2E, dtype=torch.float32))[..., n]
-            z = t * r[..., None] + kb
-            m_new = torch.maximum(m, z.amax(-1))
-            m_use = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-            p = torch.exp2(z - (m_use - ts.LOG2_448)[..., None])
-            alpha = torch.exp2(m - m_use)
-        l = l * alpha + (p.to(FP8).float().sum(-1) if mmasum else p.sum(-1))
-        acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
-        m = m_new
-    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
-    out = acc / l[..., None].double() * vs
-    if key_bias is not None:
-        out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)
-    if return_lse:
-        return out, (m + torch.log2(l) - ts.LOG2_448) * math.log(2.0)
-    return out
 
 
 #: Flash kernels (triton_sage, gluon_sage_sm90) round P against the running max of the tiles seen so far instead of

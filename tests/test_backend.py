@@ -85,12 +85,12 @@ def test_summary_is_logged(caplog):
     assert "qattn_fx: 1/1 attention sites quantized, 0 dense (graph 0)" in caplog.text
 
 
-def test_debug_dump_files(tmp_path, monkeypatch):
+def test_debug_dump_files(tmp_path):
     block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
-    monkeypatch.setenv("QATTN_FX_DEBUG", str(tmp_path / "from_env"))
-    run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
-    run(block, x, qattn_fx.backend(emulate=True, compiler="eager", debug_dir=tmp_path / "explicit"))
-    for folder in ("from_env", "explicit"):
+    with qattn_fx.config.patch(debug_dir=str(tmp_path / "from_config")):  # default: $QATTN_FX_DEBUG
+        run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
+        run(block, x, qattn_fx.backend(emulate=True, compiler="eager", debug_dir=tmp_path / "explicit"))
+    for folder in ("from_config", "explicit"):
         d = tmp_path / folder
         assert sorted(p.name for p in d.iterdir()) == [
             "graph_0_after.py", "graph_0_before.py", "graph_0_sites.json", "graph_0_sites.md", "spec.json"]

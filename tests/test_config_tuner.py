@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from qattn_fx.kernels._config_tuner import ENV_CACHE, ENV_ENABLE, ConfigTuner, default_cache_path
+from qattn_fx import config
+from qattn_fx.kernels._config_tuner import ConfigTuner, default_cache_path
 
 MS = {"a": 3.0, "b": 1.0, "c": 2.0}
 
@@ -76,10 +77,10 @@ def test_graph_capture_uses_the_default_without_timing(tmp_path):
 
 def test_tuning_can_be_switched_off_and_bad_values_are_named(tmp_path, monkeypatch):
     tuner, runs = make(tmp_path)
-    monkeypatch.setenv(ENV_ENABLE, "0")
-    assert tuner.choose((1,), runs.append) == "c" and runs == []
-    monkeypatch.setenv(ENV_ENABLE, "yes")
-    with pytest.raises(ValueError, match=r"\$QATTN_AUTOTUNE='yes' is invalid; valid: '0' .*'1'"):
+    with config.patch(autotune=False):
+        assert tuner.choose((1,), runs.append) == "c" and runs == []
+    with config.patch(autotune="yes"), pytest.raises(
+            ValueError, match=r"qattn_fx.config.autotune \(\$QATTN_AUTOTUNE\) = 'yes' is invalid; valid: 0, 1"):
         tuner.choose((1,), runs.append)
 
 
@@ -87,16 +88,16 @@ def test_unreadable_cache_file_is_an_error_naming_the_file(tmp_path):
     (tmp_path / "t.json").write_text("{not json")
     tuner, runs = make(tmp_path)
     with pytest.raises(ValueError, match=r"tuning cache .*t\.json is unreadable .*delete it or point "
-                                         r"\$QATTN_TUNING_CACHE elsewhere"):
+                                         r"\$QATTN_TUNING_CACHE \(qattn_fx.config.tuning_cache\) elsewhere"):
         tuner.choose((1,), runs.append)
 
 
 def test_memory_only_and_cache_path_from_the_environment(tmp_path, monkeypatch):
     tuner, runs = make(tmp_path, cache=False)
     assert tuner.choose((1,), runs.append) == "b" and list(tmp_path.iterdir()) == []
-    monkeypatch.setenv(ENV_CACHE, "")
-    assert default_cache_path() is None
-    monkeypatch.setenv(ENV_CACHE, str(tmp_path / "x.json"))
-    assert default_cache_path() == tmp_path / "x.json"
+    with config.patch(tuning_cache=""):
+        assert default_cache_path() is None
+    with config.patch(tuning_cache=str(tmp_path / "x.json")):
+        assert default_cache_path() == tmp_path / "x.json"
     with pytest.raises(ValueError, match="needs at least one candidate"):
         ConfigTuner("k", [], default=lambda key: "a")

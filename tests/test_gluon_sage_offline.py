@@ -12,6 +12,8 @@ import re
 import pytest
 import torch
 
+import qattn_fx
+
 from qattn_fx.kernels import gluon_sage as gs
 from qattn_fx.kernels import triton_sage as ts
 from qattn_fx.kernels._offline import sass_opcodes
@@ -59,8 +61,8 @@ def test_bad_configs_name_the_value_and_the_choices(text, message):
 
 def test_default_configs_and_env_override(monkeypatch):
     assert gs.current_config(128) == gs.DEFAULT_CONFIGS[128]
-    monkeypatch.setenv(gs.ENV_CONFIG, "128,3,mmasum")
-    assert gs.current_config(64) == gs.GluonConfig(128, 3, mmasum=1)
+    with qattn_fx.config.patch(gluon_sage_config="128,3,mmasum"):  # default: $QATTN_GLUON_SAGE_CONFIG
+        assert gs.current_config(64) == gs.GluonConfig(128, 3, mmasum=1)
     with gs.use_config("64,3,ahead"):
         assert gs.current_config(128) == gs.GluonConfig(64, 3, ahead=1)
 
@@ -68,8 +70,8 @@ def test_default_configs_and_env_override(monkeypatch):
 def test_tuning_key_and_tuned_configs():
     q = torch.empty(2, 24, 4608, 128, dtype=torch.int8, device="meta")
     k = torch.empty(2, 24, 300, 128, dtype=torch.int8, device="meta")
-    assert gs._tuning_key(q, k, 1, 16, False) == (128, "int8", 1, 16, False, 16384, 1024, 64)
-    assert gs._tuning_key(q[:1, :3], k, 0, 0, True)[-1] == 4
+    assert gs.tuning_key(q, k, 1, 16, False) == (128, "int8", 1, 16, False, 16384, 1024, 64)
+    assert gs.tuning_key(q[:1, :3], k, 0, 0, True)[-1] == 4
     assert gs.TUNER.candidates == [str(c) for c in gs.TUNED_CONFIGS]
     assert set(gs.TUNED_CONFIGS) <= set(gs.CONFIGS)  # every tuned config is also GPU-tested
     assert gs.TUNER.default((64,)) == str(gs.DEFAULT_CONFIGS[64])
@@ -85,9 +87,9 @@ def test_cpu_tensors_are_refused_with_the_reason():
 
 def test_tma_alignment_rule():
     q, _, _, _, v, _, _, _ = _meta_inputs(s=64)
-    assert gs._tma_aligned(q, (0, 1, 2)) and gs._tma_aligned(v, (0, 1, 3))
+    assert gs.tma_aligned(q, (0, 1, 2)) and gs.tma_aligned(v, (0, 1, 3))
     odd = torch.empty(1, 64, 4, 72, dtype=torch.int8, device="meta")[..., :64].transpose(1, 2)  # 72-byte pitch
-    assert not gs._tma_aligned(odd, (0, 1, 2))
+    assert not gs.tma_aligned(odd, (0, 1, 2))
 
 
 @pytest.mark.parametrize("config,d,qk,blocks", [
@@ -120,15 +122,15 @@ def test_offline_compile_is_warp_specialized_without_spills(config, d, qk, block
     (64, (2, 4, 76), None), (48, (2, 4, 100), None), (128, (2, 4, 38), None),  # < 4 groups, not a group: loads
 ])
 def test_k_scale_box(k_block, shape, expected):
-    assert gs._k_scale_box(torch.ones(shape), k_block, 128) == expected
+    assert gs.k_scale_box(torch.ones(shape), k_block, 128) == expected
 
 
 def test_k_scale_box_needs_unit_token_stride_and_aligned_base():
     ks = torch.ones(2, 4, 300)
-    assert gs._k_scale_box(ks.transpose(1, 2).contiguous().transpose(1, 2), 16, 128) is None
-    assert gs._k_scale_box(torch.ones(2, 4, 301)[..., 1:], 16, 128) is None
-    assert gs._k_scale_box(torch.ones(1, 1, 300).expand(2, 4, 300), 16, 128) == 32  # broadcast heads: flat offsets
-    assert gs._k_scale_box(None, 16, 128) is None
+    assert gs.k_scale_box(ks.transpose(1, 2).contiguous().transpose(1, 2), 16, 128) is None
+    assert gs.k_scale_box(torch.ones(2, 4, 301)[..., 1:], 16, 128) is None
+    assert gs.k_scale_box(torch.ones(1, 1, 300).expand(2, 4, 300), 16, 128) == 32  # broadcast heads: flat offsets
+    assert gs.k_scale_box(None, 16, 128) is None
 
 
 def _key_of_row(rows: int) -> torch.Tensor:
@@ -148,7 +150,7 @@ def test_permuted_k_view_rows_hold_the_permuted_keys(layout, b, skv):
     data = torch.randint(-100, 100, (b, skv, h, d) if layout == "bshd" else (b, h, skv, d), generator=gen,
                          dtype=torch.int8)
     k = data.transpose(1, 2) if layout == "bshd" else data
-    desc, x_per_head, g_per_batch, g_per_head = gs._permuted_k(k, 16, 128)
+    desc, x_per_head, g_per_batch, g_per_head = gs.permuted_k(k, 16, 128)
     view = desc.base  # (groups, 2, 4, 2, inner), read row-major = the order TMA writes the box
     full = (skv // 16) * 16
     keys = _key_of_row(full)
@@ -172,7 +174,7 @@ def test_permuted_k_is_refused_where_the_view_cannot_hold(case, why):
     else:
         k = torch.zeros(b, skv, 4, 64, dtype=dtype).transpose(1, 2)
     k_block = case.get("k_block", 16)
-    assert gs._permuted_k(k, k_block, 128) is None, why
+    assert gs.permuted_k(k, k_block, 128) is None, why
 
 
 def test_permuted_k_compiles_to_a_5d_tma_without_shuffles():
@@ -253,7 +255,8 @@ def test_trio_runs_three_consumers_in_160_registers(config):
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
     cfg = gs.GluonConfig.parse(config)
     assert cfg.consumers == 3
-    grid, _, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg)
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg)
+    grid, meta = plan.grid, plan.meta
     assert grid[0] == -(-q.shape[2] // 192) and meta["CONSUMER_NREG"] == gs.TRIO_CONSUMER_REGS == 160
     compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb)
     ptx = compiled.asm["ptx"]
@@ -282,17 +285,18 @@ def test_trio_mmasum_trades_a_few_spills_for_fewer_instructions():
 
 @pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk", "128,3,ahead,solo"])
 def test_split_tail_launch_compiles_with_the_same_loop(config):
-    """A tail-split launch (:mod:`qattn_fx.kernels._tail_split`): a 1-D grid of ``main + tail · splits`` CTAs, the
+    """A tail-split launch (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): a 1-D grid of ``main + tail · splits`` CTAs, the
     ``SPLIT_TAIL`` kernel, whose full tiles' loop is no longer than the unsplit kernel's (but for a few
     instructions: the piece's key offset lives outside it; ptxas schedules the two a little differently, the
     ``ahead`` loops came out 11-22 instructions shorter) and has no more local-memory accesses."""
-    from qattn_fx.kernels import _tail_split
+    from qattn_fx.kernels.gluon_sage import tail_split as _tail_split
 
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
     cfg = gs.GluonConfig.parse(config)
     tail = _tail_split.TailPlan(ctas=100, main=60, splits=4, kv_split=1024)
     ws = _tail_split.workspace(tail, cfg.rows, 128, "meta")
-    grid, _, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, tail, ws)
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, tail, ws)
+    grid, meta = plan.grid, plan.meta
     assert grid == (60 + 40 * 4,) and meta["SPLIT_TAIL"] == 1
     loops = {}
     for plan in (None, tail):
@@ -309,8 +313,8 @@ def test_key_bias_launches_compile_in_key_order_without_loop_spills(config, d):
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
     cfg = gs.GluonConfig.parse(config)
     bias = torch.empty(1, k.shape[2], device="meta")
-    _, args, meta = gs._launch_args(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias)
-    assert meta["HAS_BIAS"] == 1 and meta["PERMK"] == 0
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias)
+    assert plan.meta["HAS_BIAS"] == 1 and plan.meta["PERMK"] == 0 and not plan.permuted_k
     compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] <= 80, report

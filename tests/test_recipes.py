@@ -566,3 +566,27 @@ def test_readme_recipe_table_is_generated_from_the_table():
             break
         block.append(line)
     assert block == lines
+
+
+def test_every_kernel_fact_is_declared_once_in_the_registry():
+    """The table's implementations are the kernel registry's requirements (or, for VisualGen's trtllm-gen rows,
+    the same with skip-softmax off), and each kernel module reads its limits from them."""
+    from dataclasses import replace
+
+    from qattn_fx import kernels
+    from qattn_fx.kernels import cudnn, flashinfer, gluon_sage, triton_sage
+
+    for row in TABLE:
+        for req in row.implementations:
+            if req.kernel is None:
+                continue
+            declared = kernels.info(req.kernel).requirements
+            assert req in declared or replace(req, skip_softmax=True) in declared, (row.backend, req)
+    (ts_req,) = kernels.requirements("triton_sage")
+    assert triton_sage.HEAD_DIMS == ts_req.head_dims.allowed and triton_sage.CAPABILITIES == ts_req.capabilities
+    (gs_req,) = kernels.requirements("gluon_sage")
+    assert (gluon_sage.CAPABILITY,) == gs_req.capabilities
+    assert flashinfer.FA3_HEAD_DIMS == kernels.requirements("flashinfer_fa3_fp8")[0].head_dims.allowed
+    assert cudnn.MXFP8_HEAD_DIMS == kernels.requirements("cudnn_mxfp8")[0].head_dims.allowed
+    assert set(cudnn.FP8_ARCHS) == {c for r in kernels.requirements("cudnn_fp8") for c in r.capabilities}
+    assert {k for k, i in kernels.KERNELS.items() if i.key_bias} == {"reference", "triton_sage", "gluon_sage"}

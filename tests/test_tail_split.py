@@ -1,4 +1,4 @@
-"""qattn_fx.kernels._tail_split on CPU: the planner's choices at the benchmark shapes and the LSE merge's algebra.
+"""qattn_fx.kernels.gluon_sage.tail_split on CPU: the planner's choices at the benchmark shapes and the LSE merge's algebra.
 
 The merge kernel itself runs on the GPU (tests/gpu/test_gluon_sage.py::test_split_tail_pieces_merge_to_the_emulated_split).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qattn_fx.kernels._tail_split import TailPlan, merge_reference, plan
+from qattn_fx.kernels.gluon_sage.tail_split import TailPlan, merge_reference, plan
 
 
 @pytest.mark.parametrize("ctas,slots,kv,expected", [

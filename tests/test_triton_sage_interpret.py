@@ -38,8 +38,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+import qattn_fx  # noqa: E402
 import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
+from qattn_fx.kernels import _sage_common  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
 from qattn_fx import formats  # noqa: E402
 import support  # noqa: E402
@@ -50,10 +52,11 @@ FP8 = torch.float8_e4m3fn
 
 
 @pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    """Run every test of this file under the Triton interpreter (the kernel is jitted lazily, so this suffices)."""
+def interpreter(monkeypatch, qattn_config):
+    """Run every test of this file under the Triton interpreter (the kernel source is loaded per Triton mode at its
+    first call in that mode, so this suffices)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv(ts.ENV_CONFIG, raising=False)
+    qattn_config(triton_sage_config=None)
     ts.set_config(None)
     yield
     ts.set_config(None)
@@ -313,7 +316,7 @@ def test_calls_past_the_grid_limit_run_in_batch_chunks(monkeypatch):
     args = quantize(*make_qkv(b=5), "int8", 1, 16)
     bias = key_bias(5, args[2].shape[2], "scattered")
     whole = ts.attention(*args, 0.125, torch.float32, key_bias=bias)
-    monkeypatch.setattr(ts, "MAX_GRID_Y", 8)  # 4 heads: two batch elements per launch
+    monkeypatch.setattr(_sage_common, "MAX_GRID_Y", 8)  # 4 heads: two batch elements per launch
     chunked = ts.attention(*args, 0.125, torch.float32, key_bias=bias)
     assert torch.equal(whole, chunked)
 
@@ -334,9 +337,9 @@ def test_wrong_capability_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     fake = types.SimpleNamespace(device=torch.device("cuda", 0))
     with pytest.raises(RuntimeError, match=r"sm_80.*valid: sm_89, sm_90"):
-        ts._check_device(fake)
+        ts.check_device(fake)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert ts._check_device(fake) == (9, 0)
+    assert ts.check_device(fake) == (9, 0)
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
@@ -346,7 +349,7 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         ts.scaled_attention(*args, 0.125, torch.float32)
 
 
-def test_config_forcing(monkeypatch):
+def test_config_forcing(qattn_config):
     assert ts.KernelConfig.parse("128,64,8,3") == ts.KernelConfig(128, 64, 8, 3)
     assert ts.KernelConfig.parse("BM128_BN64_w8_s3") == ts.KernelConfig(128, 64, 8, 3)
     assert ts.KernelConfig.parse("128,64,8,3,pipe") == ts.KernelConfig(128, 64, 8, 3, 1)
@@ -359,7 +362,7 @@ def test_config_forcing(monkeypatch):
     with pytest.raises(ValueError, match=r"config '128,64,8,3,v16' is invalid"):  # removed flags are unknown words
         ts.KernelConfig.parse("128,64,8,3,v16")
     assert ts.forced_config() is None
-    monkeypatch.setenv(ts.ENV_CONFIG, "64,32,4,2")
+    qattn_config(triton_sage_config="64,32,4,2")  # default: $QATTN_TRITON_SAGE_CONFIG
     assert ts.forced_config() == ts.KernelConfig(64, 32, 4, 2)
     with ts.use_config("16,16,4,1"):
         assert ts.forced_config() == ts.KernelConfig(16, 16, 4, 1)
@@ -372,11 +375,11 @@ def test_config_forcing(monkeypatch):
 
 def test_autotune_pruning():
     configs = [c.to_triton() for c in ts.CONFIGS]
-    hopper = ts._prune(configs, {"SEQ_Q": 32760}, PV_SPLIT=False, HEAD_DIM=128)
+    hopper = ts.prune_configs(configs, {"SEQ_Q": 32760}, PV_SPLIT=False, HEAD_DIM=128)
     assert len(hopper) == len(configs)
-    ada = ts._prune(configs, {"SEQ_Q": 32760}, PV_SPLIT=True, HEAD_DIM=128)
+    ada = ts.prune_configs(configs, {"SEQ_Q": 32760}, PV_SPLIT=True, HEAD_DIM=128)
     assert ada and all(c.kwargs["BLOCK_N"] == 64 and c.num_warps == 8 and not c.kwargs["PIPE"] for c in ada)
-    short = ts._prune(configs, {"SEQ_Q": 40}, PV_SPLIT=False, HEAD_DIM=128)
+    short = ts.prune_configs(configs, {"SEQ_Q": 40}, PV_SPLIT=False, HEAD_DIM=128)
     assert short and all(c.kwargs["BLOCK_M"] == 64 for c in short)
 
 

@@ -7,9 +7,9 @@ calls, which also compile, then timed calls with the L2 flushed before each) in 
 interleaved rounds (a, b, c, a, b, c, ...) and keeps the lowest median over the rounds: a kernel call of 100 ms or
 more gets a single timed call per ``do_bench``, and one round let clock drift between candidates pick a config
 3-5 % slower than the best (wan14b-720p, H200, 2026-11-30). Choices
-live in memory and, unless disabled, in a JSON file shared across processes (``$QATTN_TUNING_CACHE``, default
-``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version and problem key, so later processes
-start tuned.
+live in memory and, unless disabled, in a JSON file shared across processes (``qattn_fx.config.tuning_cache``,
+``$QATTN_TUNING_CACHE``, default ``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version and
+problem key, so later processes start tuned.
 
 A call made while the current CUDA stream is capturing a graph cannot be timed: it uses the cached choice, or the
 kernel's default when the key was never tuned (and says so through :meth:`ConfigTuner.last_source`).
@@ -28,24 +28,22 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-ENV_CACHE = "QATTN_TUNING_CACHE"
-#: Set to ``0`` to time nothing: every call then uses the cached choice or the kernel's default.
-ENV_ENABLE = "QATTN_AUTOTUNE"
+from .. import config
 
 
 def default_cache_path() -> Optional[Path]:
-    """``$QATTN_TUNING_CACHE`` (empty: no file, memory only), else ``~/.cache/qattn_fx/tuning.json``."""
-    text = os.environ.get(ENV_CACHE)
+    """``qattn_fx.config.tuning_cache`` (``$QATTN_TUNING_CACHE``; empty: no file, memory only), else
+    ``~/.cache/qattn_fx/tuning.json``."""
+    text = config.tuning_cache
     if text is not None:
         return Path(text) if text else None
     return Path.home() / ".cache" / "qattn_fx" / "tuning.json"
 
 
 def tuning_enabled() -> bool:
-    value = os.environ.get(ENV_ENABLE, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"${ENV_ENABLE}={value!r} is invalid; valid: '0' (use cached or default configs), '1'")
-    return value == "1"
+    """``qattn_fx.config.autotune`` (``$QATTN_AUTOTUNE``; off: every call uses the cached choice or the kernel's
+    default, timing nothing)."""
+    return config.flag("autotune")
 
 
 def do_bench_ms(run: Callable[[], None]) -> float:
@@ -113,8 +111,8 @@ class ConfigTuner:
             if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
                 raise ValueError("not a JSON object of strings")
         except ValueError as exc:
-            raise ValueError(f"tuning cache {path} is unreadable ({exc}); delete it or point ${ENV_CACHE} "
-                             "elsewhere") from exc
+            raise ValueError(f"tuning cache {path} is unreadable ({exc}); delete it or point $QATTN_TUNING_CACHE "
+                             "(qattn_fx.config.tuning_cache) elsewhere") from exc
         self._choices.update({k: v for k, v in data.items() if v in self.candidates})
 
     def _store(self) -> None:

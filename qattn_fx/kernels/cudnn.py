@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .. import formats
+from . import requirements as _kernel_requirements
 from ._cuda_utils import (
     FifoCache,
     PerDevice,
@@ -53,17 +54,20 @@ GRAPH_CACHE = FifoCache(maxsize=128)
 SCALE_S = formats.P_FP8_SCALE
 DESCALE_S = 1.0 / SCALE_S
 
-FP8_ARCHS = ((9, 0), (10, 0), (10, 3))
-MXFP8_ARCHS = ((10, 0), (10, 3))
+#: Architectures, library floors and head dims: the kernel registry's declarations
+#: (:data:`qattn_fx.kernels.KERNELS`, read here, not restated).
+FP8_ARCHS = tuple(cap for req in _kernel_requirements("cudnn_fp8") for cap in req.capabilities)
+(_MXFP8,) = _kernel_requirements("cudnn_mxfp8")
+MXFP8_ARCHS = _MXFP8.capabilities
 #: cuDNN backend floor for FP8 SDPA forward; 9.10.0 is rejected for FP8 forward by cuDNN itself.
-FP8_MIN_CUDNN = (9, 1, 0)
+FP8_MIN_CUDNN = tuple(int(x) for x in _kernel_requirements("cudnn_fp8")[0].library[1].split("."))
 FP8_BAD_CUDNN = ((9, 10, 0),)
 #: bf16/fp16 output of ``sdpa_fp8`` exists on Blackwell only, from cuDNN 9.13.0 (``sdpa_support_surface.h``).
 FP8_DIRECT_OUT_MIN_CUDNN = (9, 13, 0)
-MXFP8_MIN_CUDNN = (9, 21, 0)
+MXFP8_MIN_CUDNN = tuple(int(x) for x in _MXFP8.library[1].split("."))
 #: Transformer Engine disables MXFP8 attention on these backends ("known bugs").
 MXFP8_BAD_CUDNN = ((9, 23, 0), (9, 23, 1))
-MXFP8_HEAD_DIMS = (64, 128)
+MXFP8_HEAD_DIMS = _MXFP8.head_dims.allowed
 SF_ROWS = 128  # F8_128x4 atom: 128 rows ...
 SF_COLS = 4  # ... by 4 scale columns (512 bytes)
 

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from ..hardware import parse_version
+from . import requirements as _kernel_requirements
 from ._cuda_utils import (
     FifoCache,
     PerDevice,
@@ -37,14 +38,19 @@ from ._cuda_utils import (
 
 logger = logging.getLogger(__name__)
 
-FA3_ARCHS = ((9, 0),)
-FA3_HEAD_DIMS = (64, 128, 256)
-SAGE_INT8_ARCHS = ((10, 0),)
-SAGE_FP8_ARCHS = ((10, 0), (10, 3))
+#: Architectures, head dims and the library floor: the kernel registry's declarations
+#: (:data:`qattn_fx.kernels.KERNELS`, read here, not restated).
+(_FA3,) = _kernel_requirements("flashinfer_fa3_fp8")
+FA3_ARCHS = _FA3.capabilities
+FA3_HEAD_DIMS = _FA3.head_dims.allowed
+(_SAGE_INT8,) = _kernel_requirements("flashinfer_trtllm_sage", "int8")
+(_SAGE_FP8,) = _kernel_requirements("flashinfer_trtllm_sage", "fp8")
+SAGE_INT8_ARCHS = _SAGE_INT8.capabilities
+SAGE_FP8_ARCHS = _SAGE_FP8.capabilities
 SAGE_BLOCKS = (1, 4, 16)
-SAGE_HEAD_DIMS = (128,)
+SAGE_HEAD_DIMS = _SAGE_FP8.head_dims.allowed
 #: ``sage_attn_sfs`` exists from 0.6.11; the ragged per-sequence scale layout used here is the one of 0.6.16rc1+.
-SAGE_MIN_FLASHINFER = "0.6.16rc1"
+SAGE_MIN_FLASHINFER = _SAGE_FP8.library[1]
 #: Float workspace per device, shared by every FlashInfer call on that device (FlashInfer recommends 128 MB).
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

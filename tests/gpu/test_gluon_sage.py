@@ -20,9 +20,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 triton = pytest.importorskip("triton")
 
+import qattn_fx  # noqa: E402
 import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
-from qattn_fx.kernels import reference  # noqa: E402
+from qattn_fx.kernels import emulation, reference  # noqa: E402
 
 DEV = "cuda"
 needs_sm90 = pytest.mark.skipif(
@@ -35,30 +36,8 @@ assert_fp32_level = functools.partial(support.assert_fp32_level, name="gluon_sag
 
 
 def emulate_launched(args, sm_scale, config, tail, return_lse=False):
-    """The emulated tile loop (:func:`support.emulate`) as the kernel ran it: with a tail split (``tail``, from
-    :func:`gs.last_tail_plan`), the tail CTAs' rows are the LSE merge of the emulated pieces (each a tile loop over
-    its own keys, so P is rounded against the piece's running max)."""
-    from qattn_fx.kernels import _tail_split
-
-    q, qs, k, ks, v, vs, qb, kb = args
-    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True)
-    if tail is not None:
-        pieces = []
-        for lo in range(0, k.shape[2], tail.kv_split):
-            hi = min(lo + tail.kv_split, k.shape[2])
-            kss = ks[..., lo // kb:(hi + kb - 1) // kb] if ks is not None and kb > 0 else ks
-            pieces.append(emulate(q, qs, k[:, :, lo:hi], kss, v[:, :, lo:hi], vs, qb, kb, sm_scale, config.block_n,
-                                  config.mmasum, return_lse=True))
-        assert len(pieces) == tail.splits
-        split, split_lse = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]),
-                                                       torch.stack([p[1] for p in pieces]))
-        hq, sq = q.shape[1], q.shape[2]
-        rows, n_m = config.rows, gs._q_blocks(sq, config)
-        for g in range(tail.main, tail.ctas):  # the tail CTAs' rows: merged pieces
-            bh, m = divmod(g, n_m)
-            at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
-            want[at], want_lse[at] = split[at], split_lse[at]
-    return (want, want_lse) if return_lse else want
+    """The emulated tile loop as the kernel ran it (with its tail split, if any: :func:`emulation.emulate_launched`)."""
+    return emulation.emulate_launched(*args, sm_scale, config, tail, return_lse=return_lse)
 
 
 def check(args, what, sm_scale=None, out_dtype=torch.float32, config=None):
@@ -94,7 +73,7 @@ def test_recipes(qk, blocks):
 def test_k_scales_by_tma(k_block, skv):
     """Per-column / per-group K scales on the K tile's TMA (aligned heads; a partial last tile reads zeros)."""
     args = quantize(*make_qkv(skv=skv), "int8", 1, k_block)
-    assert gs._k_scale_box(args[3], k_block, 128) is not None
+    assert gs.k_scale_box(args[3], k_block, 128) is not None
     check(args, f"k_block {k_block} by TMA")
 
 
@@ -104,14 +83,14 @@ def test_k_scales_tma_cannot_address(layout):
     """K scales with a base off 16 bytes or no unit stride on tokens: loaded from global memory instead (same
     results); the aligned, contiguous ones ride on the K tile's TMA."""
     q, qs, k, ks, v, vs, qb, kb = quantize(*make_qkv(skv=1472), "int8", 1, 16)  # 92 groups of 16: aligned heads
-    assert gs._k_scale_box(ks, kb, 128) == 32
+    assert gs.k_scale_box(ks, kb, 128) == 32
     if layout == "offset":
         storage = torch.zeros(*ks.shape[:-1], ks.shape[-1] + 1, device=DEV)
         storage[..., 1:] = ks
         ks_other = storage[..., 1:]
     else:
         ks_other = ks.transpose(1, 2).contiguous().transpose(1, 2)
-    assert gs._k_scale_box(ks_other, kb, 128) is None
+    assert gs.k_scale_box(ks_other, kb, 128) is None
     out = check((q, qs, k, ks_other, v, vs, qb, kb), f"k scales {layout}")
     torch.testing.assert_close(out, check((q, qs, k, ks, v, vs, qb, kb), "k scales contiguous"), rtol=0, atol=0)
 
@@ -127,17 +106,17 @@ def test_permuted_k(case):
     """``permk``: K rows loaded permuted so P needs no shuffles; same results as the plain schedule (fp32 level)
     and the reference."""
     args = quantize(*make_qkv(**case), "int8", 1, 16)
-    assert gs._permuted_k(args[2], args[7], 128) is not None
+    assert gs.permuted_k(args[2], args[7], 128) is not None
     out = check(args, "permk", config=gs.GluonConfig.parse("128,3,ahead,permk"))
     plain = check(args, "plain", config=gs.GluonConfig.parse("128,3,ahead"))
     assert_fp32_level(out.float(), plain.float(), "permk vs plain")
 
 
 @needs_sm90
-def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path, monkeypatch):
+def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path, monkeypatch, qattn_config):
     """Without a forced config the first call of a problem key times every TUNED_CONFIGS entry, writes the choice
     to the tuning cache and returns the chosen config's output; the next call reads the choice back."""
-    monkeypatch.delenv(gs.ENV_CONFIG, raising=False)
+    qattn_config(gluon_sage_config=None)
     monkeypatch.setattr(gs.TUNER, "cache_path", tmp_path / "tuning.json")
     gs.TUNER.clear()
     args = quantize(*make_qkv(), "int8", 1, 16)
@@ -252,29 +231,27 @@ TAIL_CASES = [(gs.DEFAULT_CONFIGS[128], 16), (gs.GluonConfig(128, 3, ahead=1), 1
 
 @needs_sm90
 @pytest.mark.parametrize("config,k_block", TAIL_CASES, ids=[f"{c}-k{kb}" for c, kb in TAIL_CASES])
-def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypatch):
+def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypatch, qattn_config):
     """With 40 slots (a stand-in SM count) the grid's partial last wave is split over the keys
-    (:mod:`qattn_fx.kernels._tail_split`): output and LSE match the emulation of that (:func:`emulate_launched`)
+    (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): output and LSE match the emulation of that (:func:`emulate_launched`)
     and the reference op, and the unsplit launch within the reference tolerance."""
-    from qattn_fx.kernels import _tail_split
-
-    monkeypatch.setattr(gs, "_sm_count", lambda index: 40)
-    monkeypatch.delenv(gs.ENV_TAIL_SPLIT, raising=False)
+    monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)
+    qattn_config(gluon_tail_split=True)
     args = quantize(*make_qkv(skv=2500), "int8", 1, k_block)
     q, k = args[0], args[2]
     sm_scale = 1.0 / math.sqrt(128)
     with gs.use_config(config):
         out, lse = gs.attention(*args, sm_scale, torch.float32, return_lse=True)
     tail = gs.last_tail_plan()
-    ctas = q.shape[0] * q.shape[1] * gs._q_blocks(q.shape[2], config)
-    assert tail == _tail_split.plan(ctas, 40, k.shape[2], 128, k_block) and tail.splits >= 2, tail
+    ctas = q.shape[0] * q.shape[1] * gs.q_blocks(q.shape[2], config)
+    assert tail == gs.tail_split.plan(ctas, 40, k.shape[2], 128, k_block) and tail.splits >= 2, tail
     want, want_lse = emulate_launched(args, sm_scale, config, tail, return_lse=True)
     assert_fp32_level(out.float(), want, f"{config} {tail} vs emulation", mmasum=bool(config.mmasum))
     # mmasum: l is the ones-MMA's sum, with the FP8 accumulator's error (~1e-4 relative, up to ~1e-3 measured:
     # support.assert_fp32_level), which the emulation's fp32 sum does not have
     torch.testing.assert_close(lse, want_lse.float(), atol=2e-3 if config.mmasum else 1e-4, rtol=1e-5)
     assert_close_to_reference(out, reference.scaled_attention(*args, sm_scale, torch.float32), f"{config} split")
-    monkeypatch.setenv(gs.ENV_TAIL_SPLIT, "0")
+    qattn_config(gluon_tail_split=False)
     with gs.use_config(config):
         whole = gs.scaled_attention(*args, sm_scale, torch.float32)
     assert gs.last_tail_plan() is None

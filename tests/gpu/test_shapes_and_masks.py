@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import qattn_fx  # noqa: E402
 from qattn_fx import AttentionSpec, Recipe, Spec  # noqa: E402
-from qattn_fx.kernels import reference  # noqa: E402
+from qattn_fx.kernels import emulation, reference  # noqa: E402
 
 DEV = "cuda"
 needs_sm90 = pytest.mark.skipif(
@@ -97,7 +97,7 @@ def test_key_bias_matches_emulation_and_reference(kernel, qk, blocks, pattern):
     ref = reference.scaled_attention(*args, 1 / math.sqrt(128), torch.float32, key_bias=bias)
     if kernel == "gluon_sage":
         config, tail = gs.last_config(), gs.last_tail_plan()
-        want = emulate_launched(args, 1 / math.sqrt(128), config, tail, bias)
+        want = emulation.emulate_launched(*args, 1 / math.sqrt(128), config, tail, key_bias=bias)
         mmasum = bool(config.mmasum)
     else:
         config = ts.best_config() or ts.KernelConfig(128, 64, 8, 3)
@@ -108,32 +108,6 @@ def test_key_bias_matches_emulation_and_reference(kernel, qk, blocks, pattern):
         out, ref, want = out[:1], ref[:1], want[:1]
     support.assert_fp32_level(out.float(), want, f"{kernel} {qk} {pattern}", name=kernel, mmasum=mmasum)
     support.assert_close_to_reference(out.float(), ref, f"{kernel} {qk} {pattern}", name=kernel)
-
-
-def emulate_launched(args, sm_scale, config, tail, bias):
-    """gluon_sage's emulation as launched (its tail split's pieces merged by LSE), with the key bias."""
-    from qattn_fx.kernels import _tail_split
-
-    q, qs, k, ks, v, vs, qb, kb = args
-    want = emulate(*args, sm_scale, config.block_n, config.mmasum, key_bias=bias)
-    if tail is None:
-        return want
-    from qattn_fx.kernels import gluon_sage as gs
-
-    pieces = []
-    for lo in range(0, k.shape[2], tail.kv_split):
-        hi = min(lo + tail.kv_split, k.shape[2])
-        kss = ks[..., lo // kb:(hi + kb - 1) // kb] if ks is not None and kb > 0 else ks
-        pieces.append(emulate(q, qs, k[:, :, lo:hi], kss, v[:, :, lo:hi], vs, qb, kb, sm_scale, config.block_n,
-                              config.mmasum, return_lse=True, key_bias=bias[:, lo:hi]))
-    split, _ = _tail_split.merge_reference(torch.stack([p[0] for p in pieces]), torch.stack([p[1] for p in pieces]))
-    hq, sq = q.shape[1], q.shape[2]
-    rows, n_m = config.rows, gs._q_blocks(sq, config)
-    for g in range(tail.main, tail.ctas):
-        bh, m = divmod(g, n_m)
-        at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
-        want[at] = split[at]
-    return want
 
 
 @needs_sm90

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 triton = pytest.importorskip("triton")
 
+import qattn_fx  # noqa: E402
 import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx.kernels import reference  # noqa: E402
 from qattn_fx.kernels import triton_sage as ts  # noqa: E402
@@ -52,9 +53,9 @@ DEFAULT_CONFIG = ts.KernelConfig(128, 64, 8, 3)
 
 
 @pytest.fixture(autouse=True)
-def _compiled_mode(monkeypatch):
+def _compiled_mode(monkeypatch, qattn_config):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv(ts.ENV_CONFIG, raising=False)
+    qattn_config(triton_sage_config=None)
     ts.set_config(DEFAULT_CONFIG)
     yield
     ts.set_config(None)

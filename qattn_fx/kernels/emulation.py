@@ -1,0 +1,120 @@
+"""The Sage kernels' tile loop in torch: their specification, executable on any device.
+
+:func:`qattn_fx.kernels.reference` defines a recipe's numerics (P rounded against the global row max). The flash
+kernels (triton_sage, gluon_sage) compute the same recipe tile by tile, rounding P against the running max of the
+tiles seen so far; :func:`emulate` is that algorithm in its exact fp32 operation order (no fused multiply-add), so
+a kernel is pinned to it at fp32 level (the interpreter tests, bitwise under ``TRITON_INTERPRET=1``; the GPU tests,
+at the precision of Hopper's FP8 MMAs). :func:`emulate_launched` adds gluon_sage's tail split: the rows of a split
+CTA are the LSE merge of the emulated pieces. Tools, benchmarks and users can call both to see what a kernel should
+return.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import formats
+from ._sage_common import LOG2_448, LOG2E
+
+FP8 = torch.float8_e4m3fn
+
+
+def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False,
+            key_bias=None):
+    """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
+
+    Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
+    log2 448))`` rounded to e4m3, ``acc = acc·alpha + P8·V8`` (exact in fp64 here), ``O = acc / l · v_scale``;
+    ``l = l·alpha + ΣP448`` (``mmasum``: ``Σ e4m3(P448)``, gluon_sage's ones-MMA). Shared by the interpreter
+    tests (exact fp32 agreement) and the GPU tests. ``return_lse``: also the kernels' natural-log LSE
+    ``(m + log2 l - log2 448) · ln 2``. ``key_bias`` ``(B|1, Skv)``: logits are ``z = t·rs + bias·log2 e`` and the
+    max is taken over ``z``; a running max of ``-inf`` (every key so far masked) is used as 0, and a row with
+    ``l = 0`` gives 0.
+    """
+    b, hq, sq, _ = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kk = k.repeat_interleave(g, 1)
+    v8 = v.double().repeat_interleave(g, 1)
+    qk_scale = torch.tensor(sm_scale * LOG2E, dtype=torch.float32, device=q.device)
+    s_all = q.double() @ kk.double().transpose(-1, -2)
+    if q_scale is None:
+        s_all = s_all.float()
+        rs = torch.full((b, hq, sq), qk_scale.item(), device=q.device)
+    else:
+        s_all = s_all.to(torch.int32) if q.dtype == torch.int8 else s_all.float()
+        rs = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float().expand(b, hq, sq) * qk_scale
+        if k_block == 0:
+            rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
+    per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
+    m = torch.full((b, hq, sq), -math.inf, device=q.device)
+    l = torch.zeros(b, hq, sq, device=q.device)
+    acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64, device=q.device)
+    for s0 in range(0, skv, block_n):
+        n = torch.arange(s0, min(s0 + block_n, skv), device=q.device)
+        s = s_all[..., n]
+        if k_scale is not None and k_block > 0:
+            ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]
+        if q.dtype == torch.int8:
+            t = (s + 0x4B400000).view(torch.float32)
+            if per_col:
+                t = (t - 12582912.0) * (ks.view(torch.int32) & -4).view(torch.float32)[:, :, None, :]
+            else:
+                t = t - 12582912.0
+        else:
+            t = s * ks[:, :, None, :] if per_col else s
+        r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
+        if key_bias is None:
+            m_new = torch.maximum(m, t.amax(-1) * r)
+            p = torch.exp2(t * r[..., None] - (m_new - LOG2_448)[..., None])
+            alpha = torch.exp2(m - m_new)
+        else:
+            kb = (key_bias.float()[:, None, None, :] * torch.tensor(LOG2E, dtype=torch.float32))[..., n]
+            z = t * r[..., None] + kb
+            m_new = torch.maximum(m, z.amax(-1))
+            m_use = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+            p = torch.exp2(z - (m_use - LOG2_448)[..., None])
+            alpha = torch.exp2(m - m_use)
+        l = l * alpha + (p.to(FP8).float().sum(-1) if mmasum else p.sum(-1))
+        acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
+        m = m_new
+    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
+    out = acc / l[..., None].double() * vs
+    if key_bias is not None:
+        out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)
+    if return_lse:
+        return out, (m + torch.log2(l) - LOG2_448) * math.log(2.0)
+    return out
+
+
+def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, config, tail,
+                     return_lse=False, key_bias=None):
+    """:func:`emulate` as gluon_sage launched it with ``config`` and tail split ``tail`` (``gluon_sage.last_config()``
+    and ``last_tail_plan()``): the tail CTAs' rows are the LSE merge of the emulated pieces, each a tile loop over
+    its own keys (so P is rounded against the piece's running max)."""
+    from .gluon_sage import q_blocks, tail_split
+
+    args = (q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True, key_bias=key_bias)
+    if tail is not None:
+        pieces = []
+        for lo in range(0, k.shape[2], tail.kv_split):
+            hi = min(lo + tail.kv_split, k.shape[2])
+            kss = k_scale[..., lo // k_block:(hi + k_block - 1) // k_block] if (k_scale is not None and
+                                                                                 k_block > 0) else k_scale
+            pieces.append(emulate(q, q_scale, k[:, :, lo:hi], kss, v[:, :, lo:hi], v_scale, q_block, k_block,
+                                  sm_scale, config.block_n, config.mmasum, return_lse=True,
+                                  key_bias=None if key_bias is None else key_bias[:, lo:hi]))
+        if len(pieces) != tail.splits:
+            raise ValueError(f"tail split {tail} has {tail.splits} pieces; the keys make {len(pieces)}")
+        split, split_lse = tail_split.merge_reference(torch.stack([p[0] for p in pieces]),
+                                                      torch.stack([p[1] for p in pieces]))
+        hq, sq = q.shape[1], q.shape[2]
+        rows, n_m = config.rows, q_blocks(sq, config)
+        for g in range(tail.main, tail.ctas):  # the tail CTAs' rows: merged pieces
+            bh, m = divmod(g, n_m)
+            at = (bh // hq, bh % hq, slice(m * rows, min((m + 1) * rows, sq)))
+            want[at], want_lse[at] = split[at], split_lse[at]
+    return (want, want_lse) if return_lse else want

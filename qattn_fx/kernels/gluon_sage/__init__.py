@@ -1,0 +1,78 @@
+"""Warp-specialized Hopper (sm_90) SageAttention kernel in Gluon: a TMA producer warp and two (or three) consumer
+warpgroups.
+
+Implements ``qattn::scaled_attention`` with the numerics of :mod:`qattn_fx.kernels.triton_sage` (see its module
+docstring: exact int32→fp32 with the 1.5·2^23 magic number, K scales per column / group / tile, online exp2
+softmax on ``448·P``, e4m3 P, two-level P·V accumulation, ``O = acc · v_scale / l``). What differs is the
+schedule, which plain Triton 3.6 cannot express:
+
+* one CTA owns ``2 · 64`` query rows of one (batch, head) (``trio``: ``3 · 64``; ``solo``: 64). A **producer
+  warp** streams K and V tiles through
+  ``STAGES``-deep shared-memory rings with TMA (``ready`` mbarriers carry the byte count; rows past the sequence
+  arrive as zeros). Per-column / per-group K scales ride on the K tile's barrier as a 1-D TMA box into a
+  ``2 · STAGES``-deep ring (a broadcast shared-memory read for the consumers instead of masked global loads,
+  ~90 fewer instructions per tile); scales TMA cannot address (no unit stride on tokens, unaligned base, other
+  ``k_block``) are loaded from global memory a tile ahead. Each **consumer warpgroup** owns 64 of the
+  rows and runs Q·Kᵀ (wgmma), the softmax and P·V (wgmma, P from registers) on every tile, then frees tile
+  ``j+1``'s K slot and tile ``j``'s V slot with one arrive on a ``kv_free`` mbarrier (count: the consumers).
+* nothing synchronizes the two consumers with each other (no CTA-wide barrier in the loop), so one warpgroup's
+  softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
+  ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
+* registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
+  :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
+  bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
+  warp on every SM sub-partition to hide it, which measured fastest at video lengths (seventh session).
+* schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
+  ``ahead`` (the next tile's Q·Kᵀ in flight during this tile's exponentials); docs/kernel-design.md describes
+  them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
+  masks: a per-tile branch between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's
+  Gluon (wrong values and NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change
+  the data layout, the CTA shape and the slot release; which schedule is fastest depends on the shape, so calls
+  are autotuned per problem key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
+* a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
+  (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
+  turns it off): measured on the H200 in
+  one process (tools/ab_tail_split.py), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 % at
+  wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
+
+Measured on the H200 (BENCHMARKS.md): 845-899 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe under the default
+``trio,mmasum`` configs (780-833 with two consumers), above cuDNN FP8 in the same runs (latency-bound: see "What
+bounds the kernel" there); output identical to triton_sage's (same tiles, same
+operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
+on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
+the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
+
+Inputs (validated by :func:`qattn_fx.kernels._sage_common.validate`, plus :func:`ineligible`): int8 / e4m3 /
+bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D (BSHD and BHSD views both; a Q
+or K whose base or strides are not 16-byte aligned for TMA is copied); V e4m3 ``(B, Hkv, Sv, Dv)``, ``Sv >= Skv``,
+sequence-major (``stride(-2) == 1``, the quantize node's layout, rows padded to 16 tokens); head_dim 64 or 128;
+fp32 scales as for triton_sage. GQA through ``Hq = g · Hkv``. Optional ``key_bias`` fp32 ``(B|1, Skv)`` (masks):
+each tile's bias is loaded at use and added to the logits, whose max is then taken over ``t·rs + bias`` (a row
+with every key masked gives 0); such launches read K in key order (no ``permk``) and are tuned over
+:data:`BIAS_TUNED_CONFIGS`. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
+
+Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing), :mod:`.consumer` and
+:mod:`.producer` (the partitions), :mod:`.kernel` (``_sage_fwd_ws``: shared memory, barriers, warp
+specialization), :mod:`.launch` (descriptors, :class:`LaunchPlan`, tuning, launching, offline compiles),
+:mod:`.tail_split` (planning and merging the split last wave); constants, input checks and helpers shared with
+triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..emulation`.
+"""
+
+from . import tail_split
+from ._gluon import GLUON_ERROR
+from .config import (BIAS_DEFAULT_CONFIG, BIAS_TUNED_CONFIGS, CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS,
+                     DEFAULT_CONFIGS, FORCED, LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_CONSUMER_REGS,
+                     SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
+                     current_config, forced_config, use_config)
+from .consumer import _mma_layout as mma_layout
+from .launch import (BIAS_TUNER, LAST, TUNER, LaunchPlan, attention, compile_for, descriptor, ineligible,
+                     k_scale_box, last_config, last_tail_plan, permuted_k, plan_launch, q_blocks, scaled_attention,
+                     sm_count, tail_plan, tma_aligned, tuning_key)
+
+__all__ = ["BIAS_DEFAULT_CONFIG", "BIAS_TUNED_CONFIGS", "BIAS_TUNER", "CAPABILITY", "CONFIGS", "CONSUMER_REGS",
+           "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR", "GluonConfig", "LAST", "LAUNCH_MAXNREG",
+           "LaunchPlan", "PRODUCER_REGS", "ROWS_PER_CONSUMER", "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG",
+           "TRIO_CONSUMER_REGS", "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "compile_for",
+           "current_config", "descriptor", "forced_config", "ineligible", "k_scale_box", "last_config",
+           "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks", "scaled_attention", "sm_count", "tail_plan",
+           "tail_split", "tma_aligned", "tuning_key", "use_config"]

@@ -1,0 +1,28 @@
+"""The Gluon imports of gluon_sage's kernel source (optional: the package imports without a Gluon-capable Triton, and
+:func:`..launch.attention` then raises naming what is missing), and the decorators that fall back to plain
+functions without it."""
+
+from typing import Optional
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_ERROR: Optional[BaseException] = None
+except ImportError as exc:  # pragma: no cover - exercised only without a Gluon-capable triton
+    triton = gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = async_copy = None
+    fence_async_shared = None
+    GLUON_ERROR = exc
+
+
+def jit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+def constexpr_function(fn):
+    return gluon.constexpr_function(fn) if gluon is not None else fn

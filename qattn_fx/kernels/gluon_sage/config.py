@@ -1,0 +1,145 @@
+"""gluon_sage's configuration: the CTA's register budget, :class:`GluonConfig` (schedule and layout flags), the
+config lists the GPU tests, the tuner and the untuned defaults use, and forcing one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Iterator, Optional
+
+from .. import requirements as kernel_requirements
+from .._sage_common import ForcedConfig, LaunchConfig
+
+#: Compute capability the kernel is built for (wgmma, TMA, setmaxnreg): the registry's declaration.
+((CAPABILITY,),) = (r.capabilities for r in kernel_requirements("gluon_sage"))
+#: Query rows per consumer warpgroup (one wgmma M) and consumers per CTA.
+ROWS_PER_CONSUMER = 64
+CONSUMERS = 2
+#: Registers per thread after ``setmaxnreg``: consumers / producer (4 + 4 + 1 warps → 3 warpgroups; the kernel
+#: launches with ``maxnreg`` = their mean so that the 64 K registers of an SM hold one CTA).
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+LAUNCH_MAXNREG = 168
+#: ``solo`` configs (one consumer warpgroup per CTA): Gluon pads the producer's partition to a warpgroup, so a CTA
+#: is 256 threads; launched with 128 registers each, two CTAs fit an SM's 64 K registers and ``setmaxnreg`` gives
+#: the consumer 232 (4·232 + 4·24 = 8·128; no spills, checked offline).
+SOLO_LAUNCH_MAXNREG = 128
+SOLO_CONSUMER_REGS = 232
+#: ``trio`` configs (three consumer warpgroups, 192 query rows per CTA): 4 + 4 + 4 + 4 (the padded producer) warps
+#: launched with 128 registers each fill an SM's 64 K registers; ``setmaxnreg`` gives consumers 1 and 2
+#: :data:`TRIO_CONSUMER_REGS` and consumer 0 (Gluon's default partition) the rest, 168 (2·4·160 + 4·168 + 4·24 =
+#: 16·128). Enough for the serial schedule only (offline: ``ahead`` spills ~530 bytes at 160).
+TRIO_LAUNCH_MAXNREG = 128
+TRIO_CONSUMER_REGS = 160
+
+
+@dataclass(frozen=True)
+class GluonConfig(LaunchConfig):
+    """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and schedule flags:
+    ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
+    exponentials; ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P
+    reaches the P·V wgmma without shuffles, where the K layout allows it; ``solo``: one consumer
+    warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
+    ring (each streams K/V itself: twice the L2 reads); ``tarrive``: every consumer
+    thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
+    warpgroup ``bar.sync`` and one thread's arrive; ``mmasum``: the softmax denominator comes from the tensor
+    cores, a second wgmma per tile multiplying P by a shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums
+    added like P·V's), instead of ~70 fp32 adds and shuffles per thread and tile: ``l`` is then the sum of the
+    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``trio``: three consumer
+    warpgroups per CTA (192 query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule
+    fits: three warps per SM sub-partition hide more of the MMA and exponential latency than ``ahead`` does with
+    two (4-5 % faster at the Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50
+    instructions per tile it saves, 8-12 %). Schedules tried and removed: docs/kernel-design.md."""
+
+    block_n: int
+    stages: int
+    ahead: int = 0
+    permk: int = 0
+    solo: int = 0
+    tarrive: int = 0
+    mmasum: int = 0
+    trio: int = 0
+
+    NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
+    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio")
+    PREFIX: ClassVar = "WS"
+    KIND: ClassVar = "gluon_sage"
+    EXAMPLE: ClassVar = "128,2,ahead"
+
+    def __post_init__(self) -> None:
+        if self.block_n not in (64, 128):
+            raise ValueError(f"block_n={self.block_n!r} is invalid; valid: 64, 128")
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"stages={self.stages!r} is invalid; valid: 2, 3, 4")
+        self._check_flags()
+        if self.trio and (self.ahead or self.solo):
+            raise ValueError(f"trio (three consumers of {TRIO_CONSUMER_REGS} registers) runs the serial schedule "
+                             f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,permk][,tarrive][,mmasum]'")
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups per CTA (each owns 64 query rows)."""
+        return 1 if self.solo else (3 if self.trio else CONSUMERS)
+
+    @property
+    def rows(self) -> int:
+        """Query rows per CTA: :data:`ROWS_PER_CONSUMER` per consumer warpgroup."""
+        return self.consumers * ROWS_PER_CONSUMER
+
+
+#: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
+#: 2026-11-30 H200 tuning runs (BENCHMARKS.md, seventh session): ``128,3,trio,permk,tarrive,mmasum`` at both head
+#: dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7 at d64; ``128,3,ahead,permk``, the earlier
+#: head_dim-128 default, 801.2 / 791.2 / 496.5 in the same run).
+DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
+                   64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
+#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``trio,permk,mmasum``
+#: (with or without ``tarrive``) at the Wan shapes and d64; ``ahead,solo`` / ``ahead,permk(,solo,tarrive)`` at
+#: flux-1024, whose 4608 rows make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones; ``ahead`` stays for
+#: inputs whose K layout ``permk`` cannot view (it then runs the plain schedule, and ``trio`` spills in its loop).
+TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
+                 GluonConfig(128, 3, ahead=1, solo=1),
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
+                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
+                 GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
+                 GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
+                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
+#: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
+CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
+           GluonConfig(128, 2),
+           GluonConfig(64, 3, ahead=1),
+           GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
+           GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, tarrive=1),
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1),
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
+           GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1),
+           GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 2, mmasum=1),
+           GluonConfig(64, 3, ahead=1, mmasum=1),
+           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
+           GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
+           GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
+           GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
+
+#: Key-bias launches (masks) load K in key order (no ``permk`` view), where ``trio`` spills in its loop (offline,
+#: d128: over 1 KB): they are tuned over the other configs.
+BIAS_TUNED_CONFIGS = tuple(c for c in TUNED_CONFIGS if not c.trio)
+BIAS_DEFAULT_CONFIG = GluonConfig(128, 3, ahead=1)
+
+#: The forced config (``qattn_fx.config.gluon_sage_config``, ``$QATTN_GLUON_SAGE_CONFIG``).
+FORCED = ForcedConfig(GluonConfig, "gluon_sage_config")
+
+
+def use_config(config: Optional[GluonConfig | str]) -> Iterator[None]:
+    """Force ``config`` for every call inside the block (``None``: autotune)."""
+    return FORCED.use(config)
+
+
+def forced_config() -> Optional[GluonConfig]:
+    """The config every call uses instead of autotuning: ``qattn_fx.config.gluon_sage_config`` (set by
+    :func:`use_config`, default ``$QATTN_GLUON_SAGE_CONFIG``), else ``None``."""
+    return FORCED.get()
+
+
+def current_config(head_dim: int = 128) -> GluonConfig:
+    """The forced config (:func:`forced_config`), else the untuned default of this head_dim
+    (:data:`DEFAULT_CONFIGS`)."""
+    return forced_config() or DEFAULT_CONFIGS[head_dim]

@@ -1,0 +1,125 @@
+"""gluon_sage's kernel: shared memory and barriers, then the consumer and producer partitions
+(``gl.warp_specialize``)."""
+
+from ._gluon import gl, jit, mbarrier
+from .consumer import _consume
+from .producer import _producer
+
+
+@jit
+def _sage_fwd_ws(
+    q_desc, k_desc, v_desc, ks_desc, kp_desc, QS, KS, VS, KB, Out, Lse,
+    qk_scale,
+    stride_qsb, stride_qsh, stride_qsn,
+    stride_ksb, stride_ksh, stride_ksn,
+    stride_vsb, stride_vsh, stride_vsd,
+    stride_kbb,
+    stride_ob, stride_oh, stride_os,
+    H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
+    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs,
+    QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
+    AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
+    TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
+):
+    """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
+    64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
+    producer); ``CONSUMERS=3`` (``trio``): 192 rows and a third consumer; ``CONSUMERS=1`` (``solo``): 64 rows,
+    consumer 0 and the producer only, two CTAs per SM (each consumer then has a K/V ring of its own instead of
+    sharing one with the other consumer).
+
+    ``SPLIT_TAIL`` (:mod:`.tail_split`): a 1-D grid of the same CTAs in the same order (CTA ``g`` is ``(g % N_M,
+    g // N_M)``): ``MAIN_CTAS`` whole ones, then ``SPLITS`` pieces for each remaining CTA ``g`` (the last, partial
+    wave), piece ``s`` over keys ``[s · KV_SPLIT, (s + 1) · KV_SPLIT)``;
+    pieces write their normalized fp32 O and natural-log LSE to ``OutWs (pieces, R, Dv)`` / ``LseWs (pieces, R)``,
+    which :func:`.tail_split.merge` combines into ``Out`` (and ``Lse``).
+
+    Descriptors: Q ``(B, Hq, Sq, D)`` block ``(1, 1, 64, D)``, K ``(B, Hkv, Skv, D)`` block ``(1, 1, BLOCK_N, D)``,
+    V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``; with ``KS_TMA`` the K
+    scales flattened to 1-D (unit stride on tokens), block ``BLOCK_N / k_block`` (at least 32: 128 bytes), else
+    ``None`` (scales by pointer ``KS``).
+    """
+    BM: gl.constexpr = q_desc.block_type.shape[2]
+    if SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
+        cta = gl.program_id(0)
+        tail = (cta >= MAIN_CTAS).to(gl.int32)
+        t = gl.maximum(cta - MAIN_CTAS, 0)
+        g = cta + tail * (MAIN_CTAS + t // SPLITS - cta)
+        kv0 = tail * (t % SPLITS) * KV_SPLIT
+        kv_len = SEQ_KV + tail * (gl.minimum(SEQ_KV - kv0, KV_SPLIT) - SEQ_KV)
+        piece = tail * (t + 1) - 1
+        pid_m = g % N_M
+        pid_bh = g // N_M
+    else:  # (the same CTA order as a 2-D grid (N_M, B·Hq))
+        pid_m = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        kv0 = pid_m * 0
+        kv_len = SEQ_KV
+        piece = kv0 - 1
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
+    start_m = pid_m * (NC * BM)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if KS_TMA:
+        # twice the K ring's depth: tile j's scales stay until tile j + 2·STAGES, i.e. past the release of tile j's
+        # K slot, so consumers may read them any time after its ready barrier
+        ks_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES] + ks_desc.block_type.shape, ks_desc.layout)
+    else:
+        ks_smem = k_smem  # unused
+    if MMASUM:  # each consumer's ones-MMA B operand: 8 rows of e4m3 ones over the tile's keys
+        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [NC, 8, BLOCK_N],
+                                              gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv))
+    else:
+        ones_smem = k_smem  # unused
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        # every consumer (TARRIVE: every consumer thread) arrives on each release event
+        mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
+
+    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, ks_smem, ones_smem),
+            (q_bar, k_ready, v_ready, kv_free),
+            (QS, KS, VS, Out, Lse, OutWs, LseWs, KB),
+            (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
+             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
+             kp_gh, kv0, piece, stride_kbb),
+            qk_scale)
+    # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
+    # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                         TARRIVE, MMASUM, SPLIT_TAIL)),
+        ], [1], [PRODUCER_NREG])
+    elif CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+            (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                         TARRIVE, MMASUM, SPLIT_TAIL)),
+        ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
+    else:
+        gl.warp_specialize([
+            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
+                         TARRIVE, MMASUM, SPLIT_TAIL)),
+        ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])

@@ -1,0 +1,316 @@
+"""gluon_sage's host side: TMA descriptors, the launch plan, the tail split's planning, autotuning, launching and
+offline compiles."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ... import config as qattn_config
+from .. import _sage_common as common
+from .._config_tuner import ConfigTuner
+from .._cuda_utils import empty_bshd
+from . import tail_split
+from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
+from .config import (BIAS_DEFAULT_CONFIG, BIAS_TUNED_CONFIGS, CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS,
+                     LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS,
+                     TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig, forced_config)
+from .kernel import _sage_fwd_ws
+
+KERNEL = "gluon_sage"
+
+
+#: This process's latest launch (its config and tail split), for reports and benchmarks.
+LAST = common.LastLaunch()
+
+
+def last_config() -> Optional[GluonConfig]:
+    """The config of this process's latest launch (forced, tuned or default), for reports; ``None`` before any."""
+    return LAST.config
+
+
+def last_tail_plan() -> Optional[tail_split.TailPlan]:
+    """The tail split of this process's latest launch (:func:`tail_plan`), for reports; ``None``: none."""
+    return LAST.tail
+
+
+def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool,
+                key_bias: bool = False) -> tuple:
+    """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket[, "bias"])``: lengths in
+    powers of 4 from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2; key-bias calls
+    (masks) are tuned apart."""
+    bsz, hq, sq, d = q.shape
+    key = (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), common.seq_bucket(sq),
+           common.seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
+    return key + ("bias",) if key_bias else key
+
+
+#: The autotuner: one timing of :data:`TUNED_CONFIGS` per :func:`_tuning_key`, cached in memory and on disk
+#: (:mod:`._config_tuner`); under graph capture before any tuning it uses :data:`DEFAULT_CONFIGS`.
+TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]))
+#: Key-bias launches (masks): tuned over :data:`BIAS_TUNED_CONFIGS`, by a tuner of their own.
+BIAS_TUNER = ConfigTuner("gluon_sage_key_bias", [str(c) for c in BIAS_TUNED_CONFIGS],
+                         default=lambda key: str(BIAS_DEFAULT_CONFIG))
+
+
+def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why this kernel cannot take these (already validated) inputs, or ``None``."""
+    if GLUON_ERROR is not None:
+        return f"triton with Gluon (Hopper) is not importable: {GLUON_ERROR}"
+    if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != CAPABILITY:
+        return f"needs an sm_90 (Hopper) GPU; got {q.device}"
+    if not common.seq_major(v):
+        return f"needs sequence-major fp8 V (stride(-2) == 1); got strides {tuple(v.stride())}"
+    for name, x, dims in (("q", q, (0, 1, 2)), ("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
+        if not tma_aligned(x, dims):
+            return (f"{name} needs a 16-byte aligned base and strides for TMA; got strides {tuple(x.stride())} "
+                    f"of {x.dtype}")
+    return None
+
+
+def tma_aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """TMA's addressing rule: a 16-byte aligned base and 16-byte multiple strides on ``dims`` (the non-unit ones)."""
+    size = x.element_size()
+    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
+    """The swizzled shared-memory layout of a TMA box (computed once per box and dtype: part of the launch cost)."""
+    gl_dtype = {torch.int8: gl.int8, torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+                torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
+def descriptor(x: torch.Tensor, block: list[int]):
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _shared_layout(tuple(block), x.dtype))
+
+
+def k_scale_box(k_scale: Optional[torch.Tensor], k_block: int, block_n: int) -> Optional[int]:
+    """Elements per K tile of the K scales when they can ride on the K tile's TMA (one scale per column or per
+    group dividing the tile, at least 4 groups; unit stride on tokens; 16-byte aligned base and batch/head strides,
+    e.g. ``Skv`` a multiple of ``64 · k_block / 16``), padded to 128 bytes (TMA writes shared
+    memory at 128-byte aligned addresses: each slot of the ring is one box); else ``None``."""
+    if k_scale is None or not (k_block == 1 or (1 < k_block < block_n and block_n % k_block == 0)):
+        return None
+    if (k_scale.shape[-1] > 1 and k_scale.stride(-1) != 1) or k_scale.data_ptr() % 16:
+        return None
+    # every box starts at b·s_b + h·s_h + j·G elements, which TMA needs 16-byte aligned (4 fp32)
+    if any(st % 4 for st in common.scale_strides(k_scale)[:2]) or (block_n // k_block) % 4:
+        return None
+    return max(block_n // k_block, 32)
+
+
+def k_scale_descriptor(k_scale: torch.Tensor, box: int):
+    """1-D TMA descriptor over every element a (broadcast-aware) offset ``b·s_b + h·s_h + n`` can reach."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(k_scale.shape, common.scale_strides(k_scale)))
+    return descriptor(k_scale.as_strided((extent,), (1,)), [box])
+
+
+def permuted_k(k: torch.Tensor, k_block: int, block_n: int):
+    """A 5-D view of K for TMA whose box, read in order, is a ``(block_n, D)`` tile with row ``16g + 8i + 2c + e``
+    holding key ``16g + 4c + 2i + e``: the wgmma accumulator then holds P in the FP8 A-operand order, with V as
+    stored. Returns ``(descriptor, x_per_head, g_per_batch, g_per_head)`` (the producer's box coordinates are
+    ``x = hk·x_per_head`` on the innermost dim, ``g = b·g_per_batch + hk·g_per_head`` on the 16-key groups), or
+    ``None`` where the view cannot be built: K not 8-bit; K scales per 1 or 4 keys (the permutation crosses them;
+    per 16, 32, ... keys, per head or per tensor are kept); heads neither interleaved (BSHD) nor stacked (BHSD)
+    with contiguous batches; several batches or heads folded into the groups but ``Skv`` not a multiple of 16."""
+    if k.element_size() != 1 or k_block % 16:
+        return None
+    bsz, hkv, skv, d = k.shape
+    sb, sh, ss, _ = k.stride()
+    if (ss % 16) or (ss == 0):
+        return None
+    if sh == d and (hkv == 1 or ss == hkv * d):  # BSHD: the heads side by side in one token row
+        inner, x_per_head, g_per_head = hkv * d, d, 0
+        if bsz > 1 and (skv % 16 or sb != skv * ss):
+            return None
+        g_per_batch = skv // 16 if bsz > 1 else 0
+        groups = (bsz * skv) // 16 if bsz > 1 else skv // 16
+    elif ss == d and (hkv == 1 or sh == skv * d) and (bsz == 1 or sb == hkv * skv * d):  # BHSD, contiguous
+        if (bsz * hkv > 1) and skv % 16:
+            return None
+        inner, x_per_head, g_per_head, g_per_batch = d, 0, skv // 16, hkv * skv // 16
+        groups = (bsz * hkv * skv) // 16
+    else:
+        return None
+    if groups == 0:
+        return None
+    view = k.as_strided((groups, 2, 4, 2, inner), (16 * ss, 2 * ss, 4 * ss, ss, 1))
+    return descriptor(view, [block_n // 16, 2, 4, 2, d]), x_per_head, g_per_batch, g_per_head
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One launch of the kernel as the host builds it: ``grid``, the positional ``args`` and constexpr ``meta`` of
+    :func:`~.kernel._sage_fwd_ws`, and what they were derived from: the ``config``, the K-scale TMA box
+    (``k_scale_box``: scales per box, ``None`` when they are loaded from global memory), whether full K tiles load
+    through the permuting view (``permuted_k``), the ``tail`` split, and the CTAs per (batch, head) (``q_blocks``).
+    """
+
+    config: GluonConfig
+    grid: tuple
+    args: list
+    meta: dict
+    k_scale_box: Optional[int]
+    permuted_k: bool
+    tail: Optional[tail_split.TailPlan]
+    q_blocks: int
+
+
+def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
+                config: GluonConfig, tail: Optional[tail_split.TailPlan] = None, workspace=None,
+                key_bias=None) -> LaunchPlan:
+    """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
+    last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
+    ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view)."""
+    bsz, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
+    ks = k_scale if k_scale is not None else v_scale
+    ks_box = k_scale_box(k_scale, k_block, config.block_n)
+    permuted = (permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
+                if config.permk and key_bias is None else None)
+    kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
+    n_m = q_blocks(sq, config)
+    args = [
+        descriptor(q, [1, 1, ROWS_PER_CONSUMER, d]), descriptor(k, [1, 1, config.block_n, d]),
+        descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
+        k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
+        qs, ks, v_scale, key_bias if key_bias is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E,
+        *common.scale_strides(q_scale), *common.scale_strides(k_scale), *common.scale_strides(v_scale),
+        common.bias_stride(key_bias),
+        out.stride(0), out.stride(1), out.stride(2),
+        hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
+        n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
+        *(workspace if tail else (out, lse)),
+    ]
+    meta = dict(QK_KIND=common.QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
+                K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
+                BLOCK_N=config.block_n, STAGES=config.stages,
+                CONSUMER_NREG=TRIO_CONSUMER_REGS if config.trio else CONSUMER_REGS,
+                PRODUCER_NREG=PRODUCER_REGS,
+                AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
+                PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
+                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None))
+    grid = (tail.grid,) if tail else (n_m, bsz * hq)
+    return LaunchPlan(config, grid, args, meta, ks_box, permuted is not None, tail, n_m)
+
+
+def q_blocks(sq: int, config: GluonConfig) -> int:
+    """CTAs per (batch, head): query rows in blocks of :attr:`GluonConfig.rows`."""
+    return -(-sq // config.rows)
+
+
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfig) -> Optional[tail_split.TailPlan]:
+    """The split of this call's last partial wave (:func:`.tail_split.plan`; ``None``: none, or turned off by
+    ``qattn_fx.config.gluon_tail_split``, ``$QATTN_GLUON_TAIL_SPLIT=0``). Slots: the device's SMs, two CTAs each
+    under ``solo``. ``k_block``: 0 when K has no per-block scales."""
+    if not qattn_config.flag("gluon_tail_split"):
+        return None
+    bsz, hq, sq, _ = q.shape
+    slots = sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    return tail_split.plan(bsz * hq * q_blocks(sq, config), slots * (2 if config.solo else 1), k.shape[2],
+                            config.block_n, k_block)
+
+
+def _launch_maxnreg(meta: dict) -> int:
+    return {1: SOLO_LAUNCH_MAXNREG, 3: TRIO_LAUNCH_MAXNREG}.get(meta["CONSUMERS"], LAUNCH_MAXNREG)
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when TMA can address it (:func:`tma_aligned` on its batch, head and token strides), else a
+    contiguous copy (a bf16 Q/K straight from the model at an odd offset; the quantize nodes' outputs always are)."""
+    return x if tma_aligned(x, (0, 1, 2)) else x.clone(memory_format=torch.contiguous_format)
+
+
+def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
+              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
+    """``qattn::scaled_attention`` on the warp-specialized sm_90 kernel (layouts/dtypes: the package docstring).
+
+    Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
+    :func:`ineligible` found (a Q or K whose base or strides TMA cannot address is copied instead). Launches on the
+    current stream; the config is the forced one (:func:`forced_config`), else :data:`TUNER`'s choice for this
+    problem key. The first call of a key not in the tuning cache times every :data:`TUNED_CONFIGS` entry on these
+    inputs (and synchronizes to do so); later calls never synchronize. Where the grid's last wave is partial
+    (:func:`tail_plan`), that wave runs split over the keys into an fp32 workspace and a second, small kernel
+    merges it (:mod:`.tail_split`). ``key_bias``: fp32 ``(B|1, Skv)`` added to the logits (masked keys
+    ``-inf``; a row with every key masked gives 0 and LSE ``-inf``). Calls of more than 65,535 (batch, head) pairs
+    run in batch chunks (the grid limit).
+    """
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
+    q, k = _aligned(q), _aligned(k)
+    reason = ineligible(q, k, v)
+    if reason is not None:
+        raise RuntimeError(f"gluon_sage: {reason}")
+    bsz, hq, sq, _ = q.shape
+    dv = v.shape[-1]
+    out = empty_bshd(bsz, hq, sq, dv, out_dtype, q.device)
+    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    if sq == 0 or bsz == 0 or hq == 0:
+        return (out, lse) if return_lse else out
+    chunks = common.batch_chunks(bsz, hq)
+
+    def launch(config: GluonConfig) -> None:
+        for lo, hi in chunks:
+            part = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
+            o, ls = out[lo:hi], lse[lo:hi] if return_lse else out[lo:hi]
+            tail = tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
+            ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
+            plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6])
+            _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=_launch_maxnreg(plan.meta))
+            if tail:
+                tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)
+        LAST.tail = tail
+
+    with torch.cuda.device(q.device):
+        config = forced_config()
+        if config is None:
+            tuner = TUNER if key_bias is None else BIAS_TUNER
+            name = tuner.choose(tuning_key(q, k, q_block, k_block, return_lse, key_bias is not None),
+                                lambda text: launch(GluonConfig.parse(text)))
+            config = GluonConfig.parse(name)
+        launch(config)
+    LAST.config = config
+    return (out, lse) if return_lse else out
+
+
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
+    """Kernel entry for ``qattn::scaled_attention``."""
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias)
+
+
+def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,
+                sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16, *, return_lse: bool = False,
+                tail: Optional[tail_split.TailPlan] = None, key_bias: Optional[torch.Tensor] = None):
+    """Compile (not run) the kernel for sm_90 with these inputs' dtypes, shapes and strides (``meta`` tensors are
+    fine: data pointers are taken as 16-byte aligned), with the tail split ``tail`` if given. Returns Triton's
+    compiled kernel (``.asm["ptx"|"cubin"]``); needs only Triton's bundled ptxas, no GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .._offline import launch_signature
+
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
+    bsz, hq, sq, _ = q.shape
+    out = empty_bshd(bsz, hq, sq, v.shape[-1], out_dtype, q.device)
+    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
+    ws = tail_split.workspace(tail, config.rows, v.shape[-1], q.device) if tail else None
+    plan = plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
+                       tail, ws, key_bias)
+    kernel = _sage_fwd_ws
+    meta = plan.meta
+    signature, constexprs, attrs = launch_signature(kernel, plan.args, meta)
+    source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": _launch_maxnreg(meta)})
