@@ -21,7 +21,7 @@ schedule, which plain Triton 3.6 cannot express:
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
   bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
-  warp on every SM sub-partition to hide it, which measured fastest at video lengths (seventh session).
+  warp on every SM sub-partition to hide it, which measured fastest at video lengths (BENCHMARKS.md, "Tuning").
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
   ``ahead`` (the next tile's Q·Kᵀ in flight during this tile's exponentials); docs/kernel-design.md describes
   them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
@@ -31,12 +31,12 @@ schedule, which plain Triton 3.6 cannot express:
   are autotuned per problem key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
 * a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
   (:mod:`._tail_split`, :func:`tail_plan`; ``$QATTN_GLUON_TAIL_SPLIT=0`` turns it off): measured on the H200 in
-  one process (tools/ab_tail_split.py), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 % at
-  wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
+  one process (``python -m tools.ab_tail_split``), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 %
+  at wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
 
-Measured on the H200 (BENCHMARKS.md): 845-899 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe under the default
-``trio,mmasum`` configs (780-833 with two consumers), above cuDNN FP8 in the same runs (latency-bound: see "What
-bounds the kernel" there); output identical to triton_sage's (same tiles, same
+Measured on the H200 (BENCHMARKS.md): 874 / 881 TFLOP/s at wan1.3b-480p / wan14b-720p with the INT8 1/16/1 recipe
+under the autotuned ``trio,mmasum`` configs (~800 with two consumers), above cuDNN FP8 (800 / 824) in the same run
+(latency-bound: see "What bounds the kernel" there); output identical to triton_sage's (same tiles, same
 operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
 the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
@@ -868,13 +868,13 @@ class GluonConfig:
         return cls(*numbers, **flags)
 
 
-#: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
-#: 2026-11-30 H200 tuning runs (BENCHMARKS.md, seventh session): ``128,3,trio,permk,tarrive,mmasum`` at both head
-#: dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7 at d64; ``128,3,ahead,permk``, the earlier
-#: head_dim-128 default, 801.2 / 791.2 / 496.5 in the same run).
+#: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``): the fastest of
+#: the H200 tuning sweep (BENCHMARKS.md, "Tuning: gluon_sage's default config"), ``128,3,trio,permk,tarrive,mmasum``
+#: at both head dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7 at d64; the best two-consumer
+#: config, ``128,3,ahead,permk``, 801.2 / 791.2 / 496.5 in the same run).
 DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
                    64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
-#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``trio,permk,mmasum``
+#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the H200 sweeps: ``trio,permk,mmasum``
 #: (with or without ``tarrive``) at the Wan shapes and d64; ``ahead,solo`` / ``ahead,permk(,solo,tarrive)`` at
 #: flux-1024, whose 4608 rows make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones; ``ahead`` stays for
 #: inputs whose K layout ``permk`` cannot view (it then runs the plain schedule, and ``trio`` spills in its loop).
@@ -885,7 +885,7 @@ TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, perm
                  GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
                  GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
-#: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
+#: Every config the GPU tests run (and ``python -m benchmarks.tune --kernel gluon_sage`` sweeps by default).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2),
            GluonConfig(64, 3, ahead=1),
