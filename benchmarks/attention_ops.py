@@ -1,18 +1,18 @@
 """Attention-op benchmark: torch SDPA (bf16) against qattn_fx's quantized kernels, speed and accuracy side by side.
 
-Run on a CUDA machine from the repository root (``PYTHONPATH`` must reach ``qattn_fx`` and the GPU libraries)::
+Run on a CUDA machine from the repository root (qattn_fx installed, GPU libraries importable)::
 
-    python benchmarks/attention_ops.py                                  # every preset shape, every available method
-    python benchmarks/attention_ops.py --shapes flux-1024,cross-512 --only cudnn_fp8,triton_sage
-    python benchmarks/attention_ops.py --shape mine:2:24:4096:4096:128 --shapes none --outliers
-    python benchmarks/attention_ops.py --list                           # shapes and methods, then exit
+    python -m benchmarks.attention_ops                                  # every preset shape, every available method
+    python -m benchmarks.attention_ops --shapes flux-1024,cross-512 --only cudnn_fp8,triton_sage
+    python -m benchmarks.attention_ops --shape mine:2:24:4096:4096:128 --shapes none --outliers
+    python -m benchmarks.attention_ops --list                           # shapes and methods, then exit
 
 It prints progress lines while it runs and ONE table at the end, writes JSON (``--out``, default
 ``bench_out/attention_ops.json``) and, when matplotlib is importable, a speed-vs-accuracy PNG beside it.
 
-Preset shapes (``--shapes``; those of ``/work/shared/reference/h200-baselines.md``, all D=128 unless stated):
-flux-1024 B1 H24 S4608; wan1.3b-480p B1 H12 S32760; wan14b-720p B1 H40 S75600; cross-512 B1 H40 Sq32760 Skv512;
-d64 B2 H16 S16384 D64. ``--shape name:B:H:Sq:Skv:D`` adds more (repeatable; ``--shapes none`` drops the presets).
+Preset shapes (``--shapes``, :mod:`benchmarks.shapes`; all D=128 unless stated): flux-1024 B1 H24 S4608;
+wan1.3b-480p B1 H12 S32760; wan14b-720p B1 H40 S75600; cross-512 B1 H40 Sq32760 Skv512; d64 B2 H16 S16384 D64.
+``--shape name:B:H:Sq:Skv:D`` adds more (repeatable; ``--shapes none`` drops the presets).
 
 Methods (``--only`` / ``--skip`` take comma-separated substrings of these names; the cuDNN bf16 baseline always runs
 because every speedup is relative to it). A method that cannot run here (library missing, wrong GPU, head dim) is
@@ -54,11 +54,12 @@ Columns:
 ``--rounds N`` (default 1) times every method of a shape N times in turn (kernel and total alternating, methods in
 the same order each round) and reports medians; the JSON rows keep each round (``ms_kernel_rounds``,
 ``ms_total_rounds``). Kernel and total are separate measurements, and with one round the GPU's clock can drift
-between them (the 2026-11-30 seventh-session run measured a total 0.6 % *below* its kernel alone).
+between them (a one-round run has measured a total 0.6 % *below* its kernel alone).
 
 ``--outliers`` replaces the Gaussian inputs by DiT-like channel outliers: a per-(head, channel) bias shared by all
-tokens, ×10 on K and ×3 on Q (as ``probes/outlier_accuracy.py``), to compare accuracy. ``--max-seconds`` (default
-330) stops starting new measurements once exceeded, so a run inside a 6-minute device window still prints its table.
+tokens, ×10 on K and ×3 on Q (the pattern SageAttention reports for DiT activations), to compare accuracy.
+``--max-seconds`` (default 330) stops starting new measurements once exceeded, so a run inside a 6-minute device
+window still prints its table.
 """
 
 from __future__ import annotations
@@ -76,24 +77,13 @@ from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `qattn_fx` and `_common` importable
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import _common as common  # type: ignore[no-redef]
-else:
-    from . import _common as common
+from qattn_fx.ops import attention as _attention_ops
+from qattn_fx.ops import quantized_attention
+from qattn_fx.recipes import Recipe
 
-from qattn_fx.ops import attention as _attention_ops  # noqa: E402
-from qattn_fx.ops import quantized_attention  # noqa: E402
-from qattn_fx.recipes import Recipe  # noqa: E402
-
-SHAPES: dict[str, tuple[int, int, int, int, int]] = {  # name: (B, H, Sq, Skv, D)
-    "flux-1024": (1, 24, 4608, 4608, 128),
-    "wan1.3b-480p": (1, 12, 32760, 32760, 128),
-    "wan14b-720p": (1, 40, 75600, 75600, 128),
-    "cross-512": (1, 40, 32760, 512, 128),
-    "d64": (2, 16, 16384, 16384, 64),
-}
+from . import common
+from .shapes import Shape
+from .shapes import select as select_shapes
 
 BASELINE = "sdpa_cudnn_bf16"
 
@@ -126,34 +116,6 @@ METHODS: tuple[Method, ...] = (
 # ------------------------------------------------------------------------------------------------------------------
 # Selection and availability
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def parse_shape(spec: str) -> tuple[str, tuple[int, int, int, int, int]]:
-    """``name:B:H:Sq:Skv:D`` → ``(name, (B, H, Sq, Skv, D))``."""
-    parts = spec.split(":")
-    if len(parts) != 6:
-        raise ValueError(f"--shape {spec!r} is invalid; valid: name:B:H:Sq:Skv:D, e.g. mine:1:24:4608:4608:128")
-    try:
-        dims = tuple(int(p) for p in parts[1:])
-    except ValueError:
-        raise ValueError(f"--shape {spec!r}: B, H, Sq, Skv, D must be integers") from None
-    if any(x <= 0 for x in dims):
-        raise ValueError(f"--shape {spec!r}: every dimension must be >= 1")
-    return parts[0], dims  # type: ignore[return-value]
-
-
-def select_shapes(shapes_arg: str, extra: list[str]) -> list[tuple[str, tuple[int, int, int, int, int]]]:
-    chosen = []
-    if shapes_arg not in ("", "none"):
-        names = list(SHAPES) if shapes_arg == "all" else [s.strip() for s in shapes_arg.split(",") if s.strip()]
-        for name in names:
-            if name not in SHAPES:
-                raise ValueError(f"--shapes: {name!r} is unknown; valid: {', '.join(SHAPES)}, all, none")
-            chosen.append((name, SHAPES[name]))
-    chosen += [parse_shape(s) for s in extra]
-    if not chosen:
-        raise ValueError("no shape selected: use --shapes and/or --shape")
-    return chosen
 
 
 def select_methods(only: str, skip: str) -> list[Method]:
@@ -370,9 +332,9 @@ def merge_rounds(row: dict, samples: dict[str, list[float]]) -> None:
         row["ms_total"] = row["ms_kernel"]
 
 
-def run_shape(name: str, dims, methods: list[Method], cap, s: Settings, outliers: bool) -> list[dict]:
+def run_shape(name: str, dims: Shape, methods: list[Method], cap, s: Settings, outliers: bool) -> list[dict]:
     b, h, sq, skv, d = dims
-    flops = common.attention_flops(b, h, sq, skv, d)
+    flops = Shape(*dims).flops
     common.log(f"[{name}] B{b} H{h} Sq{sq} Skv{skv} D{d}: {flops / 1e12:.1f} TFLOP per call")
     q, k, v = make_inputs(b, h, sq, skv, d, outliers)
     rows_idx = common.reference_rows(sq, s.acc_rows, device=q.device)
@@ -458,7 +420,8 @@ COLUMNS = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.attention_ops",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="all", help="comma-separated preset names, 'all' or 'none' (default all)")
     p.add_argument("--shape", action="append", default=[], help="extra shape name:B:H:Sq:Skv:D (repeatable)")
@@ -492,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"method {m.name:26s} {m.kind:8s} {m.kernel or ''} {m.recipe.name if m.recipe else ''}")
         return 0
     if not torch.cuda.is_available():
-        print("attention_ops.py needs a CUDA device", file=sys.stderr)
+        print("benchmarks.attention_ops needs a CUDA device", file=sys.stderr)
         return 2
     cap = tuple(torch.cuda.get_device_capability())
     s = Settings(a.acc_rows, a.iters, a.budget_ms, a.timer, not a.no_compile, a.max_seconds, a.rounds)

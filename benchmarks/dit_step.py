@@ -1,8 +1,8 @@
 """One denoising forward of a diffusers video transformer under torch.compile: dense vs each qattn_fx kernel.
 
-    python benchmarks/dit_step.py --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
-    python benchmarks/dit_step.py --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
-    python benchmarks/dit_step.py --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
+    python -m benchmarks.dit_step --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
+    python -m benchmarks.dit_step --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
+    python -m benchmarks.dit_step --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
 
 Models (random weights at the published configs, bf16, built on the GPU):
 
@@ -31,11 +31,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import qattn_fx  # noqa: E402
-from qattn_fx import AttentionSpec, Recipe, Rule, Match, Spec  # noqa: E402
-from qattn_fx.fx import match  # noqa: E402
+import qattn_fx
+from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec
+from qattn_fx.fx import match
 
 CONFIGS = {
     "1.3b": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
@@ -171,11 +169,12 @@ def run_variant(name, model, inputs, backend, dense_out, iters, warmup, how="reg
 
 def require_cuda() -> None:
     if not torch.cuda.is_available():
-        sys.exit("dit_step.py needs a CUDA GPU")
+        sys.exit("benchmarks.dit_step needs a CUDA GPU")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dit_step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=tuple(MODELS), default="wan")
     parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b", help="Wan2.1 size")
     parser.add_argument("--blocks", type=int, help="transformer blocks (default: all of the config; HunyuanVideo: "
@@ -188,7 +187,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="substrings of variant names to run")
     parser.add_argument("--out", default="bench_out/dit_step.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     require_cuda()
 
     model, inputs, what = MODELS[args.model](args.config, args.blocks, args.frames, "cuda",
@@ -235,7 +234,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"header": header, "attention_share": share, "rows": rows,
-                               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}, indent=1))
+                               "date": time.strftime("%Y-%m-%d"),
+                               "command": "python -m benchmarks.dit_step " + " ".join(sys.argv[1:])}, indent=1))
     print(f"wrote {out}")
 
 

@@ -1,8 +1,8 @@
 """Accuracy of the reference numerics on inputs with DiT-like outlier channels in K (and Q).
 
-A small CPU version of /work/shared/reference/probes/outlier_accuracy.py: K (and Q) get a per-(head, channel) bias
-shared by every token, the outlier pattern SageAttention reports for real DiT activations. Outputs are compared
-with fp32 SDPA. Measured on CPU (torch 2.13, B1 H2 S1024 D64, seed 0), cos / rel-L1:
+A small CPU version of the outlier accuracy check of ``tests/gpu/test_triton_sage.py``: K (and Q) get a
+per-(head, channel) bias shared by every token, the outlier pattern SageAttention reports for real DiT activations.
+Outputs are compared with fp32 SDPA. Measured on CPU (torch 2.13, B1 H2 S1024 D64, seed 0), cos / rel-L1:
 
 =====================  ===================  ===================  ===================
 recipe                 gaussian             K bias x5            K bias x10, Q x3

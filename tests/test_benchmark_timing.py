@@ -1,15 +1,11 @@
-"""benchmarks/_common.time_ms: the timer choices (the timing itself needs a GPU)."""
+"""benchmarks.common.time_ms: the timer choices (the timing itself needs a GPU); attention_ops' rounds."""
 
 from __future__ import annotations
-
-import pathlib
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-import _common as common  # noqa: E402
+from benchmarks import common
 
 
 def test_unknown_timer_names_the_choices():
@@ -28,7 +24,7 @@ def test_graph_timer_replays_the_call():
 
 
 def _attention_ops():
-    import attention_ops  # noqa: PLC0415 - benchmarks/ is on sys.path above
+    from benchmarks import attention_ops  # noqa: PLC0415 - imports qattn_fx's ops
 
     return attention_ops
 

@@ -15,7 +15,8 @@ from qattn_fx.recipes import TABLE, Recipe, SkipSoftmax, recipe_table_markdown, 
 FIELDS = ("q_block_size", "k_block_size", "v_block_size")
 
 # ----------------------------------------------------------------------------------------------------------------
-# The seed tables, written out by hand from /work/shared/reference/seeds (not derived from TABLE).
+# The seed tables, written out by hand from TensorRT-LLM VisualGen's and vLLM-Omni's documentation (not derived
+# from TABLE).
 # ----------------------------------------------------------------------------------------------------------------
 
 #: TensorRT-LLM VisualGen quantized attention, "Recipes" table.

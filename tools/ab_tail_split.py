@@ -1,10 +1,15 @@
-"""gluon_sage with and without the tail split (kernels/_tail_split.py), timed in one process, in turns.
+"""gluon_sage with and without the tail split (``qattn_fx/kernels/_tail_split.py``), timed in one process, in turns.
 
-    python3 tools/ab_tail_split.py --shapes wan1.3b-480p,flux-1024 [--rounds 5] [--config 128,3,trio,permk,mmasum]
+When to use: after changing the tail-split planner, its cost model or the split path of the kernel, to see whether
+splitting the partial last wave still pays at a shape. The gain (1-8 %) is smaller than the spread between two
+benchmark processes (about 2 %), so the two variants are timed in the same process, alternately::
+
+    python -m tools.ab_tail_split --shapes wan1.3b-480p,flux-1024 [--rounds 5] [--config 128,3,trio,permk,mmasum]
 
 Per shape: each variant captured in a CUDA graph of one call, then ``--rounds`` rounds that replay each variant
 (10 replays, CUDA events, median) in turn; prints the per-variant median over rounds, the plan, and a
-torch.profiler breakdown of eager split calls (main kernel vs merge kernel).
+torch.profiler breakdown of eager split calls (main kernel vs merge kernel). Inputs: the int8 1/16/1 recipe,
+quantized as the compiled graph feeds the kernel (:func:`benchmarks.common.quantized_inputs`).
 """
 from __future__ import annotations
 
@@ -14,26 +19,32 @@ import statistics
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, "benchmarks")
-import _common as common  # noqa: E402
-from tune_triton_sage import DEFAULT_SHAPES, make_inputs  # noqa: E402
-
-from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
+from benchmarks import common
+from benchmarks.shapes import SHAPES
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="wan1.3b-480p,flux-1024")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.ab_tail_split", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="wan1.3b-480p,flux-1024", help=f"comma-separated: {', '.join(SHAPES)}")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--config", default=None, help="gluon_sage config (default: the default)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tools.ab_tail_split needs an sm_90 GPU", file=sys.stderr)
+        return 2
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    from qattn_fx.kernels import gluon_sage as gs  # noqa: PLC0415
+
     for name in a.shapes.split(","):
-        shape = DEFAULT_SHAPES[name]
-        args = make_inputs(shape, "int8-1-16")
-        sm_scale = shape[-1] ** -0.5
-        config = gs.GluonConfig.parse(a.config) if a.config else gs.DEFAULT_CONFIGS[shape[-1]]
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: {name!r} is unknown; valid: {', '.join(SHAPES)}")
+        shape = SHAPES[name]
+        args = common.quantized_inputs(shape, "int8-1-16")
+        sm_scale = shape.d ** -0.5
+        config = gs.GluonConfig.parse(a.config) if a.config else gs.DEFAULT_CONFIGS[shape.d]
         replays, plans = {}, {}
         for split in ("1", "0"):
             os.environ[gs.ENV_TAIL_SPLIT] = split
@@ -41,7 +52,7 @@ def main() -> int:
                 call = lambda: gs.scaled_attention(*args, sm_scale, torch.bfloat16)  # noqa: E731
                 call()
                 plans[split] = gs.last_tail_plan()
-                replays[split] = common._captured(call, warmup=1)
+                replays[split] = common.capture_graph(call, warmup=1)
         times = {s: [] for s in replays}
         for _ in range(a.rounds):
             for s, r in replays.items():

@@ -1,6 +1,19 @@
 #!/usr/bin/env bash
-# Steps run on the lent H200 (see CONTRIBUTING.md). Usage: tools/device_session.sh STEP...
-# Installs the carried wheels (.whl-gpu) into /tmp/site once, then runs each STEP, logging to $OUT/<step>.log.
+# Steps run on the lent H200 (see CONTRIBUTING.md, "GPU tests and benchmarks"). Usage: tools/device_session.sh STEP...
+# When to use: every GPU run of this project goes through it, so that tests, benchmarks and profiles run the same way
+# each time. Installs the carried wheels (.whl-gpu) into /tmp/site once, then runs each STEP from the repository
+# root, logging to $OUT/<step>.log. Steps (time limits and arguments through the variables named):
+#   env                          GPU, driver, clocks and library versions
+#   cpu-tests                    CPU tests on the device's torch (CPU_TESTS: files)
+#   lib-tests, triton-tests, gluon-tests, shapes-tests
+#                                GPU tests (TRITON_K / GLUON_K / SHAPES_K: -k filters; GLUON_X= runs past failures)
+#   tune-gluon, tune             python -m benchmarks.tune --kernel gluon_sage / triton_sage (TUNE_GLUON_ARGS, TUNE_ARGS)
+#   ops                          python -m benchmarks.attention_ops (OPS_ARGS)
+#   dit                          python -m benchmarks.dit_step (DIT_ARGS)
+#   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
+#   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
+#   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
+#   save-jit                     FlashInfer's JIT cache as $OUT/flashinfer.tgz (restored from .fi-cache/ next time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qattn_out}; mkdir -p "$OUT"
@@ -19,15 +32,16 @@ for s in "$@"; do
     lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
     triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
     gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
-    tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 benchmarks/tune_triton_sage.py --kernel gluon --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     shapes-tests) TAIL=45 step shapes-tests ${SHAPES_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=8 -k "${SHAPES_K:-}" tests/gpu/test_shapes_and_masks.py ;;
-    triton-smoke) step triton-smoke 120 python3 tools/triton_smoke.py ;;
+    tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 -m benchmarks.tune --kernel gluon_sage --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
+    tune) TAIL=30 step tune ${TUNE_S:-240} python3 -m benchmarks.tune --kernel triton_sage --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
+    ops) TAIL=70 step ops 560 python3 -m benchmarks.attention_ops --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
+    dit) TAIL=20 step dit ${DIT_S:-560} python3 -m benchmarks.dit_step --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
     ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \
         --launch-count 1 ${NCU_SECTIONS:---section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats} \
-        python3 tools/profile_gluon.py ${PROFILE_ARGS:-} ;;
-    tune) TAIL=30 step tune ${TUNE_S:-240} python3 benchmarks/tune_triton_sage.py --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
-    ops) TAIL=70 step ops 560 python3 benchmarks/attention_ops.py --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
-    dit) TAIL=20 step dit ${DIT_S:-560} python3 benchmarks/dit_step.py --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
+        python3 -m tools.profile_gluon ${PROFILE_ARGS:-} ;;
+    ab-tail-split) TAIL=20 step ab-tail-split ${AB_S:-240} python3 -m tools.ab_tail_split ${AB_ARGS:-} ;;
+    quantize-profile) TAIL=40 step quantize-profile ${QUANT_S:-240} python3 -m tools.profile_quantize ${QUANT_ARGS:-} ;;
     save-jit) tar -C ~/.cache -czf "$OUT/flashinfer.tgz" flashinfer 2>/dev/null; ls -la "$OUT/flashinfer.tgz" ;;
     *) echo "unknown step $s" ;;
   esac

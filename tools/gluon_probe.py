@@ -1,5 +1,16 @@
-"""Probes for the pieces of kernels/gluon_sage.py on an sm_90 GPU: TMA + wgmma Q·Kᵀ, P·V with P from registers
-and from shared memory, against torch. Prints max errors."""
+"""The Gluon building blocks of gluon_sage, one at a time on an sm_90 GPU, against torch.
+
+When to use: when gluon_sage (or a change to it) gives wrong values and the GPU tests do not say which piece is at
+fault, or after a Triton upgrade, before suspecting the schedule. Each probe is a one-CTA Gluon kernel built from
+gluon_sage's own layouts and TMA descriptors: TMA + wgmma Q·Kᵀ (int8, e4m3, bf16; 128- and 64-key tiles), Q·Kᵀ from
+either slot of a 2-deep shared-memory ring, and the FP8 P·V wgmma with P from registers or from shared memory
+(printing which V key each P column meets when P·V is wrong). It prints every probe's max error::
+
+    python -m tools.gluon_probe
+"""
+import argparse
+import sys
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -88,7 +99,12 @@ def probe_pv(P, v_desc, O, BM: gl.constexpr, BN: gl.constexpr, VIA_SMEM: gl.cons
     gl.store(O + offs_mo[:, None] * DV + offs_d[None, :], o)
 
 
-def main():
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m tools.gluon_probe", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("tools.gluon_probe needs an sm_90 GPU", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     BM, D = 64, 128
     for dt, BN in ((torch.int8, 128), (torch.float8_e4m3fn, 128), (torch.bfloat16, 128), (torch.int8, 64)):
@@ -128,7 +144,8 @@ def main():
                 rows = [(O[0].double() - v_seq[0, 0, :, c].double()).abs().max().item() for c in range(BN)]
                 print(f"   P column {j} multiplies V key {min(range(BN), key=lambda c: rows[c])} "
                       f"(row0 err {min(rows):.2e}); O row0 head {O[0, :4].tolist()}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

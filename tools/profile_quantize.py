@@ -1,8 +1,12 @@
 """GPU time of each kernel of the Inductor-compiled quantize + attention graph, per benchmark shape.
 
-    python3 tools/profile_quantize.py --shapes flux-1024,wan1.3b-480p [--method gluon_sage/int8-1-16-1] [--calls 10]
+When to use: when the quantize nodes' share of an attention call matters (short sequences such as flux-1024, where
+they cost about a third of the kernel's time) or after changing a quantize op, to see which Inductor kernel takes
+the time and how fast it streams its bytes::
 
-Compiles ``quantized_attention`` as benchmarks/attention_ops.py does (``torch.compile(fullgraph=True)``), runs it
+    python -m tools.profile_quantize --shapes flux-1024,wan1.3b-480p [--method gluon_sage/int8-1-16-1] [--calls 10]
+
+Compiles ``quantized_attention`` as ``benchmarks.attention_ops`` does (``torch.compile(fullgraph=True)``), runs it
 under ``torch.profiler`` and prints, per shape, every CUDA kernel with its mean time per call (Inductor's kernels
 carry the names of the ops they fuse). ``TORCH_LOGS=output_code`` shows the generated Triton code.
 """
@@ -12,27 +16,32 @@ import argparse
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, "benchmarks")
-import attention_ops as ao  # noqa: E402
+from benchmarks import attention_ops as ao
+from benchmarks.shapes import SHAPES
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="flux-1024,wan1.3b-480p", help=f"comma-separated: {', '.join(ao.SHAPES)}")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.profile_quantize", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="flux-1024,wan1.3b-480p", help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--method", default="gluon_sage/int8-1-16-1", help="an attention_ops method name")
     parser.add_argument("--calls", type=int, default=10, help="profiled calls per shape (default 10)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     methods = {m.name: m for m in ao.METHODS if m.kind == "qattn"}
     if args.method not in methods:
         raise SystemExit(f"--method {args.method!r} is not a qattn method; valid: {', '.join(methods)}")
     method = methods[args.method]
+    if not torch.cuda.is_available():
+        print("tools.profile_quantize needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
     for name in args.shapes.split(","):
-        if name not in ao.SHAPES:
-            raise SystemExit(f"--shapes: {name!r} is unknown; valid: {', '.join(ao.SHAPES)}")
-        b, h, sq, skv, d = ao.SHAPES[name]
-        q, k, v = ao.make_inputs(b, h, sq, skv, d, outliers=False)
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: {name!r} is unknown; valid: {', '.join(SHAPES)}")
+        shape = SHAPES[name]
+        q, k, v = ao.make_inputs(*shape, outliers=False)
         fn = ao.compiled_recipe(method.recipe, method.kernel)
         for _ in range(3):
             fn(q, k, v)
@@ -44,7 +53,7 @@ def main() -> int:
         events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
         events.sort(key=lambda e: -e.device_time_total)
         total = sum(e.device_time_total for e in events) / args.calls
-        print(f"\n## {name} {method.name}: B{b} H{h} Sq{sq} Skv{skv} D{d}; GPU time per call {total / 1e3:.4f} ms")
+        print(f"\n## {name} {method.name}: {shape}; GPU time per call {total / 1e3:.4f} ms")
         print(f"  {'us/call':>9}  {'calls':>5}  kernel")
         for e in events:
             print(f"  {e.device_time_total / args.calls:9.1f}  {e.count // args.calls:5d}  {e.key[:110]}")

@@ -10,7 +10,7 @@ call once eagerly before capturing.
 ``import cudnn`` happens inside the functions: the package imports on machines without ``nvidia-cudnn-frontend``.
 The calls follow the cudnn-frontend 1.32 Python API (``cudnn.pygraph``, ``graph.tensor``, ``graph.sdpa_fp8`` /
 ``graph.sdpa_mxfp8``, ``graph.build([heur_mode.A, heur_mode.FALLBACK])``, ``graph.execute(variant_pack, workspace,
-handle=...)``), as verified on an H200 with cuDNN 9.19 (``/work/shared/reference/probes/cudnn_fp8.py``).
+handle=...)``), as run on an H200 with cuDNN 9.19 (``tests/gpu/test_library_kernels.py``).
 
 Layouts: Q/K/V arrive as logical ``(B, H, S, D)`` of any strides with a unit stride on D (usually BSHD-physical views
 of diffusers' ``(B, S, H, D)`` buffers) and are described to cuDNN with their real strides, never copied. Two

@@ -17,10 +17,10 @@ Two kinds of comparison:
   On Hopper, cuDNN writes O in e4m3 (see ``qattn_fx.kernels.cudnn.fp8_attention``): there the reference is rounded the
   same way (same ``scale_o``) before comparing.
 * **recipe accuracy on Gaussian inputs** vs fp32 attention: cosine (printed; ≈0.998 expected for per-tensor /
-  per-head FP8, cf. h200-baselines.md) and "no worse than the reference kernel's own error".
+  per-head FP8, as in BENCHMARKS.md) and "no worse than the reference kernel's own error".
 
 FlashInfer FA3 JIT-compiles each (head_dim, out dtype, single/batch) kernel on first use (~100 s each). The tests use
-only B=1 at D=128 (single-prefill) and B=2 at D=64 (batch prefill) — the same two modules ``benchmarks/attention_ops.py``
+only B=1 at D=128 (single-prefill) and B=2 at D=64 (batch prefill) — the same two modules ``benchmarks.attention_ops``
 builds — so they pay ~200 s once per machine.
 """
 
@@ -324,7 +324,7 @@ def test_recipe_accuracy_vs_bf16_sdpa(kernel, recipe, caps, lib, sq, skv, record
     record_property("cos", c)
     print(f"\n{kernel} Sq{sq} Skv{skv}: cos {c:.5f} (reference kernel {c_def:.5f}, bf16 SDPA {c_bf16:.6f}), "
           f"rel L1 {l1:.4f} (reference kernel {l1_def:.4f}), cos vs bf16 SDPA {cosine(out, bf16):.5f}")
-    assert c > 0.996  # ≈0.998 expected for per-tensor / per-head FP8 (h200-baselines.md)
+    assert c > 0.996  # ≈0.998 expected for per-tensor / per-head FP8 (BENCHMARKS.md)
     assert l1 < 1.3 * l1_def + 0.005  # as accurate as the recipe's definition
 
 

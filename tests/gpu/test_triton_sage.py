@@ -269,7 +269,7 @@ def test_64bit_offsets(bshd):
 
 
 def _outlier_inputs():
-    """B1 S16384 H12 D128 bf16 (BSHD), K with a per-(head, channel) bias x10 and Q x3 (probes/outlier_accuracy)."""
+    """B1 S16384 H12 D128 bf16 (BSHD), K with a per-(head, channel) bias x10 and Q x3 (DiT-like channel outliers)."""
     g = torch.Generator(device=DEV).manual_seed(0)
     b, s, h, d = 1, 16384, 12, 128
     q = torch.randn(b, s, h, d, generator=g, device=DEV) + 3.0 * torch.randn(1, 1, h, d, generator=g, device=DEV)
@@ -323,7 +323,7 @@ def test_outlier_accuracy_vs_fp32(name, recipe_kw, bounds):
 
 
 @needs_sm89_90
-@pytest.mark.xfail(strict=False, reason="target from the brief (cos >= 0.9995, rel-L1 <= 0.04) is above what the "
+@pytest.mark.xfail(strict=False, reason="the target (cos >= 0.9995, rel-L1 <= 0.04) is above what the "
                    "FP8-P·V definition reaches on these inputs (reference: cos 0.99915, rel-L1 0.0407)")
 def test_outlier_accuracy_brief_target_int8_1_16_1():
     cos, rel_l1, _, _ = _outlier_metrics(OUTLIER_CASES[0][1])

@@ -21,7 +21,7 @@ schedule, which plain Triton 3.6 cannot express:
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
   bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
-  warp on every SM sub-partition to hide it, which measured fastest at video lengths (seventh session).
+  warp on every SM sub-partition to hide it, which measured fastest at video lengths (BENCHMARKS.md, "Tuning").
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
   ``ahead`` (the next tile's Q·Kᵀ in flight during this tile's exponentials); docs/kernel-design.md describes
   them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
@@ -32,12 +32,13 @@ schedule, which plain Triton 3.6 cannot express:
 * a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
   (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
   turns it off): measured on the H200 in
-  one process (tools/ab_tail_split.py), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 % at
-  wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
+  one process (``python -m tools.ab_tail_split``), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 %
+  at wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3
+  roundings.
 
-Measured on the H200 (BENCHMARKS.md): 845-899 TFLOP/s at Wan shapes with the INT8 1/16/1 recipe under the default
-``trio,mmasum`` configs (780-833 with two consumers), above cuDNN FP8 in the same runs (latency-bound: see "What
-bounds the kernel" there); output identical to triton_sage's (same tiles, same
+Measured on the H200 (BENCHMARKS.md): 874 / 881 TFLOP/s at wan1.3b-480p / wan14b-720p with the INT8 1/16/1 recipe
+under the autotuned ``trio,mmasum`` configs (~800 with two consumers), above cuDNN FP8 (800 / 824) in the same run
+(latency-bound: see "What bounds the kernel" there); output identical to triton_sage's (same tiles, same
 operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
 the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).

@@ -86,13 +86,13 @@ class GluonConfig(LaunchConfig):
         return self.consumers * ROWS_PER_CONSUMER
 
 
-#: Config per head_dim where none is tuned (graph capture before any tuning, ``$QATTN_AUTOTUNE=0``), from the
-#: 2026-11-30 H200 tuning runs (BENCHMARKS.md, seventh session): ``128,3,trio,permk,tarrive,mmasum`` at both head
-#: dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7 at d64; ``128,3,ahead,permk``, the earlier
-#: head_dim-128 default, 801.2 / 791.2 / 496.5 in the same run).
+#: Config per head_dim where none is tuned (graph capture before any tuning, ``qattn_fx.config.autotune`` off): the
+#: fastest of the H200 tuning sweep (BENCHMARKS.md, "Tuning: gluon_sage's default config"),
+#: ``128,3,trio,permk,tarrive,mmasum`` at both head dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7
+#: at d64; the best two-consumer config, ``128,3,ahead,permk``, 801.2 / 791.2 / 496.5 in the same run).
 DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
                    64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
-#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the 2026-11-30 runs: ``trio,permk,mmasum``
+#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the H200 sweeps: ``trio,permk,mmasum``
 #: (with or without ``tarrive``) at the Wan shapes and d64; ``ahead,solo`` / ``ahead,permk(,solo,tarrive)`` at
 #: flux-1024, whose 4608 rows make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones; ``ahead`` stays for
 #: inputs whose K layout ``permk`` cannot view (it then runs the plain schedule, and ``trio`` spills in its loop).
@@ -103,7 +103,7 @@ TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, perm
                  GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
                  GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
-#: Every config the GPU tests run (and benchmarks/tune_triton_sage.py --kernel gluon can sweep).
+#: Every config the GPU tests run (and ``python -m benchmarks.tune --kernel gluon_sage`` sweeps by default).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2),
            GluonConfig(64, 3, ahead=1),

@@ -1,11 +1,14 @@
-"""Timing, accuracy and reporting helpers shared by the benchmarks (no qattn_fx imports, no GPU needed to import).
+"""Timing, accuracy, input and reporting helpers shared by the benchmarks and tools (importable without a GPU).
 
-* :func:`time_ms`: median milliseconds of a CUDA callable (CUDA events, or ``triton.testing.do_bench``), with the
-  number of timed calls adapted to a time budget so video-length shapes stay affordable.
-* :func:`attention_flops`: ``4·B·H·Sq·Skv·D`` (two matmuls), the TFLOP/s convention of ``h200-baselines.md``.
+* :func:`time_ms`: median milliseconds of a CUDA callable (CUDA events, CUDA-graph replays, or
+  ``triton.testing.do_bench``), with the number of timed calls adapted to a time budget so video-length shapes stay
+  affordable; :func:`capture_graph`: one call captured in a CUDA graph.
+* :func:`tflops`: TFLOP/s from a FLOP count (:attr:`benchmarks.shapes.Shape.flops`, ``4·B·H·Sq·Skv·D``) and ms.
 * :func:`reference_rows` / :func:`fp32_attention_rows`: an fp32 attention reference for a (sub)set of query rows,
   computed in query chunks so the score matrix never exceeds a memory bound.
 * :func:`accuracy`: cosine similarity and relative L1 of an output against that reference on the same rows.
+* :func:`quantized_inputs`: a kernel's op-level arguments (quantized Q/K/V and scales) for one shape and recipe, as
+  the compiled graph feeds them (what the tuner and the profiling tools time); qattn_fx is imported when called.
 * :func:`format_table`, :func:`write_json`, :func:`plot_speed_accuracy`: one side-by-side table, JSON, optional PNG.
 """
 
@@ -22,7 +25,7 @@ import torch
 
 
 def log(message: str) -> None:
-    """Progress line, flushed at once (the lead watches the device run's output)."""
+    """Progress line, flushed at once (a device run's output is watched while it runs)."""
     print(message, flush=True)
 
 
@@ -50,7 +53,7 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_m
         rep = max(budget_ms, min_iters * once)
         return float(do_bench(fn, warmup=max(1.0, once * warmup), rep=rep, return_mode="median"))
     if method == "graph":
-        fn = _captured(fn, warmup)
+        fn = capture_graph(fn, warmup)
     elif method != "events":
         raise ValueError(f"timer method={method!r} is invalid; valid: events, do_bench, graph")
     for _ in range(max(0, warmup - 1)):
@@ -67,7 +70,7 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_m
     return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
 
 
-def _captured(fn: Callable[[], Any], warmup: int) -> Callable[[], Any]:
+def capture_graph(fn: Callable[[], Any], warmup: int = 1) -> Callable[[], Any]:
     """``fn``'s replay from a CUDA graph of one call (warmed up first on a side stream, as capture requires)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -89,10 +92,6 @@ def _one_call_ms(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def attention_flops(b: int, h: int, sq: int, skv: int, d: int) -> float:
-    return 4.0 * b * h * sq * skv * d
-
-
 def tflops(flops: float, ms: float | None) -> float | None:
     return None if not ms else flops / (ms * 1e-3) / 1e12
 
@@ -102,7 +101,8 @@ def tflops(flops: float, ms: float | None) -> float | None:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def reference_rows(sq: int, max_rows: int | None, seed: int = 0, device: str | torch.device = "cpu") -> torch.Tensor | None:
+def reference_rows(sq: int, max_rows: int | None, seed: int = 0,
+                   device: str | torch.device = "cpu") -> torch.Tensor | None:
     """Sorted query-row indices to evaluate accuracy on (``None``: all rows, when ``sq <= max_rows``)."""
     if max_rows is None or sq <= max_rows:
         return None
@@ -152,6 +152,54 @@ def accuracy(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) ->
     cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
     rel_l1 = ((o - r).abs().sum() / r.abs().sum().clamp_min(1e-30)).item()
     return {"cos": cos, "rel_l1": rel_l1, "finite": finite}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Kernel inputs
+# ------------------------------------------------------------------------------------------------------------------
+
+#: Recipes of :func:`quantized_inputs`: name → (Q/K dtype, q block, k block, V scale). Block 0 is one scale per
+#: tensor; V is e4m3 with a per-channel (``channel``) or per-tensor (``tensor``) scale.
+KERNEL_RECIPES: dict[str, tuple[str, int, int, str]] = {
+    "int8-1-16": ("int8", 1, 16, "channel"),
+    "int8-1-1": ("int8", 1, 1, "channel"),
+    "int8-0-0": ("int8", 0, 0, "tensor"),
+    "fp8-1-16": ("fp8", 1, 16, "channel"),
+    "bf16": ("bf16", 0, 0, "channel"),
+}
+
+
+def quantized_inputs(shape, recipe: str, seed: int = 0) -> tuple:
+    """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` for ``scaled_attention(*args, sm_scale,
+    out_dtype)`` of a Sage kernel: random bf16 Q/K/V of ``shape`` (``(B, H, Sq, Skv, D)``, BSHD storage) quantized
+    by the recipe's ops (smoothed K, BSHD Q/K views, sequence-major V), as the compiled graph feeds the kernel."""
+    import qattn_fx.ops  # noqa: F401,PLC0415  (registers qattn::*)
+    from qattn_fx.ops import formats  # noqa: PLC0415
+
+    ops = torch.ops.qattn
+    b, h, sq, skv, d = shape
+    if recipe not in KERNEL_RECIPES:
+        raise ValueError(f"recipe {recipe!r} is invalid; valid: {', '.join(KERNEL_RECIPES)}")
+    qk, q_block, k_block, v_scale = KERNEL_RECIPES[recipe]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               for s in (sq, skv, skv))
+    fp8 = torch.float8_e4m3fn
+    if qk == "bf16":
+        qd, qs, kd, ks = q, None, k, None
+    else:
+        dtype = formats.torch_dtype(qk)
+        k = ops.smooth_k(k)
+        if q_block:
+            qd, qs = ops.quantize_per_block(q, q_block, dtype)
+            kd, ks = ops.quantize_per_block(k, k_block, dtype)
+        else:
+            qd, qs = ops.quantize_per_tensor(q, dtype)
+            kd, ks = ops.quantize_per_tensor(k, dtype)
+    quant_v = ops.quantize_per_channel if v_scale == "channel" else ops.quantize_per_tensor
+    vd, vs = quant_v(v, fp8, True)
+    del q, k, v
+    return qd, qs, kd, ks, vd, vs, q_block, k_block
 
 
 # ------------------------------------------------------------------------------------------------------------------
