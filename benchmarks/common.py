@@ -174,7 +174,7 @@ def quantized_inputs(shape, recipe: str, seed: int = 0) -> tuple:
     out_dtype)`` of a Sage kernel: random bf16 Q/K/V of ``shape`` (``(B, H, Sq, Skv, D)``, BSHD storage) quantized
     by the recipe's ops (smoothed K, BSHD Q/K views, sequence-major V), as the compiled graph feeds the kernel."""
     import qattn_fx.ops  # noqa: F401,PLC0415  (registers qattn::*)
-    from qattn_fx.ops import formats  # noqa: PLC0415
+    from qattn_fx import formats  # noqa: PLC0415
 
     ops = torch.ops.qattn
     b, h, sq, skv, d = shape

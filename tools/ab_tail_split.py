@@ -1,4 +1,4 @@
-"""gluon_sage with and without the tail split (``qattn_fx/kernels/_tail_split.py``), timed in one process, in turns.
+"""gluon_sage with and without the tail split (``qattn_fx/kernels/gluon_sage/tail_split.py``), timed in one process, in turns.
 
 When to use: after changing the tail-split planner, its cost model or the split path of the kernel, to see whether
 splitting the partial last wave still pays at a shape. The gain (1-8 %) is smaller than the spread between two
@@ -14,7 +14,6 @@ quantized as the compiled graph feeds the kernel (:func:`benchmarks.common.quant
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 
@@ -36,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
+    from qattn_fx import config as qattn_config  # noqa: PLC0415
     from qattn_fx.kernels import gluon_sage as gs  # noqa: PLC0415
 
     for name in a.shapes.split(","):
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         config = gs.GluonConfig.parse(a.config) if a.config else gs.DEFAULT_CONFIGS[shape.d]
         replays, plans = {}, {}
         for split in ("1", "0"):
-            os.environ[gs.ENV_TAIL_SPLIT] = split
-            with gs.use_config(config):
+            with gs.use_config(config), qattn_config.patch(gluon_tail_split=split == "1"):
                 call = lambda: gs.scaled_attention(*args, sm_scale, torch.bfloat16)  # noqa: E731
                 call()
                 plans[split] = gs.last_tail_plan()
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} {config}: split {med['1']:.4f} ms ({plans['1']}), whole {med['0']:.4f} ms, "
               f"split/whole {med['1'] / med['0']:.4f}; rounds split {['%.4f' % t for t in times['1']]} "
               f"whole {['%.4f' % t for t in times['0']]}", flush=True)
-        os.environ[gs.ENV_TAIL_SPLIT] = "1"
-        with gs.use_config(config), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with gs.use_config(config), qattn_config.patch(gluon_tail_split=True), profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 gs.scaled_attention(*args, sm_scale, torch.bfloat16)
             torch.cuda.synchronize()

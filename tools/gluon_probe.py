@@ -25,7 +25,7 @@ from qattn_fx.kernels import gluon_sage as gs
 def probe_qk(q_desc, k_desc, S, BN: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
-    s_layout: gl.constexpr = gs._mma_layout(4, BN, q_desc.dtype.primitive_bitwidth)
+    s_layout: gl.constexpr = gs.mma_layout(4, BN, q_desc.dtype.primitive_bitwidth)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -51,7 +51,7 @@ def probe_qk_ring(q_desc, k_desc, S, BN: gl.constexpr, SLOT: gl.constexpr):
     """Like probe_qk with K in slot ``SLOT`` of a 2-deep ring (5-D allocation, as in the kernel)."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
-    s_layout: gl.constexpr = gs._mma_layout(4, BN, q_desc.dtype.primitive_bitwidth)
+    s_layout: gl.constexpr = gs.mma_layout(4, BN, q_desc.dtype.primitive_bitwidth)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -72,8 +72,8 @@ def probe_qk_ring(q_desc, k_desc, S, BN: gl.constexpr, SLOT: gl.constexpr):
 @gluon.jit
 def probe_pv(P, v_desc, O, BM: gl.constexpr, BN: gl.constexpr, VIA_SMEM: gl.constexpr):
     DV: gl.constexpr = v_desc.block_type.shape[2]
-    s_layout: gl.constexpr = gs._mma_layout(4, BN, 8)
-    o_layout: gl.constexpr = gs._mma_layout(4, DV, 8)
+    s_layout: gl.constexpr = gs.mma_layout(4, BN, 8)
+    o_layout: gl.constexpr = gs.mma_layout(4, DV, 8)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             q = torch.randn(1, 1, BM, D, device="cuda").to(dt)
             k = torch.randn(1, 1, BN, D, device="cuda").to(dt)
         S = torch.empty(BM, BN, device="cuda")
-        probe_qk[(1,)](gs._descriptor(q, [1, 1, BM, D]), gs._descriptor(k, [1, 1, BN, D]), S, BN, num_warps=4)
+        probe_qk[(1,)](gs.descriptor(q, [1, 1, BM, D]), gs.descriptor(k, [1, 1, BN, D]), S, BN, num_warps=4)
         ref = q[0, 0].double() @ k[0, 0].double().T
         print(f"probe_qk {dt} BN{BN}: max abs err {(S.double() - ref).abs().max().item():.3e} "
               f"(ref max {ref.abs().max().item():.1f})", flush=True)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         q = torch.randint(-127, 128, (1, 1, BM, D), dtype=torch.int8, device="cuda")
         k = torch.randint(-127, 128, (1, 1, 128, D), dtype=torch.int8, device="cuda")
         S = torch.empty(BM, 128, device="cuda")
-        probe_qk_ring[(1,)](gs._descriptor(q, [1, 1, BM, D]), gs._descriptor(k, [1, 1, 128, D]), S, 128, slot,
+        probe_qk_ring[(1,)](gs.descriptor(q, [1, 1, BM, D]), gs.descriptor(k, [1, 1, 128, D]), S, 128, slot,
                             num_warps=4)
         ref = q[0, 0].double() @ k[0, 0].double().T
         print(f"probe_qk_ring slot {slot}: max abs err {(S.double() - ref).abs().max().item():.3e}", flush=True)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         p = (torch.rand(BM, BN, device="cuda") * 448).to(torch.float8_e4m3fn)
         v_seq = torch.randn(1, 1, D, BN, device="cuda").to(torch.float8_e4m3fn)  # (B, H, Dv, S) storage
         O = torch.empty(BM, D, device="cuda")
-        probe_pv[(1,)](p, gs._descriptor(v_seq, [1, 1, D, BN]), O, BM, BN, via, num_warps=4)
+        probe_pv[(1,)](p, gs.descriptor(v_seq, [1, 1, D, BN]), O, BM, BN, via, num_warps=4)
         ref = p.double() @ v_seq[0, 0].double().T
         err = (O.double() - ref).abs().max().item() / ref.abs().max().item()
         print(f"probe_pv BN{BN} via_smem={via}: max rel err {err:.3e}", flush=True)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if err > 1e-3:
             for j in range(4):
                 pe = torch.zeros(BM, BN, device="cuda"); pe[:, j] = 1.0
-                probe_pv[(1,)](pe.to(torch.float8_e4m3fn), gs._descriptor(v_seq, [1, 1, D, BN]), O, BM, BN, via,
+                probe_pv[(1,)](pe.to(torch.float8_e4m3fn), gs.descriptor(v_seq, [1, 1, D, BN]), O, BM, BN, via,
                                num_warps=4)
                 rows = [(O[0].double() - v_seq[0, 0, :, c].double()).abs().max().item() for c in range(BN)]
                 print(f"   P column {j} multiplies V key {min(range(BN), key=lambda c: rows[c])} "
