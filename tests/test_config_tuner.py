@@ -101,3 +101,12 @@ def test_memory_only_and_cache_path_from_the_environment(tmp_path, monkeypatch):
         assert default_cache_path() == tmp_path / "x.json"
     with pytest.raises(ValueError, match="needs at least one candidate"):
         ConfigTuner("k", [], default=lambda key: "a")
+
+
+def test_candidates_of_different_numerics_are_refused():
+    """A tuner whose candidates would give different outputs would make results depend on timing and the cache."""
+    numerics = {"a": (128, 1), "b": (128, 1), "c": (64, 1)}.__getitem__
+    assert ConfigTuner("k", ["a", "b"], default=lambda key: "a", numerics=numerics).candidates == ["a", "b"]
+    with pytest.raises(ValueError, match=r"k: the tuner's candidates must give identical outputs, but their numerics "
+                                         r"differ: \{'a': \(128, 1\), 'c': \(64, 1\)\}"):
+        ConfigTuner("k", ["a", "c"], default=lambda key: "a", numerics=numerics)

@@ -73,8 +73,38 @@ def test_tuning_key_and_tuned_configs():
     assert gs.tuning_key(q, k, 1, 16, False) == (128, "int8", 1, 16, False, 16384, 1024, 64)
     assert gs.tuning_key(q[:1, :3], k, 0, 0, True)[-1] == 4
     assert gs.TUNER.candidates == [str(c) for c in gs.TUNED_CONFIGS]
-    assert set(gs.TUNED_CONFIGS) <= set(gs.CONFIGS)  # every tuned config is also GPU-tested
+    assert gs.KEY_ORDER_TUNER.candidates == [str(c) for c in gs.KEY_ORDER_TUNED_CONFIGS]
+    # every tuned config is also GPU-tested
+    assert set(gs.TUNED_CONFIGS) | set(gs.KEY_ORDER_TUNED_CONFIGS) <= set(gs.CONFIGS)
     assert gs.TUNER.default((64,)) == str(gs.DEFAULT_CONFIGS[64])
+
+
+def test_each_tuner_chooses_among_configs_of_one_numerics_with_its_default():
+    """The output never depends on the timing or the tuning cache: a tuner's candidates and its untuned default
+    share :attr:`GluonConfig.numerics` (key tile, permk, mmasum, CTA rows)."""
+    for tuner, defaults in ((gs.TUNER, list(gs.DEFAULT_CONFIGS.values())),
+                            (gs.KEY_ORDER_TUNER, [gs.KEY_ORDER_DEFAULT_CONFIG])):
+        classes = {gs.GluonConfig.parse(c).numerics for c in tuner.candidates} | {c.numerics for c in defaults}
+        assert len(classes) == 1, (tuner.kernel, classes)
+    assert all(c.permk and c.trio for c in gs.TUNED_CONFIGS)
+    assert not any(c.permk or c.trio for c in gs.KEY_ORDER_TUNED_CONFIGS)
+
+
+@pytest.mark.parametrize("case,tuner", [("int8-k16", "TUNER"), ("fp8-k16", "TUNER"), ("int8-tensor", "TUNER"),
+                                        ("int8-k1", "KEY_ORDER_TUNER"), ("int8-k4", "KEY_ORDER_TUNER"),
+                                        ("bf16", "KEY_ORDER_TUNER"), ("key-bias", "KEY_ORDER_TUNER")])
+def test_the_launch_class_follows_from_the_inputs(case, tuner):
+    """K that the ``permk`` view takes (8-bit, scales per 16 keys or coarser), without key bias, goes to
+    :data:`TUNER`; everything else loads K in key order (:data:`KEY_ORDER_TUNER`)."""
+    qk = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}.get(case.split("-")[0], torch.int8)
+    k_block = {"k1": 1, "k4": 4}.get(case.split("-")[-1], 16)
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(qk=qk, k_block=k_block)
+    if case == "int8-tensor":
+        ks = torch.empty(1, 1, 1, device="meta")
+    if case == "bf16":
+        ks = None
+    bias = torch.empty(1, k.shape[2], device="meta") if case == "key-bias" else None
+    assert gs.tuner_for(k, ks, kb, bias) is getattr(gs, tuner)
 
 
 def test_cpu_tensors_are_refused_with_the_reason():
@@ -305,11 +335,11 @@ def test_split_tail_launch_compiles_with_the_same_loop(config):
     assert loops[tail][0] <= loops[None][0] + 8 and loops[tail][1] <= loops[None][1], loops
 
 
-@pytest.mark.parametrize("config", [str(c) for c in gs.BIAS_TUNED_CONFIGS])
+@pytest.mark.parametrize("config", [str(c) for c in gs.KEY_ORDER_TUNED_CONFIGS])
 @pytest.mark.parametrize("d", [128, 64])
 def test_key_bias_launches_compile_in_key_order_without_loop_spills(config, d):
     """A key bias (masks) is loaded per tile at use (``HAS_BIAS``); such launches read K in key order (no
-    ``permk`` view) and are tuned over the configs that keep their registers (``trio`` without ``permk`` spills)."""
+    ``permk`` view) and are tuned over configs that keep their registers (``trio`` without ``permk`` spills)."""
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
     cfg = gs.GluonConfig.parse(config)
     bias = torch.empty(1, k.shape[2], device="meta")
@@ -318,5 +348,4 @@ def test_key_bias_launches_compile_in_key_order_without_loop_spills(config, d):
     compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] <= 80, report
-    assert not any(c.trio for c in gs.BIAS_TUNED_CONFIGS) and gs.BIAS_TUNER.candidates == [
-        str(c) for c in gs.BIAS_TUNED_CONFIGS]
+    assert gs.tuner_for(k, ks, kb, bias) is gs.KEY_ORDER_TUNER

@@ -373,14 +373,21 @@ def test_config_forcing(qattn_config):
         assert_close_to_reference(*run_both(args))
 
 
-def test_autotune_pruning():
+def test_autotune_pruning_keeps_one_key_tile_per_device():
+    """The autotuner times only configs of the device's key tile, so its choice never changes the output."""
     configs = [c.to_triton() for c in ts.CONFIGS]
     hopper = ts.prune_configs(configs, {"SEQ_Q": 32760}, PV_SPLIT=False, HEAD_DIM=128)
-    assert len(hopper) == len(configs)
+    assert hopper and {c.kwargs["BLOCK_N"] for c in hopper} == {ts.BLOCK_N_BY_CAPABILITY[(9, 0)]} == {128}
     ada = ts.prune_configs(configs, {"SEQ_Q": 32760}, PV_SPLIT=True, HEAD_DIM=128)
     assert ada and all(c.kwargs["BLOCK_N"] == 64 and c.num_warps == 8 and not c.kwargs["PIPE"] for c in ada)
     short = ts.prune_configs(configs, {"SEQ_Q": 40}, PV_SPLIT=False, HEAD_DIM=128)
-    assert short and all(c.kwargs["BLOCK_M"] == 64 for c in short)
+    assert short and {c.kwargs["BLOCK_N"] for c in short} == {128}  # no 64-row config of that tile: all of them
+    for cap in ((9, 0), (8, 9)):
+        for sq in (40, 4096, 75600):
+            candidates = ts.tuned_candidates(cap, sq)
+            assert candidates and len({c.numerics for c in candidates}) == 1, (cap, sq, candidates)
+    with pytest.raises(ValueError, match="no autotuned config has BLOCK_N=128 for sm_90"):
+        ts.prune_configs([c for c in configs if c.kwargs["BLOCK_N"] == 64], {"SEQ_Q": 100}, PV_SPLIT=False)
 
 
 # ------------------------------------------------------------------------------------------------------------------

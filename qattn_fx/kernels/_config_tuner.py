@@ -68,6 +68,8 @@ class ConfigTuner:
     """Autotuner of one kernel: ``candidates`` are config names (the kernel parses them), ``default(key)`` the
     config used when timing is impossible (graph capture) or disabled (``$QATTN_AUTOTUNE=0``).
 
+    ``numerics(config) -> key``, when given, is what decides a config's output bits: every candidate must have the
+    same (``ValueError`` otherwise), so that the choice, and the cache, change only the time, never the result.
     ``timer(run) -> ms`` and ``capturing() -> bool`` are injectable for tests; ``cache_path=None`` keeps choices
     in memory only; ``rounds``: interleaved timing rounds per candidate (the median is kept)."""
 
@@ -79,10 +81,16 @@ class ConfigTuner:
     capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing
     device_tag: Callable[[], str] = lambda: ConfigTuner.cuda_device_tag()  # noqa: E731 - resolved at call time
     rounds: int = 3
+    numerics: Optional[Callable[[str], object]] = None
 
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError(f"{self.kernel}: ConfigTuner needs at least one candidate config")
+        if self.numerics is not None:
+            classes = {config: self.numerics(config) for config in self.candidates}
+            if len(set(classes.values())) > 1:
+                raise ValueError(f"{self.kernel}: the tuner's candidates must give identical outputs, but their "
+                                 f"numerics differ: {classes}")
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
             raise ValueError(f"{self.kernel}: rounds={self.rounds!r} is invalid; valid: an int >= 1")
         self._choices: dict[str, str] = {}

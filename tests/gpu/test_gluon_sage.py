@@ -114,7 +114,7 @@ def test_permuted_k(case):
 
 @needs_sm90
 def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path, monkeypatch, qattn_config):
-    """Without a forced config the first call of a problem key times every TUNED_CONFIGS entry, writes the choice
+    """Without a forced config the first call of a problem key times every candidate of its class, writes the choice
     to the tuning cache and returns the chosen config's output; the next call reads the choice back."""
     qattn_config(gluon_sage_config=None)
     monkeypatch.setattr(gs.TUNER, "cache_path", tmp_path / "tuning.json")
@@ -136,6 +136,50 @@ def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path
     torch.testing.assert_close(again, out, rtol=0, atol=0)
     assert_close_to_reference(out, reference.scaled_attention(*args, sm_scale, torch.float32), f"tuned {best}")
     gs.TUNER.clear()
+
+
+#: One case per launch class and way into it: (Q/K dtype, q_block, k_block, key bias).
+CLASS_CASES = {"permk-int8-k16": ("int8", 1, 16, False), "permk-fp8-k16": ("fp8", 1, 16, False),
+               "key-order-bias": ("int8", 1, 16, True), "key-order-k1": ("int8", 1, 1, False),
+               "key-order-bf16": ("bf16", 0, 0, False)}
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", list(CLASS_CASES))
+def test_every_tuned_candidate_gives_the_same_output(case, monkeypatch, qattn_config):
+    """The autotuner's choice changes only the time: every candidate of the launch's class (:func:`gs.tuner_for`),
+    the untuned default and the tuned call return the same bits, with the tail split running (40 stand-in SMs
+    make the last wave partial for 128- and 192-row CTAs alike); the result matches the reference."""
+    monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)
+    qattn_config(gluon_tail_split=True, gluon_sage_config=None)
+    qk, q_block, k_block, with_bias = CLASS_CASES[case]
+    args = quantize(*make_qkv(skv=2500), qk, q_block, k_block)
+    bias = None
+    if with_bias:  # batch 0 sees 2000 keys, batch 1 sees 1200
+        bias = torch.zeros(2, 2500, device=DEV)
+        bias[0, 2000:] = float("-inf")
+        bias[1, 1200:] = float("-inf")
+    sm_scale = 1.0 / math.sqrt(128)
+    tuner = gs.tuner_for(args[2], args[3], args[7], bias)
+    assert (tuner is gs.TUNER) == case.startswith("permk")
+    outs = {}
+    for config in tuner.candidates:
+        with gs.use_config(config):
+            outs[config] = gs.scaled_attention(*args, sm_scale, torch.float32, key_bias=bias)
+        assert gs.last_tail_plan() is not None and gs.last_tail_plan().splits >= 2, (config, gs.last_tail_plan())
+    tuner.clear()
+    qattn_config(autotune=False)
+    outs["default"] = gs.scaled_attention(*args, sm_scale, torch.float32, key_bias=bias)
+    assert tuner.last_source() == "default"
+    qattn_config(autotune=True)
+    outs["tuned"] = gs.scaled_attention(*args, sm_scale, torch.float32, key_bias=bias)
+    assert tuner.last_source() == "tuned"
+    tuner.clear()
+    first, *rest = outs
+    for name in rest:
+        torch.testing.assert_close(outs[name], outs[first], rtol=0, atol=0, msg=lambda m: f"{name} vs {first}: {m}")
+    expected = reference.scaled_attention(*args, sm_scale, torch.float32, key_bias=bias)
+    assert_close_to_reference(outs[first], expected, f"{case} {first}")
 
 
 SHAPES = support.GPU_SHAPE_CLASSES

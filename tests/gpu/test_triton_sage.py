@@ -399,3 +399,24 @@ def test_registered_op_under_torch_compile():
     compiled = torch.compile(f, fullgraph=True)(*args)
     assert compiled.stride() == eager.stride()
     assert torch.equal(compiled, eager)
+
+
+@needs_sm89_90
+@pytest.mark.parametrize("sq", [1000, 40])
+def test_every_tuned_candidate_gives_the_same_output(sq):
+    """The autotuner times only configs of the device's key tile (:func:`ts.tuned_candidates`): each of them,
+    forced, returns the same bits, which match the reference."""
+    cap = tuple(torch.cuda.get_device_capability())
+    args = quantize(*make_qkv(sq=sq, skv=2500), "int8", 1, 16)
+    sm_scale = 1.0 / math.sqrt(128)
+    candidates = ts.tuned_candidates(cap, sq)
+    assert {c.block_n for c in candidates} == {ts.BLOCK_N_BY_CAPABILITY[cap]}
+    outs = {}
+    for config in candidates:
+        with ts.use_config(config):
+            outs[str(config)] = ts.scaled_attention(*args, sm_scale, torch.float32)
+    first, *rest = outs
+    for name in rest:
+        torch.testing.assert_close(outs[name], outs[first], rtol=0, atol=0, msg=lambda m: f"{name} vs {first}: {m}")
+    support.assert_close_to_reference(outs[first], reference.scaled_attention(*args, sm_scale, torch.float32),
+                                      name="triton_sage", what=f"tuned candidates, sq {sq}")

@@ -27,8 +27,10 @@ schedule, which plain Triton 3.6 cannot express:
   them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
   masks: a per-tile branch between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's
   Gluon (wrong values and NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change
-  the data layout, the CTA shape and the slot release; which schedule is fastest depends on the shape, so calls
-  are autotuned per problem key over :data:`TUNED_CONFIGS` (:data:`TUNER`, cached on disk).
+  the data layout, the CTA shape and the slot release. Calls are autotuned per problem key (cached on disk) over
+  the candidates of their class, decided by the inputs (:func:`tuner_for`): :data:`TUNED_CONFIGS` where K can be
+  viewed through ``permk``, :data:`KEY_ORDER_TUNED_CONFIGS` otherwise. The candidates of a class share their
+  numerics (:attr:`GluonConfig.numerics`), so the output never depends on the timing or on the tuning cache.
 * a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
   (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
   turns it off): measured on the H200 in
@@ -50,7 +52,7 @@ sequence-major (``stride(-2) == 1``, the quantize node's layout, rows padded to 
 fp32 scales as for triton_sage. GQA through ``Hq = g · Hkv``. Optional ``key_bias`` fp32 ``(B|1, Skv)`` (masks):
 each tile's bias is loaded at use and added to the logits, whose max is then taken over ``t·rs + bias`` (a row
 with every key masked gives 0); such launches read K in key order (no ``permk``) and are tuned over
-:data:`BIAS_TUNED_CONFIGS`. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
+:data:`KEY_ORDER_TUNED_CONFIGS`. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
 
 Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing), :mod:`.consumer` and
 :mod:`.producer` (the partitions), :mod:`.kernel` (``_sage_fwd_ws``: shared memory, barriers, warp
@@ -61,19 +63,20 @@ triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..e
 
 from . import tail_split
 from ._gluon import GLUON_ERROR
-from .config import (BIAS_DEFAULT_CONFIG, BIAS_TUNED_CONFIGS, CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS,
-                     DEFAULT_CONFIGS, FORCED, LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_CONSUMER_REGS,
+from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONFIGS, FORCED,
+                     KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_CONSUMER_REGS,
                      SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      current_config, forced_config, use_config)
 from .consumer import _mma_layout as mma_layout
-from .launch import (BIAS_TUNER, LAST, TUNER, LaunchPlan, attention, compile_for, descriptor, ineligible,
+from .launch import (KEY_ORDER_TUNER, LAST, TUNER, LaunchPlan, attention, compile_for, descriptor, ineligible,
                      k_scale_box, last_config, last_tail_plan, permuted_k, plan_launch, q_blocks, scaled_attention,
-                     sm_count, tail_plan, tma_aligned, tuning_key)
+                     sm_count, tail_plan, tma_aligned, tuner_for, tuning_key)
 
-__all__ = ["BIAS_DEFAULT_CONFIG", "BIAS_TUNED_CONFIGS", "BIAS_TUNER", "CAPABILITY", "CONFIGS", "CONSUMER_REGS",
-           "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR", "GluonConfig", "LAST", "LAUNCH_MAXNREG",
-           "LaunchPlan", "PRODUCER_REGS", "ROWS_PER_CONSUMER", "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG",
-           "TRIO_CONSUMER_REGS", "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "compile_for",
-           "current_config", "descriptor", "forced_config", "ineligible", "k_scale_box", "last_config",
-           "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks", "scaled_attention", "sm_count", "tail_plan",
-           "tail_split", "tma_aligned", "tuning_key", "use_config"]
+__all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR",
+           "GluonConfig", "KEY_ORDER_DEFAULT_CONFIG", "KEY_ORDER_TUNED_CONFIGS", "KEY_ORDER_TUNER", "LAST",
+           "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "ROWS_PER_CONSUMER", "SOLO_CONSUMER_REGS",
+           "SOLO_LAUNCH_MAXNREG", "TRIO_CONSUMER_REGS", "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention",
+           "compile_for", "current_config", "descriptor", "forced_config", "ineligible", "k_scale_box",
+           "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks",
+           "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",
+           "use_config"]

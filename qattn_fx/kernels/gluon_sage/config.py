@@ -85,24 +85,38 @@ class GluonConfig(LaunchConfig):
         """Query rows per CTA: :data:`ROWS_PER_CONSUMER` per consumer warpgroup."""
         return self.consumers * ROWS_PER_CONSUMER
 
+    @property
+    def numerics(self) -> tuple[int, int, int, int]:
+        """``(block_n, permk, mmasum, rows)``: what decides the output bits on given inputs. ``block_n`` places the
+        online softmax's rescaling and the e4m3 rounding of P; ``permk`` orders each P·V tile's sum; ``mmasum``
+        sums the denominator over e4m3 P; ``rows`` decides which rows the tail split runs in pieces. Configs with
+        equal ``numerics`` give bitwise-identical outputs (``stages``, ``ahead`` and ``tarrive`` move only time;
+        tests/gpu/test_gluon_sage.py checks every tuned class)."""
+        return (self.block_n, self.permk, self.mmasum, self.rows)
 
-#: Config per head_dim where none is tuned (graph capture before any tuning, ``qattn_fx.config.autotune`` off): the
-#: fastest of the H200 tuning sweep (BENCHMARKS.md, "Tuning: gluon_sage's default config"),
-#: ``128,3,trio,permk,tarrive,mmasum`` at both head dims (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p, 537.7
-#: at d64; the best two-consumer config, ``128,3,ahead,permk``, 801.2 / 791.2 / 496.5 in the same run).
+
+# The autotuner's candidates, one class per way of loading K. Every candidate of a class has the same
+# GluonConfig.numerics, and the class follows from the inputs alone (launch.tuner_for), so a call's output does not
+# depend on which candidate the timing picks, on the tuning cache, or on whether the call was tuned at all.
+
+#: Launches that view K through ``permk`` (8-bit K with scales per 16 keys or coarser, per head or per tensor, no
+#: key bias): ``trio,permk,mmasum`` with and without ``tarrive``, within the run-to-run spread of each other and the
+#: fastest at the Wan shapes and d64 (BENCHMARKS.md, "Tuning: gluon_sage's default config") and at flux-1024 (the
+#: autotuner's pick there over two-consumer and ``solo`` configs, BENCHMARKS.md, "Attention op").
+TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
+                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
+#: Config per head_dim where none is tuned (graph capture before any tuning, ``qattn_fx.config.autotune`` off), in
+#: the class of :data:`TUNED_CONFIGS`: ``128,3,trio,permk,tarrive,mmasum`` (892.6 TFLOP/s at wan1.3b-480p, 866.5 at
+#: wan14b-720p, 537.7 at d64; the best two-consumer config, ``128,3,ahead,permk``, 801.2 / 791.2 / 496.5 in the same
+#: run).
 DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
                    64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
-#: What the autotuner times per problem key (:data:`TUNER`). Fastest in the H200 sweeps: ``trio,permk,mmasum``
-#: (with or without ``tarrive``) at the Wan shapes and d64; ``ahead,solo`` / ``ahead,permk(,solo,tarrive)`` at
-#: flux-1024, whose 4608 rows make 4.4 waves of 192-row CTAs against 6.5 of 128-row ones; ``ahead`` stays for
-#: inputs whose K layout ``permk`` cannot view (it then runs the plain schedule, and ``trio`` spills in its loop).
-TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 3, ahead=1, permk=1),
-                 GluonConfig(128, 3, ahead=1, solo=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
-                 GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
-                 GluonConfig(128, 3, permk=1, tarrive=1, trio=1),
-                 GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
-                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
+#: Launches that load K in key order: key-bias launches (masks), bf16/fp16 K, K scales per 1 or 4 keys, layouts the
+#: ``permk`` view cannot take. ``trio`` spills in that loop (offline, d128: over 1 KB), so two consumer warpgroups
+#: with the ``ahead`` schedule, and ``mmasum`` as in the other class.
+KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1))
+#: Untuned key-order launches.
+KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
 #: Every config the GPU tests run (and ``python -m benchmarks.tune --kernel gluon_sage`` sweeps by default).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2),
@@ -112,17 +126,13 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
            GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1),
-           GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 2, mmasum=1),
+           GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1),
+           GluonConfig(128, 2, mmasum=1),
            GluonConfig(64, 3, ahead=1, mmasum=1),
            GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
            GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
            GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
            GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
-
-#: Key-bias launches (masks) load K in key order (no ``permk`` view), where ``trio`` spills in its loop (offline,
-#: d128: over 1 KB): they are tuned over the other configs.
-BIAS_TUNED_CONFIGS = tuple(c for c in TUNED_CONFIGS if not c.trio)
-BIAS_DEFAULT_CONFIG = GluonConfig(128, 3, ahead=1)
 
 #: The forced config (``qattn_fx.config.gluon_sage_config``, ``$QATTN_GLUON_SAGE_CONFIG``).
 FORCED = ForcedConfig(GluonConfig, "gluon_sage_config")

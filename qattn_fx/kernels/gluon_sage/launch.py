@@ -15,7 +15,7 @@ from .._config_tuner import ConfigTuner
 from .._cuda_utils import empty_bshd
 from . import tail_split
 from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
-from .config import (BIAS_DEFAULT_CONFIG, BIAS_TUNED_CONFIGS, CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS,
+from .config import (CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS,
                      LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS,
                      TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig, forced_config)
 from .kernel import _sage_fwd_ws
@@ -48,12 +48,27 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
     return key + ("bias",) if key_bias else key
 
 
-#: The autotuner: one timing of :data:`TUNED_CONFIGS` per :func:`_tuning_key`, cached in memory and on disk
-#: (:mod:`._config_tuner`); under graph capture before any tuning it uses :data:`DEFAULT_CONFIGS`.
-TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]))
-#: Key-bias launches (masks): tuned over :data:`BIAS_TUNED_CONFIGS`, by a tuner of their own.
-BIAS_TUNER = ConfigTuner("gluon_sage_key_bias", [str(c) for c in BIAS_TUNED_CONFIGS],
-                         default=lambda key: str(BIAS_DEFAULT_CONFIG))
+#: The autotuner of launches that view K through ``permk``: one timing of :data:`TUNED_CONFIGS` per
+#: :func:`tuning_key`, cached in memory and on disk (:mod:`.._config_tuner`); untuned (graph capture before any
+#: tuning, autotuning off) it uses :data:`DEFAULT_CONFIGS`.
+TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]),
+                    numerics=lambda text: GluonConfig.parse(text).numerics)
+#: The autotuner of launches that load K in key order (key bias, or a K the view cannot take):
+#: :data:`KEY_ORDER_TUNED_CONFIGS`, untuned :data:`KEY_ORDER_DEFAULT_CONFIG`.
+KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER_TUNED_CONFIGS],
+                              default=lambda key: str(KEY_ORDER_DEFAULT_CONFIG),
+                              numerics=lambda text: GluonConfig.parse(text).numerics)
+
+
+def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
+              key_bias: Optional[torch.Tensor] = None) -> ConfigTuner:
+    """The autotuner of this launch's class, decided by the inputs alone: :data:`TUNER` where K can be viewed
+    through ``permk`` at the class's key tile (:func:`permuted_k`) and there is no key bias, else
+    :data:`KEY_ORDER_TUNER`. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
+    block_n = TUNED_CONFIGS[0].block_n
+    if key_bias is None and permuted_k(k, k_block if k_scale is not None else 0, block_n) is not None:
+        return TUNER
+    return KEY_ORDER_TUNER
 
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
@@ -240,9 +255,10 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
 
     Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
     :func:`ineligible` found (a Q or K whose base or strides TMA cannot address is copied instead). Launches on the
-    current stream; the config is the forced one (:func:`forced_config`), else :data:`TUNER`'s choice for this
-    problem key. The first call of a key not in the tuning cache times every :data:`TUNED_CONFIGS` entry on these
-    inputs (and synchronizes to do so); later calls never synchronize. Where the grid's last wave is partial
+    current stream; the config is the forced one (:func:`forced_config`), else the choice of the tuner of the
+    launch's class (:func:`tuner_for`) for this problem key; the candidates of a class give identical outputs.
+    The first call of a key not in the tuning cache times every candidate on these inputs (and synchronizes to do
+    so); later calls never synchronize. Where the grid's last wave is partial
     (:func:`tail_plan`), that wave runs split over the keys into an fp32 workspace and a second, small kernel
     merges it (:mod:`.tail_split`). ``key_bias``: fp32 ``(B|1, Skv)`` added to the logits (masked keys
     ``-inf``; a row with every key masked gives 0 and LSE ``-inf``). Calls of more than 65,535 (batch, head) pairs
@@ -276,7 +292,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     with torch.cuda.device(q.device):
         config = forced_config()
         if config is None:
-            tuner = TUNER if key_bias is None else BIAS_TUNER
+            tuner = tuner_for(k, k_scale, k_block, key_bias)
             name = tuner.choose(tuning_key(q, k, q_block, k_block, return_lse, key_bias is not None),
                                 lambda text: launch(GluonConfig.parse(text)))
             config = GluonConfig.parse(name)

@@ -36,6 +36,18 @@ class KernelConfig(LaunchConfig):
     def usage(cls) -> str:
         return "BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]"
 
+    @property
+    def numerics(self) -> tuple[int]:
+        """``(block_n,)``: what decides the output bits on given inputs (the key tile places the online softmax's
+        rescaling and the e4m3 rounding of P); ``block_m``, warps, stages and ``pipe`` move only time."""
+        return (self.block_n,)
+
+    @classmethod
+    def from_triton(cls, config) -> "KernelConfig":
+        """The :class:`KernelConfig` of a ``triton.Config`` made by :meth:`to_triton`."""
+        return cls(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages,
+                   int(config.kwargs.get("PIPE", 0)))
+
     def meta(self) -> dict:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "PIPE": self.pipe}
 
@@ -62,6 +74,10 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(64, 64, 4, 4, pipe=1),
     KernelConfig(128, 128, 8, 3, pipe=1),  # at head_dim 128: 255 registers, <= 16 B spilled for some strides
 )
+#: Keys per tile of the configs the autotuner may pick, per compute capability: one width per device, so that the
+#: output does not depend on the autotuner's choice (:attr:`KernelConfig.numerics`). 128 on sm_90 (the fastest
+#: H200 configs, BENCHMARKS.md), 64 on sm_89 (mma.sync compiles only 128x64 tiles with 8 warps without spills).
+BLOCK_N_BY_CAPABILITY = {(9, 0): 128, (8, 9): 64}
 #: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
 INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
 

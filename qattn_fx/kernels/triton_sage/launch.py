@@ -12,7 +12,7 @@ import torch
 from .. import _sage_common as common
 from .. import requirements as kernel_requirements
 from .._cuda_utils import empty_bshd
-from .config import CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
+from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
 
 try:  # GPU libraries are optional at import time; the kernel raises a clear error without them.
     import triton
@@ -58,21 +58,27 @@ def kernel_module(interpret: bool):
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """Drop configs that spill registers (ptxas, Triton 3.6) or oversize the problem; keeps at least one.
-
-    ``PV_SPLIT`` is set off sm_90 (Ada's mma.sync path).
-    """
+    """The configs the autotuner times for a call: those with the device's key tile
+    (:data:`BLOCK_N_BY_CAPABILITY`, so that every candidate gives the same output), on sm_89 (``PV_SPLIT``: Ada's
+    mma.sync path) only 8-warp ones without ``pipe``, and for short query sequences only row blocks the sequence
+    fills (where any remain)."""
     sq = named_args.get("SEQ_Q", 1 << 30)
     ada = kwargs.get("PV_SPLIT", named_args.get("PV_SPLIT", False))
-    kept = []
-    for c in configs:
-        bm, bn, pipe = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs.get("PIPE", 0)
-        if bm > max(64, triton.next_power_of_2(sq)):
-            continue  # short query sequences: smaller row blocks fill the GPU
-        if ada and (bn > 64 or c.num_warps < 8 or pipe):
-            continue  # sm_89 mma.sync path: only 128x64 tiles with 8 warps compile without spills
-        kept.append(c)
-    return kept or list(configs)
+    block_n = BLOCK_N_BY_CAPABILITY[(8, 9) if ada else (9, 0)]
+    same = [c for c in configs if c.kwargs["BLOCK_N"] == block_n
+            and not (ada and (c.num_warps < 8 or c.kwargs.get("PIPE", 0)))]
+    if not same:
+        raise ValueError(f"triton_sage: no autotuned config has BLOCK_N={block_n} for "
+                         f"{'sm_89' if ada else 'sm_90'}; configs: {[str(KernelConfig.from_triton(c)) for c in configs]}")
+    fills = [c for c in same if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(sq))]
+    return fills or same
+
+
+def tuned_candidates(capability: tuple[int, int], sq: int) -> list[KernelConfig]:
+    """The configs the autotuner times for a call with ``sq`` query rows on ``capability`` (:func:`prune_configs`
+    on :data:`CONFIGS`); they share :attr:`KernelConfig.numerics`."""
+    kept = prune_configs([c.to_triton() for c in CONFIGS], {"SEQ_Q": sq}, PV_SPLIT=tuple(capability) != (9, 0))
+    return [KernelConfig.from_triton(c) for c in kept]
 
 
 def _tuned():
@@ -87,10 +93,7 @@ def _tuned():
 def best_config() -> Optional[KernelConfig]:
     """The autotuner's most recent choice (for reports); ``None`` before any tuning."""
     cfg = getattr(_TUNED.get("kernel"), "best_config", None)
-    if cfg is None:
-        return None
-    return KernelConfig(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages,
-                        int(cfg.kwargs.get("PIPE", 0)))
+    return None if cfg is None else KernelConfig.from_triton(cfg)
 
 
 def check_device(x: torch.Tensor) -> Optional[tuple[int, int]]:
