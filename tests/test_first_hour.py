@@ -261,8 +261,8 @@ def test_logs_per_graph_and_per_site(caplog):
         torch.compile(block, backend=qattn_fx.backend(emulate=True, compiler="eager"), fullgraph=True)(x)
     messages = [r.getMessage() for r in caplog.records if r.name == "qattn_fx"]
     assert messages[0] == "qattn_fx: rewriting graph 0: 1 SDPA sites"
-    assert any(m.startswith("qattn_fx: graph 0 site o (no module, layer None, self") and "; inserted sdpa_k_smooth, sdpa_q_quant," in m
-               for m in messages)
+    assert any(m.startswith("qattn_fx: graph 0 site o (no module, layer None, self")
+               and "; inserted sdpa_k_smooth, sdpa_q_quant," in m for m in messages)
     assert "qattn_fx: 1/1 attention sites quantized, 0 dense (graph 0)" in messages
 
 
