@@ -4,6 +4,11 @@
 rewrites its SDPA sites (:mod:`qattn_fx.fx.rewrite`) before AOT autograd and then delegates to Inductor (or
 ``aot_eager`` / ``eager`` for debugging). ``mode=`` and ``options=`` given to torch.compile are forwarded to
 Inductor as config patches, as torch does for its own Inductor backend.
+
+Progress goes to the ``qattn_fx`` logger: per graph, ``rewriting graph N: K SDPA sites`` before the rewrite and the
+summary after it (INFO), one line per site (DEBUG), and how long Inductor took. ``TORCH_LOGS=qattn_fx`` shows the
+INFO lines, ``TORCH_LOGS=+qattn_fx`` the DEBUG ones too (the logger is registered with ``torch._logging``); plain
+``logging`` configuration works as well.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,13 +25,30 @@ import torch
 import torch.fx as fx
 
 from . import __version__
+from .fx import match
 from .fx.rewrite import is_training_graph, rewrite
 from .hardware import Hardware, detect
-from .policy import Site, rule_usage
+from .policy import Site, Target, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump
 from .spec import Spec
 
 log = logging.getLogger("qattn_fx")
+
+
+def _register_torch_log() -> None:
+    """Let ``TORCH_LOGS=qattn_fx`` / ``+qattn_fx`` (and ``torch._logging.set_logs``'s registry) control the
+    ``qattn_fx`` logger. torch reads ``TORCH_LOGS`` when it is imported, before this name exists, so the settings
+    are read again when they name it."""
+    try:
+        from torch._logging import _internal
+    except ImportError:  # pragma: no cover - torch without the logging registry: plain logging still works
+        return
+    _internal.register_log("qattn_fx", "qattn_fx")
+    if "qattn_fx" in os.environ.get("TORCH_LOGS", ""):
+        _internal._init_logs()
+
+
+_register_torch_log()
 
 COMPILERS = ("inductor", "aot_eager", "eager")
 
@@ -46,11 +70,15 @@ class Backend:
 
     def __init__(self, spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
                  compiler: str = "inductor", debug_dir: str | Path | None = None,
-                 hardware: Hardware | None = None):
+                 hardware: Hardware | None = None, target: Target = None):
         if compiler not in COMPILERS:
             raise ValueError(f"compiler={compiler!r} is invalid; valid: {', '.join(COMPILERS)}")
+        if target is not None and not emulate:
+            raise ValueError("target= names where an emulated compile (emulate=True) would deploy; without "
+                             "emulation use hardware= to resolve the sites for another machine")
         self.spec = _as_spec(spec)
         self.emulate = emulate
+        self.target = target
         self.compiler = compiler
         self.debug_dir = debug_dir
         self.hardware = hardware
@@ -68,9 +96,16 @@ class Backend:
         dump = debug_dir(self.debug_dir)
         before = readable(gm)
         training = is_training_graph(example_inputs if example_inputs is not None else _placeholder_values(gm))
+        if log.isEnabledFor(logging.INFO):
+            log.info("qattn_fx: rewriting graph %d: %d SDPA sites", graph, len(match.find_sdpa(gm)))
         outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate, grad_enabled=training,
-                           first_index=len(self.report.sites))
+                           first_index=len(self.report.sites), target=self.target)
         sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
+        for record, outcome in zip(sites.sites, outcomes):
+            log.debug("qattn_fx: graph %d site %s (%s, layer %s, %s, q %s, kv %s): %s%s%s", graph, record.site,
+                      record.module or "no module", record.layer, record.role, record.q_shape, record.kv_shape,
+                      record.reason, f"; {record.deployment}" if record.deployment else "",
+                      f"; inserted {', '.join(outcome.inserted)}" if outcome.inserted else "")
         self.report.sites.extend(sites.sites)
         self._sites.extend(o.site for o in outcomes)
         self._note_unused_rules()
@@ -110,6 +145,7 @@ class Backend:
         return {
             "spec": self.spec.to_dict(),
             "emulate": self.emulate,
+            "target": None if self.target is None else repr(self.target),
             "compiler": self.compiler,
             "hardware": {"arch": hw.arch, "libraries": hw.libraries},
             "versions": {"qattn_fx": __version__, "torch": torch.__version__},
@@ -132,7 +168,11 @@ class Backend:
             return lookup_backend("aot_eager")(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx
 
-        return compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+        start = time.perf_counter()
+        compiled = compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+        log.info("qattn_fx: graph %d compiled by Inductor in %.1f s", len(self.graph_modules) - 1,
+                 time.perf_counter() - start)
+        return compiled
 
 
 def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
@@ -157,14 +197,21 @@ def _hardware_of(gm: fx.GraphModule | None) -> Hardware:
 
 
 def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False, compiler: str = "inductor",
-            debug_dir: str | Path | None = None, hardware: Hardware | None = None) -> Backend:
+            debug_dir: str | Path | None = None, hardware: Hardware | None = None,
+            target: Target = None) -> Backend:
     """A torch.compile backend that rewrites every SDPA per ``spec`` (default: the auto Sage INT8 spec).
 
     ``emulate=True`` runs every quantized site on the reference kernel (any device): measure a recipe's quality
-    before deploying it. ``compiler``: ``inductor`` (default), ``aot_eager`` or ``eager``. ``debug_dir`` (or
-    ``$QATTN_FX_DEBUG``) receives per-graph dumps. ``hardware`` overrides detection (resolve for another GPU).
+    before deploying it. Each emulated site's report also says what it would run where it is meant to deploy
+    (``SiteRecord.deployment``, e.g. ``on sm_100: dense (TRTLLM: head_dim 12 not in 128)``): ``target`` names
+    that machine (a :class:`Hardware`, an arch such as ``"sm_90"`` for a supported install of it, or a list of
+    them); by default the archs of the recipe's backend in the recipe table. ``compiler``: ``inductor``
+    (default), ``aot_eager`` or ``eager``. ``debug_dir`` (or ``$QATTN_FX_DEBUG``) receives per-graph dumps.
+    ``hardware`` is the machine the compiled sites run on (default: detected from the inputs); set it to resolve
+    for another GPU without emulation.
     """
-    return Backend(spec, emulate=emulate, compiler=compiler, debug_dir=debug_dir, hardware=hardware)
+    return Backend(spec, emulate=emulate, compiler=compiler, debug_dir=debug_dir, hardware=hardware,
+                   target=target)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -173,7 +220,7 @@ def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = Fal
 
 
 def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
-                  debug_dir: str | Path | None = None, hardware: Hardware | None = None):
+                  debug_dir: str | Path | None = None, hardware: Hardware | None = None, target: Target = None):
     """The same rewrite as an Inductor ``pre_grad_custom_pass`` (a ``CustomGraphPass`` with a cache uuid).
 
     Use it where another stack calls ``torch.compile`` itself: ``torch._inductor.config.pre_grad_custom_pass =
@@ -181,7 +228,7 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
     """
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-    owner = Backend(spec, emulate=emulate, debug_dir=debug_dir, hardware=hardware)
+    owner = Backend(spec, emulate=emulate, debug_dir=debug_dir, hardware=hardware, target=target)
     package = Path(__file__).parent
     files = tuple(sorted(str(p) for p in package.rglob("*.py")))
 
@@ -196,7 +243,7 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
             owner.rewrite(gm)
 
         def uuid(self) -> bytes:
-            extra = repr((owner.spec.to_json(sort_keys=True), emulate, hardware)).encode()
+            extra = repr((owner.spec.to_json(sort_keys=True), emulate, hardware, target)).encode()
             return hashlib.sha256(get_hash_for_files(files) + extra).digest()
 
     return QattnPreGradPass()
@@ -215,19 +262,21 @@ def install_pre_grad_pass(spec=None, **kwargs):
 
 
 def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None, emulate: bool = False,
-            hardware: Hardware | None = None, **kwargs) -> Report:
+            hardware: Hardware | None = None, target: Target = None, **kwargs) -> Report:
     """The site report for ``model(*args, **kwargs)`` under ``spec``, without compiling anything.
 
     Dynamo traces the call once; each traced graph is rewritten (to decide every site) but the call itself runs
     the original, unrewritten graph eagerly, so nothing is quantized, Inductor never runs, and the outputs are
     the dense ones. Grad mode matters as in the real call (diffusers pipelines run under ``torch.no_grad()``).
-    Use small inputs for big models: shapes only affect decisions through rules on lengths.
+    Use small inputs for big models: shapes only affect decisions through rules on lengths. Shapes are traced
+    static (``dynamic=False``), so the report shows this call's lengths.
     """
-    owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware)
+    owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware, target=target)
 
     def decide_only(gm: fx.GraphModule, example_inputs, **_):
         owner.rewrite(copy.deepcopy(gm), example_inputs)
         return gm.forward
 
-    torch.compile(model, backend=decide_only)(*args, **kwargs)
+    # static shapes: the report shows this call's lengths even when the same code was traced before at others
+    torch.compile(model, backend=decide_only, dynamic=False)(*args, **kwargs)
     return owner.report

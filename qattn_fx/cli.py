@@ -1,24 +1,42 @@
-"""``qattn-fx``: look at recipes and decisions from the shell.
+"""``qattn-fx``: look at recipes and decisions from the shell (also ``python -m qattn_fx``).
 
     qattn-fx recipes                                   # the accepted (backend, recipe) table (markdown)
     qattn-fx resolve --arch sm_90 --q 1,12,32760,128   # what the default spec does for one site on an arch
     qattn-fx resolve --arch sm_100 --spec spec.json --q 1,40,75600,128 --kv 1,40,512,128 --role cross
+    qattn-fx inspect qattn_fx.tiny_models:wan --emulate              # every site of a model, as the backend sees it
+    qattn-fx inspect --config config.json --class WanTransformer3DModel --arch sm_90 --frames 21 --height 60
+
+A named --arch is a supported install of that architecture: every library that qattn_fx's kernels for it need,
+at the minimum version the recipe table names (shown in the output); --lib NAME=VERSION overrides one, --bare
+assumes none.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import sys
+from pathlib import Path
 
 import torch
 
-from . import recipes
-from .hardware import Hardware, detect
+from . import __version__, recipes
+from .hardware import Hardware, detect, supported_libraries
 from .policy import Site, resolve
 from .spec import Spec
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class UsageError(Exception):
+    """A bad command-line value: printed as one ``qattn-fx: error: ...`` line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not usage + line: the valid choices are in the message or --help
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -31,16 +49,45 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="qattn-fx", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _lib(text: str) -> tuple[str, str]:
+    name, sep, version = text.partition("=")
+    if not sep or not name or not version:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: NAME=VERSION such as flashinfer-python=0.7.4")
+    return name, version
+
+
+def _supported_installs() -> str:
+    archs = dict.fromkeys(a for row in recipes.TABLE for req in row.implementations if req.kernel
+                          for a in req.archs or ())
+    return "; ".join(f"{a}: " + (", ".join(f"{k} {v}" for k, v in supported_libraries(a).items()) or "none")
+                     for a in sorted(archs))
+
+
+def _add_hardware_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", help="cpu or sm_XY such as sm_90, sm_100 (default: this machine). A named arch is "
+                   "assumed to have a supported install, every library its kernels need at the minimum version: "
+                   + _supported_installs())
+    p.add_argument("--lib", action="append", default=[], type=_lib, metavar="NAME=VERSION",
+                   help="a library version on the --arch machine, replacing the assumed one, e.g. cudnn=9.19.0 "
+                   "(repeatable)")
+    p.add_argument("--bare", action="store_true", help="with --arch: assume no libraries but those of --lib")
+    p.add_argument("--spec", help="spec file (.json/.yaml, any accepted format); default: the auto spec")
+    p.add_argument("--emulate", action="store_true",
+                   help="run every recipe on the reference kernel, and say what the deployment target would do")
+    p.add_argument("--target", action="append", default=None, metavar="ARCH",
+                   help="with --emulate: the arch the emulated sites deploy on, as a supported install "
+                   "(repeatable; default: the archs of the recipe's backend)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="qattn-fx", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"qattn-fx {__version__} (torch {torch.__version__})")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("recipes", help="print the accepted (backend, recipe) table")
+
     r = sub.add_parser("resolve", help="resolve a spec for one attention site")
-    r.add_argument("--spec", help="spec file (.json/.yaml, any accepted format); default: the auto spec")
-    r.add_argument("--arch", help="cpu or sm_XY (default: this machine)")
-    r.add_argument("--lib", action="append", default=[], metavar="NAME=VERSION",
-                   help="a library on the hypothetical machine, e.g. flashinfer-python=0.7.4 (repeatable)")
+    _add_hardware_args(r)
     r.add_argument("--q", type=_shape, required=True, help="query shape B,H,S,D")
     r.add_argument("--kv", type=_shape, help="key/value shape B,H,S,D (default: as --q)")
     r.add_argument("--role", choices=("self", "cross", "joint"), default=None)
@@ -48,29 +95,224 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--module", default="")
     r.add_argument("--layer", type=int)
     r.add_argument("--num-layers", type=int)
-    r.add_argument("--emulate", action="store_true")
-    args = parser.parse_args(argv)
 
-    if args.command == "recipes":
-        print(recipes.recipe_table_markdown())
-        return 0
-    libs = dict(item.split("=", 1) for item in args.lib)
-    hardware = Hardware.for_arch(args.arch, libs) if args.arch else detect()
+    i = sub.add_parser("inspect", help="trace a model once and print the site table the backend would produce",
+                       description="Build a model, trace it once with qattn_fx.explain (under torch.no_grad(), "
+                       "nothing is compiled) and print every attention site with its decision.")
+    i.add_argument("model", nargs="?", help="module:factory, e.g. qattn_fx.tiny_models:wan; the factory returns "
+                   "(model, inputs) with inputs a dict of keyword arguments or a tuple of positional ones, or a "
+                   "model with an example_inputs attribute (a dict/tuple, or a callable returning one)")
+    i.add_argument("--config", help="a diffusers model config.json (random weights, no download); with --class")
+    i.add_argument("--class", dest="cls", metavar="CLASS",
+                   help=f"the diffusers class of --config; inputs are made for {', '.join(_known_classes())}")
+    i.add_argument("--batch", type=int, default=1, help="--config inputs: batch size (default 1)")
+    i.add_argument("--frames", type=int, default=2, help="--config inputs: latent frames (video models; default 2)")
+    i.add_argument("--height", type=int, default=16, help="--config inputs: latent height (default 16)")
+    i.add_argument("--width", type=int, default=16, help="--config inputs: latent width (default 16)")
+    i.add_argument("--text-len", type=int, default=12, help="--config inputs: text tokens (default 12)")
+    i.add_argument("--dtype", choices=tuple(_DTYPES),
+                   help="the model's dtype (default: bf16 for a GPU arch, as pipelines run; else fp32)")
+    _add_hardware_args(i)
+    i.add_argument("--json", action="store_true", help="print report.to_dict() as JSON (every field, full text)")
+    i.add_argument("--markdown", action="store_true", help="print the full site table as markdown")
+    i.add_argument("--width-chars", type=int, default=120, metavar="N", help="table width (default 120)")
+    return parser
+
+
+def _known_classes() -> tuple[str, ...]:
+    from .tiny_models import KNOWN_CLASSES
+
+    return KNOWN_CLASSES
+
+
+def _hardware(args) -> tuple[Hardware, str | None]:
+    """The machine to resolve for, and a line saying which libraries were assumed (None: detected)."""
+    libs = dict(args.lib)
+    if not args.arch:
+        if args.lib or args.bare:
+            raise UsageError("--lib and --bare describe the --arch machine; add --arch (e.g. --arch sm_90)")
+        return detect(), None
+    if args.bare:
+        hardware = Hardware.for_arch(args.arch, libs)
+        return hardware, f"assumed libraries: {_libs(hardware.libraries)} (--bare)"
+    hardware = Hardware.supported_install(args.arch, libs)
+    what = (f"a supported install of {args.arch} (each library at the minimum version its kernels need)"
+            if supported_libraries(args.arch) else f"no libraries (no kernel of qattn_fx targets {args.arch})")
+    overridden = f", with --lib {_libs(libs)}" if libs else ""
+    return hardware, f"assumed {what}{overridden}"
+
+
+def _libs(libs: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(libs.items())) or "none"
+
+
+def _spec(args) -> Spec:
+    if not args.spec:
+        return Spec()
+    try:
+        return Spec.from_file(args.spec)
+    except FileNotFoundError:
+        raise UsageError(f"--spec {args.spec!r}: no such file")
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--spec {args.spec!r}: {e}")
+
+
+def _target(args, hardware: Hardware):
+    """Where emulated sites deploy: --target, else the --arch machine, else (None) the recipe backend's archs."""
+    if args.target is None:
+        return [hardware] if args.emulate and args.arch else None
+    if not args.emulate:
+        raise UsageError("--target names where emulated sites deploy; add --emulate (or use --arch to resolve "
+                         "for another machine)")
+    return [Hardware.supported_install(a) for a in args.target]
+
+
+def _resolve(args) -> int:
+    hardware, assumed = _hardware(args)
+    spec, target = _spec(args), _target(args, hardware)
     kv = args.kv or args.q
     role = args.role or ("self" if kv[2] == args.q[2] else "cross")
     site = Site(name="cli", module=args.module, layer=args.layer, num_layers=args.num_layers, role=role,
                 q_shape=args.q, k_shape=kv, v_shape=kv, dtype=_DTYPES[args.dtype])
-    spec = Spec.from_file(args.spec) if args.spec else Spec()
-    try:
-        decision = resolve(site, hardware, spec, emulate=args.emulate)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps({"hardware": hardware.describe(), "quantized": decision.quantized,
-                      "recipe": decision.recipe.to_dict() if decision.recipe else None, "kernel": decision.kernel,
-                      "backend": decision.backend, "reason": decision.reason, "notes": list(decision.notes)},
-                     indent=1))
+    decision = resolve(site, hardware, spec, emulate=args.emulate, target=target)
+    out = {"hardware": hardware.describe(), "libraries": assumed or "detected on this machine",
+           "quantized": decision.quantized, "recipe": decision.recipe.to_dict() if decision.recipe else None,
+           "kernel": decision.kernel, "backend": decision.backend, "reason": decision.reason,
+           "notes": list(decision.notes)}
+    if decision.deployment:
+        out["deployment"] = decision.deployment
+    print(json.dumps(out, indent=1))
     return 0
+
+
+def _load_factory(ref: str):
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"model {ref!r} is invalid; valid: module:factory such as qattn_fx.tiny_models:wan")
+    sys.path.insert(0, os.getcwd())  # a factory in a file of the current directory, as `python -m` finds it
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"model {ref!r}: cannot import {module_name!r}: {e}")
+    finally:
+        sys.path.pop(0)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = sorted(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n)))
+            raise UsageError(f"model {ref!r}: {module_name} has no {part!r}; callables there: {', '.join(names)}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _as_call(inputs) -> tuple[tuple, dict]:
+    if callable(inputs):
+        inputs = inputs()
+    if isinstance(inputs, dict):
+        return (), inputs
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _model_and_inputs(args, dtype: torch.dtype | None):
+    """(model, args, kwargs, description) from ``module:factory`` or ``--config`` + ``--class``."""
+    if bool(args.model) == bool(args.config):
+        raise UsageError("give a model as module:factory (e.g. qattn_fx.tiny_models:wan) or --config PATH --class "
+                         "NAME, not both or neither")
+    if args.config:
+        if not args.cls:
+            raise UsageError(f"--config needs --class; classes with example inputs: {', '.join(_known_classes())}")
+        import diffusers
+
+        from .tiny_models import example_inputs
+
+        cls = getattr(diffusers, args.cls, None)
+        if args.cls not in _known_classes() or cls is None:
+            raise UsageError(f"--class {args.cls!r} is invalid; valid: {', '.join(_known_classes())} (other models: "
+                             "module:factory returning (model, inputs))")
+        try:
+            config = json.loads(Path(args.config).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"--config {args.config!r}: no such file")
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--config {args.config!r} is not JSON: {e}")
+        torch.manual_seed(0)
+        model = cls.from_config(config).eval()
+        if dtype is not None:
+            model = model.to(dtype)
+        kwargs = example_inputs(model, batch=args.batch, frames=args.frames, height=args.height, width=args.width,
+                                text_len=args.text_len)
+        return model, (), kwargs, f"{args.cls} from {args.config} (random weights)"
+    made = _load_factory(args.model)
+    made = made() if callable(made) and not isinstance(made, torch.nn.Module) else made
+    if isinstance(made, tuple) and len(made) == 2:
+        model, inputs = made
+    elif hasattr(made, "example_inputs"):
+        model, inputs = made, made.example_inputs
+    else:
+        raise UsageError(f"model {args.model!r} gave {type(made).__name__}; valid: (model, inputs) or a model with "
+                         "an example_inputs attribute")
+    call_args, kwargs = _as_call(inputs)
+    if dtype is not None:
+        model = model.to(dtype)
+        cast = lambda v: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v  # noqa: E731
+        call_args, kwargs = tuple(map(cast, call_args)), {k: cast(v) for k, v in kwargs.items()}
+    return model, call_args, kwargs, f"{type(model).__name__} from {args.model}"
+
+
+def _inspect(args) -> int:
+    from .backend import explain
+
+    try:  # diffusers warns about casting a model with float32 modules to bf16: not the point here
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.set_verbosity_error()
+    except ImportError:
+        pass
+    hardware, assumed = _hardware(args)
+    spec, target = _spec(args), _target(args, hardware)
+    dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if hardware.device == "cuda" else None)
+    model, call_args, kwargs, what = _model_and_inputs(args, dtype)
+    with torch.no_grad():
+        report = explain(model, *call_args, spec=spec, emulate=args.emulate, hardware=hardware, target=target,
+                         **kwargs)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+        return 0
+    shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in kwargs.items() if torch.is_tensor(v))
+    print(f"qattn_fx {__version__}: {what}")
+    print(f"inputs: {shapes or ', '.join(str(tuple(a.shape)) for a in call_args if torch.is_tensor(a))}")
+    print(f"hardware: {hardware.describe()}" + (f"; {assumed}" if assumed else " (this machine)")
+          + ("; emulated (reference kernel)" if args.emulate else ""))
+    print()
+    print(report.markdown() if args.markdown else report.table(width=args.width_chars))
+    print(report.summary())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            args = _parser().parse_args(argv)
+            if args.command == "recipes":
+                print(recipes.recipe_table_markdown())
+                code = 0
+            elif args.command == "resolve":
+                code = _resolve(args)
+            else:
+                code = _inspect(args)
+            sys.stdout.flush()
+            return code
+        except UsageError as e:
+            print(f"qattn-fx: error: {e}", file=sys.stderr)
+            return 2
+        except ValueError as e:  # a spec or arch the policy refuses: its message names the value and the choices
+            print(f"qattn-fx: error: {e}", file=sys.stderr)
+            return 2
+    except BrokenPipeError:  # `qattn-fx recipes | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

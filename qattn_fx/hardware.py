@@ -2,7 +2,10 @@
 
 Detection is lazy and never imports a GPU library at package import time; it only reads installed distribution
 metadata (``importlib.metadata``) and, for cuDNN, asks torch. A :class:`Hardware` can also be written by hand
-(tests, ``qattn-fx explain --arch sm_100``) to resolve a spec for a machine you are not on.
+(tests, ``qattn-fx resolve --arch sm_100``) to resolve a spec for a machine you are not on:
+:meth:`Hardware.for_arch` is a bare machine (no libraries unless given), :meth:`Hardware.supported_install` one
+with the libraries a supported install of that architecture has (:func:`supported_libraries`: the version floors
+that :data:`qattn_fx.recipes.TABLE` names for the kernels of that architecture).
 """
 
 from __future__ import annotations
@@ -52,6 +55,33 @@ class Hardware:
         if not match:
             raise ValueError(f"arch={arch!r} is invalid; valid: 'cpu' or 'sm_XY' such as sm_90, sm_100, sm_120")
         return cls("cuda", (int(match.group(1)), int(match.group(2))), dict(libraries or {}))
+
+    @classmethod
+    def supported_install(cls, arch: str, libraries: dict[str, str] | None = None) -> "Hardware":
+        """A hypothetical machine with a supported install of ``arch``: every library that a kernel of qattn_fx for
+        ``arch`` needs, at the minimum version it needs (:func:`supported_libraries`), updated by ``libraries``
+        (``{"cudnn": "9.19.0"}`` to ask about another version)."""
+        return cls.for_arch(arch, {**supported_libraries(arch), **(libraries or {})})
+
+
+def supported_libraries(arch: str) -> dict[str, str]:
+    """The libraries a supported install of ``arch`` has: for every library that an implementation in
+    :data:`qattn_fx.recipes.TABLE` running on ``arch`` requires, the highest of their minimum versions (so every
+    kernel of qattn_fx for that architecture runs). ``{}`` for ``cpu`` and for architectures no kernel targets.
+
+    ``supported_libraries("sm_90")`` → ``{"triton": "3.6.0", "cudnn": "9.1.0", "flashinfer-python": "0.6.0"}``.
+    """
+    from .recipes import TABLE  # recipes imports nothing of this module; imported here to keep this one light
+
+    floors: dict[str, str] = {}
+    for row in TABLE:
+        for req in row.implementations:
+            if req.kernel is None or req.library is None or req.archs is None or arch not in req.archs:
+                continue
+            name, minimum = req.library
+            if name not in floors or parse_version(minimum) > parse_version(floors[name]):
+                floors[name] = minimum
+    return floors
 
 
 _DISTRIBUTIONS = ("flashinfer-python", "nvidia-cudnn-frontend", "triton", "sageattention")

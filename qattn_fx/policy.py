@@ -5,7 +5,9 @@
 1. the spec's rules in order (numbered from 1 in reasons) then its default → an attention spec or dense;
 2. facts of the site that *no* quantized kernel serves (autograd on, dropout, causal, masks, non-float inputs)
    → dense, with the fact as the reason;
-3. ``emulate=True`` (or backend ``REFERENCE``) → the reference kernel, on any device;
+3. ``emulate=True`` (or backend ``REFERENCE``) → the reference kernel, on any device; an emulated site also says
+   what its deployment target would do (:func:`deployment`: the same site resolved without emulation on the
+   archs of the recipe's backend, or on an explicit ``target``), in ``Decision.deployment``;
 4. otherwise the rows of :data:`qattn_fx.recipes.TABLE` that accept the recipe for the spec's backend, in table
    order, and each row's implementations: the first whose requirements the hardware and site meet wins.
    ``backend="auto"`` with no such row → dense with the reason; an explicit backend with no such row raises
@@ -14,8 +16,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -97,7 +101,11 @@ class Site:
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome for one site. ``reason`` is one human line; ``source`` names the rule or the default."""
+    """The outcome for one site. ``reason`` is one human line; ``source`` names the rule or the default.
+
+    ``deployment`` (emulated sites only): what the site would run on the hardware it is meant for, e.g.
+    ``on sm_90: gluon_sage; on sm_100: dense (TRTLLM: head_dim 12 not in 128)`` (:func:`deployment`).
+    """
 
     quantized: bool
     reason: str
@@ -106,6 +114,7 @@ class Decision:
     backend: str | None = None
     source: str = "default"
     notes: tuple[str, ...] = field(default=())
+    deployment: str | None = None
 
 
 def module_matches(glob: str, site: Site) -> str | None:
@@ -246,9 +255,96 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
     return None
 
 
+def _candidates(use: AttentionSpec) -> tuple[tuple[recipes.Row, Requirements], ...]:
+    """The (row, implementation) pairs that may serve ``use``, in ``auto`` preference order."""
+    if use.recipe is None:
+        rows = tuple(r for r in recipes.rows_for(use.backend) if r.implementations[0].skip_softmax)
+    else:
+        rows = recipes.matching_rows(use.backend, use.recipe)
+    return tuple((row, req) for row in rows for req in row.implementations
+                 if use.kernel is None or req.kernel == use.kernel)  # the spec may pin one implementation
+
+
+def _first_serving(candidates, site: Site, hardware: Hardware, use: AttentionSpec):
+    """(the first (row, implementation) that serves ``site`` on ``hardware`` or None, why each one before it
+    cannot: ``(backend, why)`` pairs in order, without repeats)."""
+    reasons: list[tuple[str, str]] = []
+    for row, req in candidates:
+        why = unmet(req, site, hardware, use)
+        if why is None:
+            return (row, req), ()
+        reasons.append((row.backend, why))
+    return None, tuple(dict.fromkeys(reasons))
+
+
+def _why_not(reasons: tuple[tuple[str, str], ...], *, grouped: bool) -> str:
+    """``"TRITON: needs sm_90, have cpu; TRTLLM: ..."``, or with ``grouped`` one clause per distinct reason
+    (``"TRTLLM, TRTLLM_ATTN: head_dim 12 not in 128"``)."""
+    if not grouped:
+        return "; ".join(f"{backend}: {why}" for backend, why in reasons)
+    by_why: dict[str, list[str]] = {}
+    for backend, why in reasons:
+        by_why.setdefault(why, []).append(backend)
+    return "; ".join(f"{', '.join(backends)}: {why}" for why, backends in by_why.items())
+
+
+Target = Hardware | str | Sequence[Hardware | str] | None
+
+
+def deployment_targets(use: AttentionSpec) -> tuple[str, ...]:
+    """The architectures a recipe of ``use`` is meant for: one per implementation of the rows of ``use.backend``
+    that accept the recipe, skipping an implementation whose archs an earlier one already covers (TRTLLM →
+    ``sm_100``; TRITON → ``sm_90``; CUDNN fp8 → ``sm_100``, ``sm_90``; ``auto`` int8 → ``sm_90``, ``sm_100``)."""
+    archs: list[str] = []
+    for _, req in _candidates(use):
+        if req.archs is None or any(a in archs for a in req.archs):
+            continue
+        archs.append(req.archs[0])
+    return tuple(archs)
+
+
+def _target_hardware(target: Target, use: AttentionSpec) -> tuple[Hardware, ...]:
+    if target is None:
+        target = deployment_targets(use)
+    if isinstance(target, (Hardware, str)):
+        target = (target,)
+    return tuple(t if isinstance(t, Hardware) else Hardware.supported_install(t) for t in target)
+
+
+def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
+    """What ``site`` would run, without emulation, on each deployment target: ``target`` (a :class:`Hardware`, an
+    arch such as ``"sm_90"`` for a supported install of it, or a sequence of them) or, by default, the archs the
+    recipe's backend is meant for (:func:`deployment_targets`, each with a supported install).
+
+    One clause per target: ``on sm_90: gluon_sage``, ``on sm_100: dense (TRTLLM: head_dim 12 not in 128)`` for
+    ``auto``, ``on sm_100: error (...)`` for an explicit backend (which raises where it cannot run). A float32
+    site (a CPU model) is judged as bf16, as GPUs run it, and the text starts with ``(as bf16)``.
+    """
+    as_bf16 = site.dtype == torch.float32
+    if as_bf16:
+        site = dataclasses.replace(site, dtype=torch.bfloat16,
+                                   kv_dtypes=None if site.kv_dtypes is None else (torch.bfloat16,) * 2)
+    candidates = _candidates(use)
+    clauses = []
+    for hardware in _target_hardware(target, use):
+        here = tuple((row, req) for row, req in candidates if req.archs is not None and hardware.arch in req.archs)
+        found, reasons = _first_serving(here, site, hardware, use)
+        if found is not None:
+            clauses.append(f"on {hardware.arch}: {found[1].kernel}")
+            continue
+        outcome = "dense" if use.backend == AUTO and use.kernel is None else "error"
+        why = _why_not(reasons, grouped=True) or f"no {use.backend} kernel for {hardware.arch}"
+        clauses.append(f"on {hardware.arch}: {outcome} ({why})")
+    return ("(as bf16) " if as_bf16 else "") + "; ".join(clauses)
+
+
 def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = None, *,
-            emulate: bool = False) -> Decision:
-    """Decide how ``site`` runs on ``hardware`` (default: this machine) under ``spec`` (default: :class:`Spec`)."""
+            emulate: bool = False, target: Target = None) -> Decision:
+    """Decide how ``site`` runs on ``hardware`` (default: this machine) under ``spec`` (default: :class:`Spec`).
+
+    ``emulate=True``: every quantized site runs on the reference kernel, and ``Decision.deployment`` says what it
+    would run on ``target`` (default: the archs of the recipe's backend; see :func:`deployment`).
+    """
     spec = Spec() if spec is None else spec
     hardware = detect() if hardware is None else hardware
     use, source, notes = select(spec, site)
@@ -271,23 +367,15 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
         why = unmet(recipes.REFERENCE_REQUIREMENTS, site, hardware, use)
         if why is not None:
             return Decision(False, f"dense: reference: {why}", recipe, None, None, source, notes)
+        deploy = deployment(site, use, target) if emulate and use.backend != REFERENCE else None
         return Decision(True, f"quantized ({how}): {recipe.name} on reference ({hardware.arch})", recipe,
-                        "reference", REFERENCE, source, notes)
-    if recipe is None:
-        rows = tuple(r for r in recipes.rows_for(use.backend) if r.implementations[0].skip_softmax)
-    else:
-        rows = recipes.matching_rows(use.backend, recipe)
-    reasons = []
-    for row in rows:
-        for req in row.implementations:
-            if use.kernel is not None and req.kernel != use.kernel:
-                continue  # the spec pins another implementation
-            why = unmet(req, site, hardware, use)
-            if why is None:
-                return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})", recipe,
-                                req.kernel, row.backend, source, notes)
-            reasons.append(f"{row.backend}: {why}")
-    summary = "; ".join(dict.fromkeys(reasons))
+                        "reference", REFERENCE, source, notes, deploy)
+    found, reasons = _first_serving(_candidates(use), site, hardware, use)
+    if found is not None:
+        row, req = found
+        return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})", recipe,
+                        req.kernel, row.backend, source, notes)
+    summary = _why_not(reasons, grouped=False)
     what = use.describe()
     if use.backend == AUTO and use.kernel is None:
         return Decision(False, f"dense: no kernel serves {what} here ({summary})", recipe, None, None, source, notes)

@@ -111,6 +111,24 @@ class Recipe:
         smooth = ", smooth K" if self.smooth_k else ""
         return f"{qk}, {v}{smooth}"
 
+    @property
+    def short_name(self) -> str:
+        """The name in a table cell, Q/K then V: ``int8 1/16, fp8/ch`` (per-block Q/K scales of 1 and 16 tokens,
+        per-channel V), ``fp8/tensor, fp8/tensor``, ``bf16, fp8/tensor``, ``mxfp8, mxfp8``; `` no-smooth`` when a
+        quantized K is not smoothed."""
+        def part(fmt: str, blocks: str | None, per_channel: bool) -> str:
+            if fmt in BLOCK_SCALED_FORMATS or fmt == "bf16":
+                return fmt
+            if blocks:
+                return f"{fmt} {blocks}"
+            return f"{fmt}/ch" if per_channel else f"{fmt}/{self.scale_scope}"
+
+        qk_blocks = f"{self.q_block_size}/{self.k_block_size}" if self.q_block_size or self.k_block_size else None
+        qk = part(self.qk_dtype, qk_blocks, False)
+        v = part(self.v_dtype, None, self.v_block_size == 1)
+        unsmoothed = " no-smooth" if self.qk_dtype != "bf16" and not self.smooth_k else ""
+        return f"{qk}, {v}{unsmoothed}"
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

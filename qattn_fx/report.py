@@ -1,21 +1,26 @@
 """Why each attention site ended up as it did: the site table, its summary line, and debug dumps.
 
 ``Report.to_dict()`` → ``{"sites": [{"site", "module", "layer", "role", "q_shape", "kv_shape", "dtype",
-"rewritten", "recipe", "kernel", "reason", "graph", "notes"}, ...], "notes": [...]}`` (report-wide notes: rules
-of the spec that decided no site); ``str(report)`` is a readable table;
+"rewritten", "recipe", "kernel", "reason", "deployment", "source", "graph", "notes"}, ...], "notes": [...]}``
+(report-wide notes: rules of the spec that decided no site); ``report.markdown()`` has the same full detail.
+``str(report)`` is a table that fits 120 columns: module and layer first, the recipe's short name, and a reason
+that does not repeat the recipe and kernel of a quantized site (the rule that chose it and, for an emulated site,
+what its deployment target would run), wrapped; ``report.table(columns, width=)`` picks other columns.
 ``report.summary()`` is the one line logged after each compile.
 
-Debug dumps (``debug_dir=``, else ``qattn_fx.config.debug_dir`` / ``$QATTN_FX_DEBUG``), per compiled graph ``N``: ``graph_N_before.py`` and
-``graph_N_after.py`` (readable code with shapes, strides and devices), ``graph_N_sites.md`` / ``.json``, and
-``spec.json`` (the spec as resolved, the hardware, versions). The same payloads are emitted as structured trace
-artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named ``qattn_fx_before_rewrite``, ``qattn_fx_after_rewrite``,
-``qattn_fx_sites``.
+Debug dumps (``debug_dir=``, else ``qattn_fx.config.debug_dir`` / ``$QATTN_FX_DEBUG``), per compiled graph ``N``:
+``graph_N_before.py`` and ``graph_N_after.py`` (readable code with shapes, strides and devices, the signature one
+argument a line), ``graph_N_sites.md`` / ``.json``, and ``spec.json`` (the spec as resolved, the hardware,
+versions). The same payloads are emitted as structured trace artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named
+``qattn_fx_before_rewrite``, ``qattn_fx_after_rewrite``, ``qattn_fx_sites``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +30,16 @@ import torch
 from . import config
 from .fx.rewrite import SiteOutcome
 
+#: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe",
-            "kernel", "reason")
+            "kernel", "reason", "deployment", "source")
+#: The columns of ``str(report)`` (``graph`` is put first when the report spans several graphs). ``q/kv``: the
+#: query and key lengths; ``d``: head_dim; ``recipe``: its short name; ``reason``: for a quantized site the rule
+#: (or default) that chose it plus the deployment note of an emulated site, for a dense one why.
+TABLE_COLUMNS = ("module", "layer", "role", "q/kv", "d", "recipe", "kernel", "reason")
+#: The default width of ``str(report)``.
+WIDTH = 120
+_MODULE_WIDTH = 40
 
 
 def _shape(shape: tuple) -> list:
@@ -56,10 +69,17 @@ class SiteRecord:
     kernel: str | None
     reason: str
     notes: tuple[str, ...] = ()
+    #: Emulated sites: what the deployment target would run (``Decision.deployment``).
+    deployment: str | None = None
+    #: The rule (``rule 2 (layers=-1)``) or ``default`` that chose the attention spec.
+    source: str = "default"
+    #: ``Recipe.short_name`` of a quantized site.
+    recipe_short: str | None = None
 
     @classmethod
     def from_outcome(cls, graph: int, outcome: SiteOutcome) -> "SiteRecord":
         site, decision = outcome.site, outcome.decision
+        recipe = decision.recipe if decision.quantized else None
         return cls(
             graph=graph,
             site=outcome.node_name if not outcome.graph_name else f"{outcome.graph_name}.{outcome.node_name}",
@@ -70,11 +90,42 @@ class SiteRecord:
             kv_shape=_shape(site.k_shape),
             dtype=str(site.dtype).replace("torch.", ""),
             rewritten=decision.quantized,
-            recipe=decision.recipe.name if decision.quantized and decision.recipe else None,
+            recipe=recipe.name if recipe else None,
             kernel=decision.kernel,
             reason=decision.reason,
             notes=decision.notes,
+            deployment=decision.deployment,
+            source=decision.source,
+            recipe_short=recipe.short_name if recipe else None,
         )
+
+    @property
+    def label(self) -> str:
+        """How notes name the site: its module path, else its graph node."""
+        return self.module or self.site
+
+    def compact_reason(self) -> str:
+        """The reason without what the recipe and kernel columns say: for a quantized site the rule that chose it
+        (and the deployment note of an emulated one), for a dense one the whole reason."""
+        if not self.rewritten:
+            return self.reason
+        return self.source + (f"; {self.deployment}" if self.deployment else "")
+
+    def cell(self, column: str) -> str:
+        """One cell of ``Report.table``."""
+        if column == "module":
+            return _fit_path(self.module, _MODULE_WIDTH)
+        if column == "q/kv":
+            return f"{_cell(_dim(self.q_shape, -2))}/{_cell(_dim(self.kv_shape, -2))}"
+        if column == "d":
+            return _cell(_dim(self.q_shape, -1))
+        if column == "recipe":
+            return _cell(self.recipe_short)
+        if column == "reason":
+            return self.compact_reason()
+        if column not in _COLUMNS:
+            raise ValueError(f"column={column!r} is invalid; valid: {', '.join(TABLE_COLUMNS + _COLUMNS)}")
+        return _cell(getattr(self, column))
 
     def to_dict(self) -> dict:
         d = {name: getattr(self, name) for name in _COLUMNS}
@@ -105,15 +156,38 @@ class Report:
             line += ": " + "; ".join(f"{n}x {reason}" for reason, n in dense.most_common())
         return line
 
-    def table(self, columns: tuple[str, ...] = _COLUMNS) -> str:
-        rows = [[_cell(getattr(s, c)) for c in columns] for s in self.sites]
+    def table(self, columns: tuple[str, ...] | None = None, *, width: int | None = WIDTH) -> str:
+        """The site table: ``columns`` (default :data:`TABLE_COLUMNS`, led by ``graph`` when the sites come from
+        several graphs) with the last column wrapped so that lines fit ``width`` characters (``None``: one line a
+        site), then the notes (also wrapped). Cells: see :meth:`SiteRecord.cell`; the full text of every field is
+        in :meth:`to_dict` and :meth:`markdown`."""
+        if columns is None:
+            columns = TABLE_COLUMNS
+            if len({s.graph for s in self.sites}) > 1:
+                columns = ("graph",) + columns
+        rows = [[s.cell(c) for c in columns] for s in self.sites]
         widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
-        fmt = lambda cells: "  ".join(v.ljust(w) for v, w in zip(cells, widths)).rstrip()  # noqa: E731
-        lines = [fmt(columns), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-        notes = [f"note ({s.site}): {n}" for s in self.sites for n in s.notes] + [f"note: {n}" for n in self.notes]
-        return "\n".join(lines + list(dict.fromkeys(notes)))
+        if width is not None:
+            fixed = sum(widths[:-1]) + 2 * (len(columns) - 1)
+            widths[-1] = max(min(widths[-1], width - fixed), len(columns[-1]), 20)
+        indent = sum(widths[:-1]) + 2 * (len(columns) - 1)
+
+        def fmt(cells: list[str]) -> list[str]:
+            head = "  ".join(v.ljust(w) for v, w in zip(cells[:-1], widths))
+            last = textwrap.wrap(cells[-1], widths[-1], break_on_hyphens=False) or [""]
+            lines = [(head + "  " + last[0] if head else last[0]).rstrip()]
+            return lines + [" " * indent + part for part in last[1:]]
+
+        lines = fmt(list(columns)) + ["  ".join("-" * w for w in widths)]
+        for r in rows:
+            lines += fmt(r)
+        notes = [f"note ({s.label}): {n}" for s in self.sites for n in s.notes] + [f"note: {n}" for n in self.notes]
+        for note in dict.fromkeys(notes):
+            lines += textwrap.wrap(note, width, subsequent_indent="  ") if width else [note]
+        return "\n".join(lines)
 
     def markdown(self, columns: tuple[str, ...] = _COLUMNS) -> str:
+        """Every field of every site (full recipe names and reasons), as a markdown table."""
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(_cell(getattr(s, c)).replace("|", "\\|") for c in columns) + " |"
                   for s in self.sites]
@@ -121,6 +195,22 @@ class Report:
 
     def __str__(self) -> str:
         return self.table() + "\n" + self.summary()
+
+
+def _dim(shape: list, index: int):
+    return shape[index] if len(shape) >= -index else None
+
+
+def _fit_path(path: str, limit: int) -> str:
+    """A module path of at most ``limit`` characters: leading components replaced by ``...`` (the tail, block and
+    layer, is what tells sites apart)."""
+    if not path:
+        return "-"
+    parts = path.split(".")
+    while len(parts) > 1 and len(".".join(parts)) + 3 > limit:
+        parts.pop(0)
+    short = ".".join(parts)
+    return path if short == path else "..." + short
 
 
 def _cell(value) -> str:
@@ -141,8 +231,43 @@ def debug_dir(explicit: str | os.PathLike | None) -> Path | None:
     return Path(chosen) if chosen else None
 
 
-def readable(gm: torch.fx.GraphModule) -> str:
-    return gm.print_readable(print_output=False, include_stride=True, include_device=True)
+def readable(gm: torch.fx.GraphModule, width: int = WIDTH) -> str:
+    """``gm`` as readable code (shapes, strides, devices), with every ``def`` line longer than ``width`` (the
+    signature, one parameter per graph input) wrapped to one parameter a line."""
+    text = gm.print_readable(print_output=False, include_stride=True, include_device=True)
+    return "\n".join(_wrap_def(line, width) for line in text.split("\n"))
+
+
+_DEF = re.compile(r"^(\s*)def (\w+)\((.*)\)(\s*(?:->[^:]*)?):\s*$")
+
+
+def _wrap_def(line: str, width: int) -> str:
+    match = _DEF.match(line) if len(line) > width else None
+    if match is None:
+        return line
+    indent, name, params, ret = match.groups()
+    parts = _split_params(params)
+    inner = indent + " " * 4
+    return f"{indent}def {name}(\n" + "".join(f"{inner}{p},\n" for p in parts) + f"{indent}){ret}:"
+
+
+def _split_params(text: str) -> list[str]:
+    """Split a parameter list at its top-level commas (not inside brackets or string annotations)."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
 
 
 def emit_trace_artifacts(before: str, after: str, sites: Report) -> None:

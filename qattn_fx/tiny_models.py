@@ -66,3 +66,59 @@ def hunyuan_video():
 
 
 MODELS = {"wan": wan, "flux": flux, "dit": dit, "hunyuan_video": hunyuan_video}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Example inputs for a model of a known class (``qattn-fx inspect --config ... --class ...``)
+# ------------------------------------------------------------------------------------------------------------------
+
+#: The model classes :func:`example_inputs` makes inputs for.
+KNOWN_CLASSES = ("WanTransformer3DModel", "FluxTransformer2DModel", "DiTTransformer2DModel",
+                 "HunyuanVideoTransformer3DModel")
+
+
+def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, width: int = 16,
+                   text_len: int = 12, dtype: torch.dtype | None = None) -> dict:
+    """Keyword inputs for ``model`` (a diffusers transformer of one of :data:`KNOWN_CLASSES`) from its config.
+
+    Sizes are in latent units, before patching: ``frames`` x ``height`` x ``width`` latent pixels (video models;
+    image models ignore ``frames``; DiT uses its ``sample_size``) and ``text_len`` text tokens. Attention lengths
+    follow from them and the model's patch size (Wan ``(1, 2, 2)``: ``frames * height/2 * width/2`` tokens).
+    Decisions only depend on lengths through rules on them, so small sizes are enough to see every site.
+    """
+    name = type(model).__name__
+    if name not in KNOWN_CLASSES:
+        raise ValueError(f"no example inputs for {name}; known classes: {', '.join(KNOWN_CLASSES)} (or pass "
+                         "module:factory returning (model, inputs))")
+    c = model.config
+    if dtype is None:
+        dtype = next(model.parameters()).dtype
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    t = torch.full((batch,), 500.0)
+    if name == "WanTransformer3DModel":
+        inputs = dict(hidden_states=rand(batch, c.in_channels, frames, height, width), timestep=t,
+                      encoder_hidden_states=rand(batch, text_len, c.text_dim), return_dict=False)
+        if c.image_dim is not None:  # image-to-video: CLIP image tokens
+            inputs["encoder_hidden_states_image"] = rand(batch, 257, c.image_dim)
+        return inputs
+    if name == "HunyuanVideoTransformer3DModel":
+        inputs = dict(hidden_states=rand(batch, c.in_channels, frames, height, width), timestep=t,
+                      encoder_hidden_states=rand(batch, text_len, c.text_embed_dim),
+                      pooled_projections=rand(batch, c.pooled_projection_dim),
+                      encoder_attention_mask=torch.ones(batch, text_len), return_dict=False)
+        if c.guidance_embeds:
+            inputs["guidance"] = torch.full((batch,), 5000.0)
+        return inputs
+    if name == "FluxTransformer2DModel":
+        tokens = height * width
+        inputs = dict(hidden_states=rand(batch, tokens, c.in_channels),
+                      encoder_hidden_states=rand(batch, text_len, c.joint_attention_dim),
+                      pooled_projections=rand(batch, c.pooled_projection_dim), img_ids=rand(tokens, 3),
+                      txt_ids=rand(text_len, 3), timestep=torch.full((batch,), 1.0), return_dict=False)
+        if c.guidance_embeds:
+            inputs["guidance"] = torch.full((batch,), 3.5)
+        return inputs
+    size = c.sample_size  # DiT: class-conditional images of the configured size
+    return dict(hidden_states=rand(batch, c.in_channels, size, size), timestep=torch.full((batch,), 1),
+                class_labels=torch.zeros(batch, dtype=torch.long), return_dict=False)

@@ -96,7 +96,7 @@ def test_debug_dump_files(tmp_path):
             "graph_0_after.py", "graph_0_before.py", "graph_0_sites.json", "graph_0_sites.md", "spec.json"]
         assert "scaled_dot_product_attention" in (d / "graph_0_before.py").read_text()
         after = (d / "graph_0_after.py").read_text()
-        assert "qattn0_attention" in after and "_nn.scaled_dot_product_attention(" not in after
+        assert "sdpa_attention" in after and "_nn.scaled_dot_product_attention(" not in after
         sites = json.loads((d / "graph_0_sites.json").read_text())["sites"]
         assert [s["kernel"] for s in sites] == ["reference"]
         context = json.loads((d / "spec.json").read_text())

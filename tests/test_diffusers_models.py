@@ -20,8 +20,6 @@ from qattn_fx import AttentionSpec, Recipe, Spec, recipes, tiny_models
 
 pytest.importorskip("diffusers")
 
-COLUMNS = ("module", "layer", "role", "q_shape", "kv_shape", "rewritten", "kernel", "reason")
-
 
 def compile_and_run(model, inputs, backend):
     torch._dynamo.reset()
@@ -50,29 +48,48 @@ class TestCompiledModels(expecttest.TestCase):
         dense, out = compile_and_run(model, inputs, backend)
         assert len(backend.graph_modules) == 1, "one graph: no graph breaks"
         assert_close_to_dense(out, dense)
-        return backend.report.table(COLUMNS)
+        return backend.report.table()
 
     def test_wan_self_and_cross(self):
         self.assertExpectedInline(self.check("wan"), """\
-module          layer  role   q_shape       kv_shape      rewritten  kernel     reason
---------------  -----  -----  ------------  ------------  ---------  ---------  -----------------------------------------------------------------------------------
-blocks.0.attn1  0      self   (1,2,128,12)  (1,2,128,12)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
-blocks.0.attn2  0      cross  (1,2,128,12)  (1,2,12,12)   True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
-blocks.1.attn1  1      self   (1,2,128,12)  (1,2,128,12)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
-blocks.1.attn2  1      cross  (1,2,128,12)  (1,2,12,12)   True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)""")
+module          layer  role   q/kv     d   recipe             kernel     reason
+--------------  -----  -----  -------  --  -----------------  ---------  -----------------------------------------------
+blocks.0.attn1  0      self   128/128  12  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense (TRITON:
+                                                                         head_dim 12 not in 64/128); on sm_100: dense
+                                                                         (TRTLLM, TRTLLM_ATTN: head_dim 12 not in 128)
+blocks.0.attn2  0      cross  128/12   12  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense (TRITON:
+                                                                         head_dim 12 not in 64/128); on sm_100: dense
+                                                                         (TRTLLM, TRTLLM_ATTN: head_dim 12 not in 128)
+blocks.1.attn1  1      self   128/128  12  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense (TRITON:
+                                                                         head_dim 12 not in 64/128); on sm_100: dense
+                                                                         (TRTLLM, TRTLLM_ATTN: head_dim 12 not in 128)
+blocks.1.attn2  1      cross  128/12   12  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense (TRITON:
+                                                                         head_dim 12 not in 64/128); on sm_100: dense
+                                                                         (TRTLLM, TRTLLM_ATTN: head_dim 12 not in 128)""")
 
     def test_flux_joint_and_single_blocks(self):
         self.assertExpectedInline(self.check("flux"), """\
-module                            layer  role   q_shape      kv_shape     rewritten  kernel     reason
---------------------------------  -----  -----  -----------  -----------  ---------  ---------  -----------------------------------------------------------------------------------
-transformer_blocks.0.attn         0      joint  (1,2,64,16)  (1,2,64,16)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
-single_transformer_blocks.0.attn  0      joint  (1,2,64,16)  (1,2,64,16)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)""")
+module                            layer  role   q/kv   d   recipe             kernel     reason
+--------------------------------  -----  -----  -----  --  -----------------  ---------  -------------------------------
+transformer_blocks.0.attn         0      joint  64/64  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90:
+                                                                                         dense (TRITON: head_dim 16 not
+                                                                                         in 64/128); on sm_100: dense
+                                                                                         (TRTLLM, TRTLLM_ATTN: head_dim
+                                                                                         16 not in 128)
+single_transformer_blocks.0.attn  0      joint  64/64  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90:
+                                                                                         dense (TRITON: head_dim 16 not
+                                                                                         in 64/128); on sm_100: dense
+                                                                                         (TRTLLM, TRTLLM_ATTN: head_dim
+                                                                                         16 not in 128)""")
 
     def test_dit_direct_sdpa_call(self):
         self.assertExpectedInline(self.check("dit"), """\
-module                      layer  role  q_shape     kv_shape    rewritten  kernel     reason
---------------------------  -----  ----  ----------  ----------  ---------  ---------  -----------------------------------------------------------------------------------
-transformer_blocks.0.attn1  0      self  (4,2,16,4)  (4,2,16,4)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)""")
+module                      layer  role  q/kv   d  recipe             kernel     reason
+--------------------------  -----  ----  -----  -  -----------------  ---------  ---------------------------------------
+transformer_blocks.0.attn1  0      self  16/16  4  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                 (TRITON: head_dim 4 not in 64/128); on
+                                                                                 sm_100: dense (TRTLLM, TRTLLM_ATTN:
+                                                                                 head_dim 4 not in 128)""")
 
 
 class TestSiteDecisions(expecttest.TestCase):
@@ -80,12 +97,29 @@ class TestSiteDecisions(expecttest.TestCase):
         model, inputs = tiny_models.hunyuan_video()
         with torch.no_grad():
             report = qattn_fx.explain(model, **inputs, spec=None, emulate=True)
-        self.assertExpectedInline(report.table(COLUMNS), """\
-module                                                layer  role   q_shape       kv_shape      rewritten  kernel     reason
-----------------------------------------------------  -----  -----  ------------  ------------  ---------  ---------  ------------------------------------------------------------------------------------------------------------------
-context_embedder.token_refiner.refiner_blocks.0.attn  0      self   (1,2,12,10)   (1,2,12,10)   False      -          dense: attn_mask is a boolean mask of shape (1, 2, 12, 12) that varies per query or head; per-key masks are served
-transformer_blocks.0.attn                             0      joint  (1,2,268,10)  (1,2,268,10)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
-single_transformer_blocks.0.attn                      0      joint  (1,2,268,10)  (1,2,268,10)  True       reference  quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)""")
+        self.assertExpectedInline(report.table(), """\
+module                                  layer  role   q/kv     d   recipe             kernel     reason
+--------------------------------------  -----  -----  -------  --  -----------------  ---------  -----------------------
+...token_refiner.refiner_blocks.0.attn  0      self   12/12    10  -                  -          dense: attn_mask is a
+                                                                                                 boolean mask of shape
+                                                                                                 (1, 2, 12, 12) that
+                                                                                                 varies per query or
+                                                                                                 head; per-key masks are
+                                                                                                 served
+transformer_blocks.0.attn               0      joint  268/268  10  int8 1/16, fp8/ch  reference  default; (as bf16) on
+                                                                                                 sm_90: dense (TRITON:
+                                                                                                 head_dim 10 not in
+                                                                                                 64/128); on sm_100:
+                                                                                                 dense (TRTLLM,
+                                                                                                 TRTLLM_ATTN: head_dim
+                                                                                                 10 not in 128)
+single_transformer_blocks.0.attn        0      joint  268/268  10  int8 1/16, fp8/ch  reference  default; (as bf16) on
+                                                                                                 sm_90: dense (TRITON:
+                                                                                                 head_dim 10 not in
+                                                                                                 64/128); on sm_100:
+                                                                                                 dense (TRTLLM,
+                                                                                                 TRTLLM_ATTN: head_dim
+                                                                                                 10 not in 128)""")
 
     def test_grad_enabled_graphs_stay_dense(self):
         model, inputs = tiny_models.dit()
@@ -104,13 +138,19 @@ single_transformer_blocks.0.attn                      0      joint  (1,2,268,10)
         })
         with torch.no_grad():
             report = qattn_fx.explain(model, **inputs, spec=spec, emulate=True)
-        self.assertExpectedInline(report.table(("module", "layer", "role", "rewritten", "reason")), """\
-module          layer  role   rewritten  reason
---------------  -----  -----  ---------  ---------------------------------------------------------------------------------------
-blocks.0.attn1  0      self   True       quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K on reference (cpu)
-blocks.0.attn2  0      cross  False      dense: rule 1 (role=cross)
-blocks.1.attn1  1      self   True       quantized (emulated): fp8 Q/K per-tensor, fp8 V per-tensor, smooth K on reference (cpu)
-blocks.1.attn2  1      cross  False      dense: rule 1 (role=cross)""")
+        self.assertExpectedInline(report.table(), """\
+module          layer  role   q/kv     d   recipe                  kernel     reason
+--------------  -----  -----  -------  --  ----------------------  ---------  ------------------------------------------
+blocks.0.attn1  0      self   128/128  12  int8 1/16, fp8/ch       reference  default; (as bf16) on sm_90: dense
+                                                                              (TRITON: head_dim 12 not in 64/128); on
+                                                                              sm_100: dense (TRTLLM, TRTLLM_ATTN:
+                                                                              head_dim 12 not in 128)
+blocks.0.attn2  0      cross  128/12   12  -                       -          dense: rule 1 (role=cross)
+blocks.1.attn1  1      self   128/128  12  fp8/tensor, fp8/tensor  reference  rule 2 (layers=-1); (as bf16) on sm_100:
+                                                                              error (CUDNN: head_dim 12 not in
+                                                                              32/64/96/128); on sm_90: error (CUDNN:
+                                                                              head_dim 12 not in multiple of 16, <= 256)
+blocks.1.attn2  1      cross  128/12   12  -                       -          dense: rule 1 (role=cross)""")
         self.assertEqual(report.summary(), "qattn_fx: 2/4 attention sites quantized, 2 dense: 2x rule 1 (role=cross)")
 
     def test_wan_on_sm90_and_sm100_without_running_there(self):

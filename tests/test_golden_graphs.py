@@ -1,8 +1,8 @@
 """Golden graphs: the full rewritten graph of a small attention block, one per recipe family.
 
 The graphs are printed with :func:`qattn_fx.fx.printer.format_graph`, which renames Dynamo's nodes canonically
-(``in0``, ``v0``) and keeps qattn_fx's explicit node names, so the goldens are stable across runs and torch
-releases. Update them with ``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_golden_graphs.py``.
+(``in0``, ``v0``) and keeps the names of the nodes qattn_fx inserts (after the site's module:
+``blocks_0_q_quant``), so the goldens are stable across runs and torch releases. Update them with ``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_golden_graphs.py``.
 """
 
 import expecttest
@@ -30,9 +30,20 @@ class AttentionBlock(torch.nn.Module):
         return self.out(o.transpose(1, 2).reshape(b, s, d))
 
 
+class Model(torch.nn.Module):
+    """One block in a ``blocks`` list, as DiTs hold them: the site's module path is ``blocks.0``."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([AttentionBlock()])
+
+    def forward(self, x):
+        return self.blocks[0](x)
+
+
 def rewritten_graph(spec: Spec) -> str:
     torch.manual_seed(0)
-    block = AttentionBlock().eval()
+    block = Model().eval()
     backend = qattn_fx.backend(spec, emulate=True, compiler="eager")
     with torch.no_grad():
         torch.compile(block, backend=backend, fullgraph=True)(torch.randn(1, 8, 64))
@@ -58,18 +69,18 @@ v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
 v3 = getitem(v2, 0)  # f32[1,2,8,32]
 v4 = getitem(v2, 1)  # f32[1,2,8,32]
 v5 = getitem(v2, 2)  # f32[1,2,8,32]
-qattn0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
-qattn0_q_quant = qattn.quantize_per_block(v3, 1, torch.int8)  # (i8[1,2,8,32], f32[1,2,8])
-qattn0_q_data = getitem(qattn0_q_quant, 0)  # i8[1,2,8,32]
-qattn0_q_scale = getitem(qattn0_q_quant, 1)  # f32[1,2,8]
-qattn0_k_quant = qattn.quantize_per_block(qattn0_k_smooth, 16, torch.int8)  # (i8[1,2,8,32], f32[1,2,4])
-qattn0_k_data = getitem(qattn0_k_quant, 0)  # i8[1,2,8,32]
-qattn0_k_scale = getitem(qattn0_k_quant, 1)  # f32[1,2,4]
-qattn0_v_quant = qattn.quantize_per_channel(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,2,32])
-qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f32[1,2,32]
-qattn0_attention = qattn.scaled_attention(qattn0_q_data, qattn0_q_scale, qattn0_k_data, qattn0_k_scale, qattn0_v_data, qattn0_v_scale, 1, 16, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
-v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+blocks_0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+blocks_0_q_quant = qattn.quantize_per_block(v3, 1, torch.int8)  # (i8[1,2,8,32], f32[1,2,8])
+blocks_0_q_data = getitem(blocks_0_q_quant, 0)  # i8[1,2,8,32]
+blocks_0_q_scale = getitem(blocks_0_q_quant, 1)  # f32[1,2,8]
+blocks_0_k_quant = qattn.quantize_per_block(blocks_0_k_smooth, 16, torch.int8)  # (i8[1,2,8,32], f32[1,2,4])
+blocks_0_k_data = getitem(blocks_0_k_quant, 0)  # i8[1,2,8,32]
+blocks_0_k_scale = getitem(blocks_0_k_quant, 1)  # f32[1,2,4]
+blocks_0_v_quant = qattn.quantize_per_channel(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,2,32])
+blocks_0_v_data = getitem(blocks_0_v_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_v_scale = getitem(blocks_0_v_quant, 1)  # f32[1,2,32]
+blocks_0_attention = qattn.scaled_attention(blocks_0_q_data, blocks_0_q_scale, blocks_0_k_data, blocks_0_k_scale, blocks_0_v_data, blocks_0_v_scale, 1, 16, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(blocks_0_attention, 1, 2)  # f32[1,8,2,32]
 v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
 v8 = linear(v7, in3, in4)  # f32[1,8,64]
 return (v8,)""")
@@ -87,18 +98,18 @@ v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
 v3 = getitem(v2, 0)  # f32[1,2,8,32]
 v4 = getitem(v2, 1)  # f32[1,2,8,32]
 v5 = getitem(v2, 2)  # f32[1,2,8,32]
-qattn0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
-qattn0_q_quant = qattn.quantize_per_tensor(v3, torch.float8_e4m3fn)  # (f8e4m3[1,2,8,32], f32[1,1,1])
-qattn0_q_data = getitem(qattn0_q_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_q_scale = getitem(qattn0_q_quant, 1)  # f32[1,1,1]
-qattn0_k_quant = qattn.quantize_per_tensor(qattn0_k_smooth, torch.float8_e4m3fn)  # (f8e4m3[1,2,8,32], f32[1,1,1])
-qattn0_k_data = getitem(qattn0_k_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_k_scale = getitem(qattn0_k_quant, 1)  # f32[1,1,1]
-qattn0_v_quant = qattn.quantize_per_tensor(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,1,1])
-qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f32[1,1,1]
-qattn0_attention = qattn.scaled_attention(qattn0_q_data, qattn0_q_scale, qattn0_k_data, qattn0_k_scale, qattn0_v_data, qattn0_v_scale, 0, 0, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
-v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+blocks_0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+blocks_0_q_quant = qattn.quantize_per_tensor(v3, torch.float8_e4m3fn)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+blocks_0_q_data = getitem(blocks_0_q_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_q_scale = getitem(blocks_0_q_quant, 1)  # f32[1,1,1]
+blocks_0_k_quant = qattn.quantize_per_tensor(blocks_0_k_smooth, torch.float8_e4m3fn)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+blocks_0_k_data = getitem(blocks_0_k_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_k_scale = getitem(blocks_0_k_quant, 1)  # f32[1,1,1]
+blocks_0_v_quant = qattn.quantize_per_tensor(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+blocks_0_v_data = getitem(blocks_0_v_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_v_scale = getitem(blocks_0_v_quant, 1)  # f32[1,1,1]
+blocks_0_attention = qattn.scaled_attention(blocks_0_q_data, blocks_0_q_scale, blocks_0_k_data, blocks_0_k_scale, blocks_0_v_data, blocks_0_v_scale, 0, 0, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(blocks_0_attention, 1, 2)  # f32[1,8,2,32]
 v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
 v8 = linear(v7, in3, in4)  # f32[1,8,64]
 return (v8,)""")
@@ -116,18 +127,18 @@ v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
 v3 = getitem(v2, 0)  # f32[1,2,8,32]
 v4 = getitem(v2, 1)  # f32[1,2,8,32]
 v5 = getitem(v2, 2)  # f32[1,2,8,32]
-qattn0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
-qattn0_q_quant = qattn.quantize_mxfp8(v3, -1)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,8,1])
-qattn0_q_data = getitem(qattn0_q_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_q_scale = getitem(qattn0_q_quant, 1)  # f8e8m0[1,2,8,1]
-qattn0_k_quant = qattn.quantize_mxfp8(qattn0_k_smooth, -1)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,8,1])
-qattn0_k_data = getitem(qattn0_k_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_k_scale = getitem(qattn0_k_quant, 1)  # f8e8m0[1,2,8,1]
-qattn0_v_quant = qattn.quantize_mxfp8(v5, -2)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,1,32])
-qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f8e8m0[1,2,1,32]
-qattn0_attention = qattn.block_scaled_attention(qattn0_q_data, qattn0_q_scale, None, qattn0_k_data, qattn0_k_scale, None, qattn0_v_data, qattn0_v_scale, None, 'mxfp8', 'mxfp8', 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
-v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+blocks_0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+blocks_0_q_quant = qattn.quantize_mxfp8(v3, -1)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,8,1])
+blocks_0_q_data = getitem(blocks_0_q_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_q_scale = getitem(blocks_0_q_quant, 1)  # f8e8m0[1,2,8,1]
+blocks_0_k_quant = qattn.quantize_mxfp8(blocks_0_k_smooth, -1)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,8,1])
+blocks_0_k_data = getitem(blocks_0_k_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_k_scale = getitem(blocks_0_k_quant, 1)  # f8e8m0[1,2,8,1]
+blocks_0_v_quant = qattn.quantize_mxfp8(v5, -2)  # (f8e4m3[1,2,8,32], f8e8m0[1,2,1,32])
+blocks_0_v_data = getitem(blocks_0_v_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_v_scale = getitem(blocks_0_v_quant, 1)  # f8e8m0[1,2,1,32]
+blocks_0_attention = qattn.block_scaled_attention(blocks_0_q_data, blocks_0_q_scale, None, blocks_0_k_data, blocks_0_k_scale, None, blocks_0_v_data, blocks_0_v_scale, None, 'mxfp8', 'mxfp8', 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(blocks_0_attention, 1, 2)  # f32[1,8,2,32]
 v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
 v8 = linear(v7, in3, in4)  # f32[1,8,64]
 return (v8,)""")
@@ -145,11 +156,11 @@ v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
 v3 = getitem(v2, 0)  # f32[1,2,8,32]
 v4 = getitem(v2, 1)  # f32[1,2,8,32]
 v5 = getitem(v2, 2)  # f32[1,2,8,32]
-qattn0_v_quant = qattn.quantize_per_tensor(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,1,1])
-qattn0_v_data = getitem(qattn0_v_quant, 0)  # f8e4m3[1,2,8,32]
-qattn0_v_scale = getitem(qattn0_v_quant, 1)  # f32[1,1,1]
-qattn0_attention = qattn.scaled_attention(v3, None, v4, None, qattn0_v_data, qattn0_v_scale, 0, 0, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
-v6 = .transpose(qattn0_attention, 1, 2)  # f32[1,8,2,32]
+blocks_0_v_quant = qattn.quantize_per_tensor(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,1,1])
+blocks_0_v_data = getitem(blocks_0_v_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_v_scale = getitem(blocks_0_v_quant, 1)  # f32[1,1,1]
+blocks_0_attention = qattn.scaled_attention(v3, None, v4, None, blocks_0_v_data, blocks_0_v_scale, 0, 0, 0.176777, torch.float32, 'reference')  # f32[1,2,8,32]
+v6 = .transpose(blocks_0_attention, 1, 2)  # f32[1,8,2,32]
 v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
 v8 = linear(v7, in3, in4)  # f32[1,8,64]
 return (v8,)""")

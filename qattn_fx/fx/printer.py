@@ -2,8 +2,9 @@
 
 Dynamo names placeholders after module paths and numbers its nodes by trace order, which changes between torch
 releases. This printer renames every node that qattn_fx did not insert (``in0..`` for inputs, ``v0..`` for the
-rest), keeps qattn_fx's own explicit names (``qattn0_q_quant``), prints targets without their Python module
-(``qattn.quantize_per_block``, ``linear``, ``.permute``), and annotates tensor values with dtype and shape.
+rest), keeps the names of the nodes qattn_fx inserted (``blocks_0_attn1_q_quant``: ``meta["qattn_fx_site"]``),
+prints targets without their Python module (``qattn.quantize_per_block``, ``linear``, ``.permute``), and annotates
+tensor values with dtype and shape.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def format_graph(gm: fx.GraphModule, *, keep_prefix: str = "qattn") -> str:
 
     def name_of(node: fx.Node) -> str:
         if node not in names:
-            if node.name.startswith(keep_prefix):
+            if "qattn_fx_site" in node.meta or node.name.startswith(keep_prefix):
                 names[node] = node.name
             else:
                 kind = "in" if node.op == "placeholder" else "v"

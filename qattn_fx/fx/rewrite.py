@@ -2,13 +2,16 @@
 
 For a quantized site the SDPA node is replaced by the node sequence of
 :func:`qattn_fx.ops.lowering.quantized_attention` (smooth K, quantize Q/K/V, attention), inserted in place with
-stable names ``qattn<i>_<role>`` (``i`` counts sites in the compiled graph) and meta computed under the graph's own
-fake mode. Dense sites are left exactly as they were. The caller recompiles the graph module.
+stable names after the site's module (``blocks_0_attn1_q_quant``; ``sdpa_...`` for a call outside any submodule,
+``blocks_0_attn1_1_...`` for a second site of the same module) and meta computed under the graph's own fake mode;
+each inserted node's ``meta["qattn_fx_site"]`` is that name prefix. Dense sites are left exactly as they were. The
+caller recompiles the graph module.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,6 +50,7 @@ class FxEmitter:
 
     def __call__(self, target: Callable, args: tuple, name: str) -> fx.Node:
         node = self.graph.create_node("call_function", target, args, {}, name=f"{self.prefix}_{name}")
+        node.meta["qattn_fx_site"] = self.prefix
         for key in _META_KEYS:
             if key in self.meta:
                 node.meta[key] = self.meta[key]
@@ -143,24 +147,40 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str) -> tuple
     return tuple(n.name for n in emit.created)
 
 
+def node_prefix(module_path: str, taken: dict[str, int]) -> str:
+    """The name prefix of a site's inserted nodes: its module path as an identifier (``blocks.0.attn1`` →
+    ``blocks_0_attn1``, ``sdpa`` without one), with ``_1``, ``_2``... for later sites of the same module
+    (``taken`` counts prefixes already given out in this graph)."""
+    base = re.sub(r"\W+", "_", module_path).strip("_") or "sdpa"
+    if base[0].isdigit():
+        base = f"m{base}"
+    n = taken.get(base, 0)
+    taken[base] = n + 1
+    return base if n == 0 else f"{base}_{n}"
+
+
 def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = None, emulate: bool = False,
-            grad_enabled: bool = False, first_index: int = 0) -> list[SiteOutcome]:
+            grad_enabled: bool = False, first_index: int = 0, target=None) -> list[SiteOutcome]:
     """Resolve and rewrite every SDPA site under ``root`` (nested subgraphs included); returns one outcome per site.
 
-    ``hardware`` defaults to the machine the site's tensors live on. Graph modules are recompiled.
+    ``hardware`` defaults to the machine the site's tensors live on; ``target`` (with ``emulate``) is where the
+    emulated sites are meant to deploy (:func:`qattn_fx.policy.deployment`). Graph modules are recompiled.
     """
     calls = match.find_sdpa(root)
     layers = _layer_counts(calls)
     uses = match.subgraph_uses(root)
     outcomes = []
     touched: dict[int, fx.GraphModule] = {}
+    taken: dict[str, int] = {}
     for i, call in enumerate(calls, start=first_index):
+        # an earlier site's output may feed this one (chained attention): read the arguments after its rewrite
+        call.args = match.normalize_sdpa_args(call.node)
         site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled)
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
-        decision = resolve(site, hw, spec, emulate=emulate)
+        decision = resolve(site, hw, spec, emulate=emulate, target=target)
         inserted: tuple[str, ...] = ()
         if decision.quantized:
-            inserted = rewrite_site(call, decision, f"qattn{i}")
+            inserted = rewrite_site(call, decision, node_prefix(site.module, taken))
             touched[id(call.module)] = call.module
         outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted))
     for gm in touched.values():

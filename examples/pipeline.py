@@ -1,0 +1,154 @@
+"""qattn_fx in a diffusers pipeline: compile the pipeline's transformer, run the denoising loop dense and quantized.
+
+    python examples/pipeline.py                     # CPU: a tiny random WanPipeline, recipes emulated
+    python examples/pipeline.py --steps 4 --spec my.json
+    python examples/pipeline.py --real-size         # GPU: Wan2.1-1.3B transformer (published config, random
+                                                    # weights, bf16) at 480p, real kernels
+
+This is how a DiT is used in practice::
+
+    pipe = WanPipeline(...)                           # or WanPipeline.from_pretrained(...), FluxPipeline, ...
+    pipe.transformer = torch.compile(pipe.transformer, backend=qattn_fx.backend())
+    video = pipe(prompt, ...)
+
+Everything is built from configs with random weights, nothing is downloaded: the transformer, a tiny Wan VAE,
+the flow-matching scheduler, and a tiny UMT5 text encoder with a word-level tokenizer made in memory
+(``--real-size`` feeds random ``prompt_embeds`` of the real text width instead). The script prints the site
+table of the compiled transformer, the time of every denoising step (the first one includes the compile), and
+how far the quantized output is from the dense one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import qattn_fx
+
+#: Wan2.1-T2V-1.3B's transformer config (diffusers ``WanTransformer3DModel``), as published.
+WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+#: A tiny transformer of the same kind (diffusers' own Wan pipeline test), head_dim 12 on CPU.
+WAN_TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+                text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+PROMPT = "a cat walks on the grass in the sun"
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer built in memory (no hub): enough for the pipeline's padding and attention mask."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "</s>", "<unk>", *dict.fromkeys(PROMPT.split())]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
+def build_pipeline(config: dict, device: torch.device, dtype: torch.dtype):
+    """A ``WanPipeline`` from configs: ``config``'s transformer, a tiny VAE, UMT5 text encoder and tokenizer."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(0)
+    tokenizer = tiny_tokenizer()
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                               num_heads=4)).eval()
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True]).eval()
+    transformer = WanTransformer3DModel(**config).eval()
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.to(device)
+    if dtype != torch.float32:  # the transformer in bf16 as pipelines run it; VAE and text encoder stay float32
+        transformer.to(dtype)
+    return pipe
+
+
+def run(pipe, call: dict, device: torch.device) -> tuple[torch.Tensor, list[float]]:
+    """The pipeline's output for ``call`` (same seed every time) and the seconds of each denoising step."""
+    marks = []
+
+    def on_step_end(pipe, step, timestep, callback_kwargs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        marks.append(time.perf_counter())
+        return callback_kwargs
+
+    generator = torch.Generator("cpu").manual_seed(0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = pipe(**call, generator=generator, callback_on_step_end=on_step_end).frames
+    steps = [b - a for a, b in zip([start] + marks[:-1], marks)]
+    return out.float(), steps
+
+
+def fmt_steps(steps: list[float], compiled: bool) -> str:
+    first, rest = steps[0], steps[1:]
+    text = f"step 1 {first:.2f} s (with text encoding{' and the compile' if compiled else ''})"
+    if rest:
+        text += f", then {sum(rest) / len(rest) * 1e3:.1f} ms/step (" + ", ".join(f"{s * 1e3:.0f}" for s in rest) + ")"
+    return text
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", help="spec file (.json/.yaml, any accepted format); default: the auto spec")
+    parser.add_argument("--steps", type=int, default=3, help="denoising steps (default 3)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--real-size", action="store_true",
+                        help="the Wan2.1-1.3B transformer (random weights, bf16) at --height x --width x --frames "
+                        "(default 480x832x81), on a GPU")
+    parser.add_argument("--height", type=int, help="pixels (default 64; 480 with --real-size)")
+    parser.add_argument("--width", type=int, help="pixels (default 64; 832 with --real-size)")
+    parser.add_argument("--frames", type=int, help="video frames, 4k+1 (default 9; 81 with --real-size)")
+    parser.add_argument("--compiler", default="inductor", choices=("inductor", "aot_eager", "eager"),
+                        help="what compiles the rewritten graph (default inductor)")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
+    if args.real_size and not on_gpu:
+        parser.error("--real-size runs a 1.3B-parameter transformer at 480p: it needs a CUDA GPU")
+    if args.real_size:
+        config, size = WAN_1_3B, (480, 832, 81)
+    else:  # on a GPU, head_dim 128 so the real kernels serve it; on CPU the recipes are emulated anyway
+        config, size = dict(WAN_TINY, attention_head_dim=128 if on_gpu else 12), (64, 64, 9)
+    height, width, frames = args.height or size[0], args.width or size[1], args.frames or size[2]
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    pipe = build_pipeline(config, device, dtype)
+
+    call = dict(height=height, width=width, num_frames=frames, num_inference_steps=args.steps, guidance_scale=5.0)
+    if args.real_size:  # the real text encoder (UMT5-XXL) is 5.7B parameters: random embeddings of its width
+        g = torch.Generator("cpu").manual_seed(1)
+        embeds = [torch.randn(1, 512, config["text_dim"], generator=g).to(device, dtype) for _ in range(2)]
+        call.update(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], output_type="latent")
+    else:
+        call.update(prompt=PROMPT, negative_prompt="", max_sequence_length=16, output_type="pt")
+
+    dense, dense_steps = run(pipe, call, device)
+    backend = qattn_fx.backend(args.spec, emulate=not on_gpu, compiler=args.compiler)
+    pipe.transformer = torch.compile(pipe.transformer, backend=backend, fullgraph=True)
+    quantized, quantized_steps = run(pipe, call, device)
+
+    where = qattn_fx.detect(device).describe() + ("" if on_gpu else "; recipes emulated by the reference kernel")
+    print(f"qattn_fx {qattn_fx.__version__}: WanPipeline, transformer {config['num_layers']} blocks, head_dim "
+          f"{config['attention_head_dim']}, {dtype}, {frames}x{height}x{width}, {args.steps} steps; {where}\n")
+    print(backend.report)
+    cos = torch.nn.functional.cosine_similarity(quantized.flatten(), dense.flatten(), dim=0).item()
+    rel = ((quantized - dense).norm() / dense.norm()).item()
+    print(f"\ndense:     {fmt_steps(dense_steps, False)}")
+    print(f"quantized: {fmt_steps(quantized_steps, True)}")
+    print(f"output ({'latents' if args.real_size else 'video frames'} {tuple(dense.shape)}) vs dense: "
+          f"cosine {cos:.8f}, relative L2 error {rel:.2e}")
+    return {"cosine": cos, "relative_l2": rel, "sites": len(backend.report.sites),
+            "quantized": backend.report.quantized, "steps": len(quantized_steps)}
+
+
+if __name__ == "__main__":
+    main()
