@@ -148,11 +148,13 @@ def run_variant(name, model, inputs, backend, dense_out, iters, warmup, how="reg
         step = model
     else:
         step = torch.compile(model, backend=backend)
+    print(f"{name}: compiling ({how}) ...", flush=True)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = step(**inputs)[0]
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
+        print(f"{name}: compiled in {compile_s:.0f} s; timing {warmup} + {iters} steps", flush=True)
         ms = time_step(lambda: step(**inputs), iters, warmup)
     row = {"variant": name, "step_ms": ms, "compile_s": compile_s}
     if dense_out is not None:
