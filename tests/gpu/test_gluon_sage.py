@@ -119,7 +119,8 @@ def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path
     qattn_config(gluon_sage_config=None)
     monkeypatch.setattr(gs.TUNER, "cache_path", tmp_path / "tuning.json")
     gs.TUNER.clear()
-    args = quantize(*make_qkv(), "int8", 1, 16)
+    args = quantize(*make_qkv(skv=1536), "int8", 1, 16)  # a K the permk view takes: gs.TUNER's class
+    assert gs.tuner_for(args[2], args[3], 16) is gs.TUNER
     sm_scale = 1.0 / math.sqrt(128)
     out = gs.scaled_attention(*args, sm_scale, torch.float32)
     assert gs.TUNER.last_source() == "tuned"
@@ -153,10 +154,11 @@ def test_every_tuned_candidate_gives_the_same_output(case, monkeypatch, qattn_co
     monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)
     qattn_config(gluon_tail_split=True, gluon_sage_config=None)
     qk, q_block, k_block, with_bias = CLASS_CASES[case]
-    args = quantize(*make_qkv(skv=2500), qk, q_block, k_block)
+    # Skv a multiple of 16: the permk view takes batched K only then (permuted_k)
+    args = quantize(*make_qkv(skv=2496), qk, q_block, k_block)
     bias = None
     if with_bias:  # batch 0 sees 2000 keys, batch 1 sees 1200
-        bias = torch.zeros(2, 2500, device=DEV)
+        bias = torch.zeros(2, 2496, device=DEV)
         bias[0, 2000:] = float("-inf")
         bias[1, 1200:] = float("-inf")
     sm_scale = 1.0 / math.sqrt(128)

@@ -38,9 +38,9 @@ schedule, which plain Triton 3.6 cannot express:
   at wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3
   roundings.
 
-Measured on the H200 (BENCHMARKS.md): 874 / 881 TFLOP/s at wan1.3b-480p / wan14b-720p with the INT8 1/16/1 recipe
-under the autotuned ``trio,mmasum`` configs (~800 with two consumers), above cuDNN FP8 (800 / 824) in the same run
-(latency-bound: see "What bounds the kernel" there); output identical to triton_sage's (same tiles, same
+Measured on the H200 (BENCHMARKS.md): 902 / 877 TFLOP/s at wan1.3b-480p / wan14b-720p with the INT8 1/16/1 recipe
+under the autotuned ``trio,permk,mmasum`` configs (~800 with two consumers), above cuDNN FP8 (786 / 815) in the
+same run (latency-bound: see "What bounds the kernel" there). Per-tile numerics identical to triton_sage's (same tiles, same
 operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
 the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
