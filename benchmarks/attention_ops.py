@@ -27,7 +27,8 @@ listed as skipped with the reason:
   per-channel fp8 V, smoothed K) on kernel ``triton_sage``; ``triton_sage/bf16qk-fp8v``: bf16 Q/K with per-channel
   fp8 V (``Recipe("bf16", "fp8", 0, 0, 1)``). ``gluon_sage/...``: the same recipes on the warp-specialized Gluon
   kernel ``gluon_sage`` (sm_90).
-* ``sageattention_1.0.6``: ``sageattention.sageattn`` (Triton, INT8 Q·K, fp16 P·V) on fp16 NHD copies, when importable.
+* ``sageattention_1.0.6``: ``sageattention.sageattn`` (Triton, INT8 Q·K, fp16 P·V) on fp16 NHD copies, when
+  importable.
 
 Every qattn_fx method is measured twice: (a) **kernel** — the attention op alone on pre-quantized inputs (captured by
 running ``qattn_fx.ops.quantized_attention`` with an emitter that executes the quantize ops and returns the attention
@@ -198,7 +199,8 @@ def make_inputs(b: int, h: int, sq: int, skv: int, d: int, outliers: bool, seed:
 
 
 def capture_attention_call(q, k, v, recipe: Recipe, kernel: str) -> tuple[Callable, tuple]:
-    """Run ``quantized_attention`` eagerly up to the attention op and return ``(op, args)`` — the pre-quantized call."""
+    """Run ``quantized_attention`` eagerly up to the attention op and return ``(op, args)`` — the pre-quantized
+    call."""
     box: dict[str, Any] = {}
 
     def emit(target, args, name):

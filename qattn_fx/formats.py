@@ -46,7 +46,8 @@ def qmax(dtype: torch.dtype) -> float:
     try:
         return _QMAX[dtype]
     except KeyError:
-        raise ValueError(f"dtype={dtype} is not a scaled 8-bit format; valid: torch.int8, torch.float8_e4m3fn") from None
+        raise ValueError(f"dtype={dtype} is not a scaled 8-bit format; valid: torch.int8, "
+                         "torch.float8_e4m3fn") from None
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -238,7 +238,8 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
     if site.v_head_dim != site.head_dim and not req.head_dims.accepts(site.v_head_dim):
         return f"V head_dim {site.v_head_dim} not in {req.head_dims.describe()}"
     if site.dtype not in req.dtypes:
-        return f"inputs are {site.dtype}; {req.kernel} takes {'/'.join(str(d).removeprefix('torch.') for d in req.dtypes)}"
+        return (f"inputs are {site.dtype}; {req.kernel} takes "
+                f"{'/'.join(str(d).removeprefix('torch.') for d in req.dtypes)}")
     if site.mask in KEY_MASKS and not req.key_bias:
         return f"no masks ({site.mask} attn_mask)"
     if site.role == "cross" and not req.cross_attention:

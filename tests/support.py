@@ -108,9 +108,9 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 #: Flash kernels (triton_sage, gluon_sage_sm90) round P against the running max of the tiles seen so far instead of
-#: the global row max (see the interpreter tests), so P of tiles before a row's max tile land on a different e4m3 grid. The resulting
-#: difference grows with the number of such tiles towards the rms of one e4m3 rounding (~3 %): measured under
-#: the interpreter (int8 1/16, d64), mean_rel 1.5e-2 / 1.8e-2 / 2.4e-2 and max_rel 3.1e-2 / 2.4e-2 / 2.7e-2 for
+#: the global row max (see the interpreter tests), so P of tiles before a row's max tile land on a different e4m3 grid.
+#: The resulting difference grows with the number of such tiles towards the rms of one e4m3 rounding (~3 %): measured
+#: under the interpreter (int8 1/16, d64), mean_rel 1.5e-2 / 1.8e-2 / 2.4e-2 and max_rel 3.1e-2 / 2.4e-2 / 2.7e-2 for
 #: Skv = 150 / 1000 / 4097. Bounds: that plateau with margin. (The tight checks are the emulation and
 #: first-tile tests below.)
 REFERENCE_TOL = dict(max_rel=5.0e-2, mean_rel=3.5e-2)

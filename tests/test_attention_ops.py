@@ -152,7 +152,8 @@ SCALED_ERRORS = [
     (dict(v=_S[4].float()), "v must be float8_e4m3fn; got torch.float32"),
     (dict(q_scale=_S[1][:, :, :5]), "q_scale must have shape (B, H, >= ceil(S/1)) = (1, 4, >= 33) (each dim may be "
                                     "1); got (1, 4, 5)"),
-    (dict(k_block=4), "k_scale must have shape (B, H, >= ceil(S/4)) = (1, 2, >= 12) (each dim may be 1); got (1, 2, 4)"),
+    (dict(k_block=4), "k_scale must have shape (B, H, >= ceil(S/4)) = (1, 2, >= 12) (each dim may be 1); "
+                      "got (1, 2, 4)"),
     (dict(q_scale=_S[1].double()), "q_scale must be float32; got torch.float64"),
     (dict(k_scale=None), "q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K)"),
     (dict(v_scale=_S[5][..., :3]), "v_scale must have shape (B|1, H|1, Dv|1) (each dim may be 1); got (1, 2, 3)"),

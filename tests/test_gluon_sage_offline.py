@@ -315,8 +315,8 @@ def test_trio_mmasum_trades_a_few_spills_for_fewer_instructions():
 
 @pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk", "128,3,ahead,solo"])
 def test_split_tail_launch_compiles_with_the_same_loop(config):
-    """A tail-split launch (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): a 1-D grid of ``main + tail · splits`` CTAs, the
-    ``SPLIT_TAIL`` kernel, whose full tiles' loop is no longer than the unsplit kernel's (but for a few
+    """A tail-split launch (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): a 1-D grid of ``main + tail · splits``
+    CTAs, the ``SPLIT_TAIL`` kernel, whose full tiles' loop is no longer than the unsplit kernel's (but for a few
     instructions: the piece's key offset lives outside it; ptxas schedules the two a little differently, the
     ``ahead`` loops came out 11-22 instructions shorter) and has no more local-memory accesses."""
     from qattn_fx.kernels.gluon_sage import tail_split as _tail_split

@@ -70,8 +70,8 @@ def test_pack_rowwise_hand_checked_positions():
         sf[0, 0, r, c] = (r * 7 + c) % 250 + 1
     flat = kc.pack_f8_128x4(sf).reshape(-1)
     assert flat.numel() == 256 * 8
-    expect = {(0, 0): 0, (1, 0): 16, (32, 0): 4, (33, 0): 20, (127, 0): 31 * 16 + 3 * 4, (0, 3): 3, (31, 2): 31 * 16 + 2,
-              (0, 4): 512, (128, 0): 1024, (129, 0): 1024 + 16, (129, 4): 1536 + 16}
+    expect = {(0, 0): 0, (1, 0): 16, (32, 0): 4, (33, 0): 20, (127, 0): 31 * 16 + 3 * 4, (0, 3): 3,
+              (31, 2): 31 * 16 + 2, (0, 4): 512, (128, 0): 1024, (129, 0): 1024 + 16, (129, 4): 1536 + 16}
     for (r, c), byte in expect.items():
         assert int(flat[byte]) == int(sf[0, 0, r, c]), (r, c, byte)
     assert int((flat != 0).sum()) == len(expect)
@@ -108,7 +108,8 @@ def test_pack_columnwise_v_matches_quantize_mxfp8(shape):
     raw = scales.view(torch.uint8)
     assert bool((raw > 0).all())
     flat = torch.as_strided(packed, (b * h * s4 * dp,), (1,))
-    bb, hh, jj, dd = torch.meshgrid(torch.arange(b), torch.arange(h), torch.arange(nblk), torch.arange(d), indexing="ij")
+    bb, hh, jj, dd = torch.meshgrid(torch.arange(b), torch.arange(h), torch.arange(nblk), torch.arange(d),
+                                    indexing="ij")
     pos = _columnwise_byte(bb, hh, jj, dd, h, s4, b).reshape(-1)
     assert torch.equal(flat[pos], raw.reshape(-1))
     written = torch.zeros(flat.numel(), dtype=torch.bool)
@@ -169,7 +170,8 @@ def test_ragged_block_scales_match_quantize_per_block(dtype, block, batch, seq):
             used[slot] = True
             assert torch.equal(ragged[:, slot], scale[b, :, t // block])
     assert bool((ragged[:, ~used] == 0).all())
-    # Dequantizing the ragged (tokens, H, D) data with per-token scales gathered from the ragged layout is the reference.
+    # Dequantizing the ragged (tokens, H, D) data with per-token scales gathered from the ragged layout is the
+    # reference.
     tok_b = torch.arange(batch).repeat_interleave(seq)
     tok_t = torch.arange(seq).repeat(batch)
     slot_of_token = (tok_b * seq) // block + tok_b + tok_t // block
@@ -232,7 +234,8 @@ def _fp8(shape):
 
 
 def _scaled_args(b=1, h=2, s=8, d=128, qk_dtype=torch.float8_e4m3fn, block=0, per="tensor"):
-    q = torch.randn(b, h, s, d).to(qk_dtype) if qk_dtype == torch.float8_e4m3fn else torch.randint(-5, 5, (b, h, s, d), dtype=torch.int8)
+    q = (torch.randn(b, h, s, d).to(qk_dtype) if qk_dtype == torch.float8_e4m3fn
+         else torch.randint(-5, 5, (b, h, s, d), dtype=torch.int8))
     k = q.clone()
     v = _fp8((b, h, s, d))
     if block:
@@ -265,7 +268,8 @@ def test_trtllm_sage_int8_gate_is_sm100_only(fake_gpu):
     assert str(err.value).startswith("flashinfer_trtllm_sage needs compute capability 10.0 (sm_100) (")
     assert "has compute capability 10.3 (sm_103)" in str(err.value)
     fake_gpu["cap"] = (9, 0)
-    with pytest.raises(RuntimeError, match=r"needs compute capability 10\.0 \(sm_100\), 10\.3 \(sm_103\).*9\.0 \(sm_90\)"):
+    with pytest.raises(RuntimeError,
+                       match=r"needs compute capability 10\.0 \(sm_100\), 10\.3 \(sm_103\).*9\.0 \(sm_90\)"):
         kf.trtllm_sage_attention(*_scaled_args(block=4))
 
 

@@ -588,7 +588,8 @@ def test_pinned_triton_sage_runs_where_auto_would_take_gluon_sage(backend):
 
 @pytest.mark.parametrize("backend", ["auto", "TRITON"])
 def test_pinned_kernel_that_cannot_serve_raises_instead_of_falling_back(backend):
-    with pytest.raises(ValueError, match=r"kernel 'gluon_sage' cannot serve site 'attn' \(transformer_blocks\.3\.attn1\) "
+    with pytest.raises(ValueError, match=r"kernel 'gluon_sage' cannot serve site 'attn' "
+                                         r"\(transformer_blocks\.3\.attn1\) "
                                          r"on sm_89: TRITON: needs sm_90, have sm_89\. Remove 'kernel'"):
         resolve(site(), SM89, spec(backend, kernel="gluon_sage"))
     with pytest.raises(ValueError, match=r"kernel 'triton_sage' cannot serve .* on cpu: TRITON: needs sm_89/sm_90"):

@@ -1,6 +1,8 @@
-"""qattn_fx.kernels.gluon_sage.tail_split on CPU: the planner's choices at the benchmark shapes and the LSE merge's algebra.
+"""qattn_fx.kernels.gluon_sage.tail_split on CPU: the planner's choices at the benchmark shapes and the LSE merge's
+algebra.
 
-The merge kernel itself runs on the GPU (tests/gpu/test_gluon_sage.py::test_split_tail_pieces_merge_to_the_emulated_split).
+The merge kernel itself runs on the GPU
+(tests/gpu/test_gluon_sage.py::test_split_tail_pieces_merge_to_the_emulated_split).
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def run_both(args, sm_scale=None, out_dtype=torch.float32):
 _TOL = dict(max_rel=3.5e-2, mean_rel=2.0e-2)
 
 
-assert_close_to_reference = functools.partial(support.assert_close_to_reference, tol=_TOL, name="triton_sage (interpreter)")
+assert_close_to_reference = functools.partial(support.assert_close_to_reference, tol=_TOL,
+                                              name="triton_sage (interpreter)")
 
 
 # ------------------------------------------------------------------------------------------------------------------

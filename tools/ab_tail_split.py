@@ -1,4 +1,5 @@
-"""gluon_sage with and without the tail split (``qattn_fx/kernels/gluon_sage/tail_split.py``), timed in one process, in turns.
+"""gluon_sage with and without the tail split (``qattn_fx/kernels/gluon_sage/tail_split.py``), timed in one process, in
+turns.
 
 When to use: after changing the tail-split planner, its cost model or the split path of the kernel, to see whether
 splitting the partial last wave still pays at a shape. The gain (1-8 %) is smaller than the spread between two
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} {config}: split {med['1']:.4f} ms ({plans['1']}), whole {med['0']:.4f} ms, "
               f"split/whole {med['1'] / med['0']:.4f}; rounds split {['%.4f' % t for t in times['1']]} "
               f"whole {['%.4f' % t for t in times['0']]}", flush=True)
-        with gs.use_config(config), qattn_config.patch(gluon_tail_split=True), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with (gs.use_config(config), qattn_config.patch(gluon_tail_split=True),
+              profile(activities=[ProfilerActivity.CUDA]) as prof):
             for _ in range(3):
                 gs.scaled_attention(*args, sm_scale, torch.bfloat16)
             torch.cuda.synchronize()

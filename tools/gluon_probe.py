@@ -2,8 +2,8 @@
 
 When to use: when gluon_sage (or a change to it) gives wrong values and the GPU tests do not say which piece is at
 fault, or after a Triton upgrade, before suspecting the schedule. Each probe is a one-CTA Gluon kernel built from
-gluon_sage's own layouts and TMA descriptors: TMA + wgmma Q·Kᵀ (int8, e4m3, bf16; 128- and 64-key tiles), Q·Kᵀ from
-either slot of a 2-deep shared-memory ring, and the FP8 P·V wgmma with P from registers or from shared memory
+gluon_sage's own layouts and TMA descriptors: TMA + wgmma Q·Kᵀ (int8, e4m3, bf16; 128- and 64-key tiles), Q·Kᵀ
+from either slot of a 2-deep shared-memory ring, and the FP8 P·V wgmma with P from registers or from shared memory
 (printing which V key each P column meets when P·V is wrong). It prints every probe's max error::
 
     python -m tools.gluon_probe
@@ -87,7 +87,8 @@ def probe_pv(P, v_desc, O, BM: gl.constexpr, BN: gl.constexpr, VIA_SMEM: gl.cons
     zero = gl.zeros([BM, DV], gl.float32, o_layout)
     b_op = v_smem.reshape([DV, BN]).permute((1, 0))
     if VIA_SMEM:
-        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
+        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [BM, BN],
+                                           gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float8e4nv))
         p_smem.store(p)
         fence_async_shared()
         o = warpgroup_mma(p_smem, b_op, zero, use_acc=False, is_async=True)

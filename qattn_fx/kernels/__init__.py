@@ -60,7 +60,8 @@ KERNELS: dict[str, KernelInfo] = {
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
                    requirements=(Requirements("reference", None, key_bias=True,
                                               dtypes=(torch.bfloat16, torch.float16, torch.float32)),),
-                   description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested against"),
+                   description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested "
+                               "against"),
         KernelInfo("triton_sage", "qattn_fx.kernels.triton_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)),
                                               ("triton", "3.0.0"), key_bias=True),),

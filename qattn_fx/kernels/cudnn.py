@@ -1,7 +1,7 @@
 """cuDNN frontend kernels: ``cudnn_fp8`` (``sdpa_fp8``, per-tensor FP8) and ``cudnn_mxfp8`` (``sdpa_mxfp8``).
 
-Both build a cuDNN graph per problem (shapes, strides, dtypes, ``sm_scale``, output dtype, architecture path), keep it in
-a bounded FIFO cache (:data:`GRAPH_CACHE`, 128 graphs), and execute it with one cuDNN handle per (device, thread) set
+Both build a cuDNN graph per problem (shapes, strides, dtypes, ``sm_scale``, output dtype, architecture path), keep it
+in a bounded FIFO cache (:data:`GRAPH_CACHE`, 128 graphs), and execute it with one cuDNN handle per (device, thread) set
 to the current torch stream on every call. The workspace comes from torch's caching allocator, and no call on the hot
 path synchronises with the host, so a call whose graph is already built can be captured into a CUDA graph. Building a
 graph (or creating a handle or the constant scale tensors) is refused during capture with a clear error: run the same
@@ -302,7 +302,8 @@ def _try_fp8_graph(cudnn, handle, operands, o_shape, o_stride, sm_scale, o_dtype
             t["descale_s"], t["scale_s"], t["scale_o"],
             attn_scale=float(sm_scale), generate_stats=generate_stats, use_causal_mask=False,
         )
-        o.set_output(True).set_dim(tuple(o_shape)).set_stride(tuple(o_stride)).set_data_type(_cudnn_out_type(cudnn, o_dtype))
+        o.set_output(True).set_dim(tuple(o_shape)).set_stride(tuple(o_stride)).set_data_type(
+            _cudnn_out_type(cudnn, o_dtype))
         amax_o.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(f32)
         t["o"], t["amax_o"] = o, amax_o
         if generate_stats:
@@ -354,19 +355,19 @@ def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale
     (``q_block = k_block = 0``). GQA needs ``Hq % Hkv == 0``; cross-attention (``Sq != Skv``) and B > 1 are supported.
     Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype`` stored BSHD.
 
-    Numerics: ``S = Q·Kᵀ · descale_q · descale_k · sm_scale`` (fp32), ``P`` stored as e4m3(P·448), ``O = P·V · descale_v
-    / 448 / l`` (cuDNN's online softmax: P is rounded relative to the running row max, the reference relative to the
-    final one; the two agree exactly when the row max is reached in the first key tile processed).
+    Numerics: ``S = Q·Kᵀ · descale_q · descale_k · sm_scale`` (fp32), ``P`` stored as e4m3(P·448), ``O = P·V ·
+    descale_v / 448 / l`` (cuDNN's online softmax: P is rounded relative to the running row max, the reference relative
+    to the final one; the two agree exactly when the row max is reached in the first key tile processed).
 
     Paths (:func:`fp8_path`):
 
     * ``direct`` — Blackwell (sm_100/sm_103) with cuDNN >= 9.13 and bf16/fp16 output: cuDNN writes O directly.
-    * ``fp8_out`` — Hopper (bf16 output of ``sdpa_fp8`` is Blackwell-only), fp32 output, or older cuDNN: cuDNN writes an
-      e4m3 O scaled by ``scale_o = 1 / (v_scale · margin(Skv))`` (:func:`fp8_output_margin`, chosen on the device from
-      ``v_scale`` so no host sync), which qattn_fx then dequantises into ``out_dtype``. **Extra error**: one e4m3
+    * ``fp8_out`` — Hopper (bf16 output of ``sdpa_fp8`` is Blackwell-only), fp32 output, or older cuDNN: cuDNN writes
+      an e4m3 O scaled by ``scale_o = 1 / (v_scale · margin(Skv))`` (:func:`fp8_output_margin`, chosen on the device
+      from ``v_scale`` so no host sync), which qattn_fx then dequantises into ``out_dtype``. **Extra error**: one e4m3
       rounding of O, at most 2^-4 relative per element (about 2.5 % RMS), plus values below ``max|V| · margin · 2^-6``
-      landing in e4m3's subnormal range (absolute error <= ``max|V| · margin · 2^-10``); it costs two elementwise passes
-      over O (copy + scale).
+      landing in e4m3's subnormal range (absolute error <= ``max|V| · margin · 2^-10``); it costs two elementwise
+      passes over O (copy + scale).
 
     Strides: described as they are; if cuDNN has no engine for them but has one for BSHD, Q/K/V are copied to BSHD on
     every call (logged once, see the module docstring).
@@ -470,8 +471,9 @@ def pack_f8_128x4_columnwise(v_scales: torch.Tensor) -> torch.Tensor:
 
     The rule of :func:`pack_f8_128x4` is applied to the *transposed* scale matrix ``[ceil128(Dv), B·H·ceil4(S/32)]``
     (rows = channels, columns = (b, h, token block)), so atoms are D-plane-major: byte of scale ``(b, h, j, d)`` =
-    ``(d // 128) · (B·H·S4/4) · 512 + ((b·H + h)·S4/4 + j // 4) · 512 + (d % 32)·16 + ((d % 128) // 32)·4 + j % 4``
-    with ``S4 = ceil4(ceil(S/32))``. For ``Dv <= 128`` (one plane) this equals packing each (b, h) slab separately.
+    ``(d // 128) · (B·H·S4/4) · 512 + ((b·H + h)·S4/4 + j // 4) · 512 + (d % 32)·16 +
+    ((d % 128) // 32)·4 + j % 4`` with ``S4 = ceil4(ceil(S/32))``. For ``Dv <= 128`` (one plane) this equals packing
+    each (b, h) slab separately.
     Returns a uint8 view of shape ``(B, H, S4, ceil128(Dv))`` with strides ``(H·S4·Dp, S4·Dp, 1, S4)`` — the
     descriptor cuDNN documents for ``descale_v`` (only the memory order matters to cuDNN). Padding bytes are 0.
     """
@@ -503,7 +505,8 @@ def _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtyp
     d, dv = q.shape[3], v.shape[3]
     for name, value in (("head_dim (Q/K)", d), ("head_dim (V)", dv)):
         if value not in MXFP8_HEAD_DIMS:
-            raise ValueError(f"{kernel}: {name}={value} is not supported; valid: {', '.join(map(str, MXFP8_HEAD_DIMS))}")
+            raise ValueError(f"{kernel}: {name}={value} is not supported; "
+                             f"valid: {', '.join(map(str, MXFP8_HEAD_DIMS))}")
     if out_dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid (sdpa_mxfp8 writes 16-bit outputs); "
                          "valid: bfloat16, float16")
@@ -528,14 +531,16 @@ def _build_mxfp8_graph(cudnn, handle, q, k, v, descales, o_shape, o_stride, sm_s
                            reordering_type=cudnn.tensor_reordering.F8_128x4)
     o, _stats, amax_o = g.sdpa_mxfp8(t["q"], t["k"], t["v"], t["descale_q"], t["descale_k"], t["descale_v"],
                                      attn_scale=float(sm_scale), generate_stats=False)
-    o.set_output(True).set_dim(tuple(o_shape)).set_stride(tuple(o_stride)).set_data_type(_cudnn_out_type(cudnn, out_dtype))
+    o.set_output(True).set_dim(tuple(o_shape)).set_stride(tuple(o_stride)).set_data_type(
+        _cudnn_out_type(cudnn, out_dtype))
     amax_o.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(f32)
     t["o"], t["amax_o"] = o, amax_o
     try:
         g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     except cudnn.cudnnGraphNotSupportedError as exc:
         raise RuntimeError(
-            f"cudnn_mxfp8: cuDNN {format_version(backend_version(cudnn))} has no MXFP8 SDPA engine for q{tuple(q.shape)}"
+            f"cudnn_mxfp8: cuDNN {format_version(backend_version(cudnn))} has no MXFP8 SDPA engine for "
+            f"q{tuple(q.shape)}"
             f", k{tuple(k.shape)}, v{tuple(v.shape)}, output {out_dtype}: {exc}"
         ) from exc
     return _Graph(g, t, int(g.get_workspace_size()), False, "mxfp8")

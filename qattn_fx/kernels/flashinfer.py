@@ -3,14 +3,15 @@
 
 ``import flashinfer`` happens inside the functions: the package imports on machines without ``flashinfer-python``.
 API names and arguments were checked against the flashinfer-python 0.7.2.post1 wheel sources (``flashinfer/prefill.py``:
-``single_prefill_with_kv_cache``, ``BatchPrefillWithRaggedKVCacheWrapper.plan/run``, ``trtllm_ragged_attention_deepseek``;
-``csrc/single_prefill_fp8_sm90.cu``, ``csrc/batch_prefill_fp8_sm90.cu`` and ``csrc/trtllm_fmha_kernel_launcher.cu`` for
-which strides the kernels honour; ``csrc/nv_internal/tensorrt_llm/common/sageQuant.cu`` for the Sage scale layout).
+``single_prefill_with_kv_cache``, ``BatchPrefillWithRaggedKVCacheWrapper.plan/run``,
+``trtllm_ragged_attention_deepseek``; ``csrc/single_prefill_fp8_sm90.cu``, ``csrc/batch_prefill_fp8_sm90.cu`` and
+``csrc/trtllm_fmha_kernel_launcher.cu`` for which strides the kernels honour;
+``csrc/nv_internal/tensorrt_llm/common/sageQuant.cu`` for the Sage scale layout).
 
 Layouts. FlashInfer works on NHD ``(tokens, heads, D)`` tensors. Our ``(B, H, S, D)`` tensors are usually BSHD-physical
-views, for which ``x[b].transpose(0, 1)`` (one sequence) and ``x.transpose(1, 2).reshape(B·S, H, D)`` (the ragged batch)
-are views, not copies. Where a copy is unavoidable the code says why. Outputs are written into (or returned as) the
-``(B, Hq, Sq, Dv)`` BSHD layout the op promises.
+views, for which ``x[b].transpose(0, 1)`` (one sequence) and ``x.transpose(1, 2).reshape(B·S, H, D)`` (the ragged
+batch) are views, not copies. Where a copy is unavoidable the code says why. Outputs are written into (or returned as)
+the ``(B, Hq, Sq, Dv)`` BSHD layout the op promises.
 """
 
 from __future__ import annotations
@@ -270,7 +271,8 @@ def to_ragged_block_scales(scale: torch.Tensor, seq_len: int, block: int, batch:
 
 def to_channel_v_scale(v_scale: torch.Tensor, heads: int, dv: int) -> torch.Tensor:
     """One sequence's (or a batch-shared) V scale ``(1, H|1, Dv|1)`` → FlashInfer's contiguous fp32 ``[H, Dv]``."""
-    if v_scale.dim() != 3 or v_scale.shape[0] != 1 or v_scale.shape[1] not in (1, heads) or v_scale.shape[2] not in (1, dv):
+    if (v_scale.dim() != 3 or v_scale.shape[0] != 1 or v_scale.shape[1] not in (1, heads)
+            or v_scale.shape[2] not in (1, dv)):
         raise ValueError(f"v_scale must have shape (1, {heads}|1, {dv}|1); got {tuple(v_scale.shape)}")
     return v_scale[0].float().expand(heads, dv).contiguous()
 
@@ -280,7 +282,8 @@ def _check_sage_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out
     if q_scale is None or k_scale is None:
         raise ValueError(f"{kernel} needs int8 or float8_e4m3fn Q/K with per-block scales; got unquantized {q.dtype}")
     if q.dtype not in (torch.int8, torch.float8_e4m3fn) or k.dtype != q.dtype:
-        raise ValueError(f"{kernel}: Q/K must share a dtype in (torch.int8, torch.float8_e4m3fn); got {q.dtype}, {k.dtype}")
+        raise ValueError(f"{kernel}: Q/K must share a dtype in (torch.int8, torch.float8_e4m3fn); "
+                         f"got {q.dtype}, {k.dtype}")
     if v.dtype != torch.float8_e4m3fn:
         raise ValueError(f"{kernel}: v must be float8_e4m3fn; got {v.dtype}")
     for name, block in (("q_block", q_block), ("k_block", k_block)):

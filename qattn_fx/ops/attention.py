@@ -133,7 +133,8 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
             if block < 0:
                 _fail(f"{name}_block={block} is invalid; valid: 0 (one scale per head/tensor) or >= 1")
             nb = 1 if block == 0 else (x.shape[2] + block - 1) // block
-            what = "(1, 1|H, 1)" if block == 0 else f"(B, H, >= ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, >= {nb})"
+            what = ("(1, 1|H, 1)" if block == 0
+                    else f"(B, H, >= ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, >= {nb})")
             _check_scale(f"{name}_scale", s, (x.shape[0], x.shape[1], nb), what, last_at_least=block > 0)
             if block == 0 and s.shape[0] != 1:
                 _fail(f"{name}_scale with {name}_block=0 must have shape (1, 1|H, 1); got {tuple(s.shape)}")

@@ -272,15 +272,16 @@ def test_exact_when_row_max_is_in_first_tile(config):
     assert_fp32_level(out, expected, f"{config} first-tile max", mmasum=bool(config.mmasum))
 
 
-TAIL_CASES = [(gs.DEFAULT_CONFIGS[128], 16), (gs.GluonConfig(128, 3, ahead=1), 16), (gs.GluonConfig(128, 3, ahead=1), 1)]
+TAIL_CASES = [(gs.DEFAULT_CONFIGS[128], 16), (gs.GluonConfig(128, 3, ahead=1), 16),
+              (gs.GluonConfig(128, 3, ahead=1), 1)]
 
 
 @needs_sm90
 @pytest.mark.parametrize("config,k_block", TAIL_CASES, ids=[f"{c}-k{kb}" for c, kb in TAIL_CASES])
 def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypatch, qattn_config):
     """With 40 slots (a stand-in SM count) the grid's partial last wave is split over the keys
-    (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): output and LSE match the emulation of that (:func:`emulate_launched`)
-    and the reference op, and the unsplit launch within the reference tolerance."""
+    (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): output and LSE match the emulation of that
+    (:func:`emulate_launched`) and the reference op, and the unsplit launch within the reference tolerance."""
     monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)
     qattn_config(gluon_tail_split=True)
     args = quantize(*make_qkv(skv=2500), "int8", 1, k_block)

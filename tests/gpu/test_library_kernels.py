@@ -9,11 +9,11 @@ Two kinds of comparison:
 
 * **kernel vs reference on the same quantized inputs, tight.** The reference (:mod:`qattn_fx.kernels.reference`)
   rounds P to e4m3 relative to the *final* row max; the flash kernels round it relative to the *running* max, so on
-  arbitrary inputs the two round different numbers (≈2–3 % RMS apart per element, as large as the P rounding itself).
-  The "anchored" inputs remove that ambiguity: every 32nd key (and the last key) is an identical anchor whose score
-  (25, from one dedicated channel) exceeds every other score by > 3σ, so every key tile any kernel processes first
-  already holds the row max. What is left is bf16 output rounding (≤ 2^-9 relative), fp32 summation order and exp2
-  approximations (~1e-6 relative) and the rare e4m3 tie flip they cause; the tolerances below are set from that.
+  arbitrary inputs the two round different numbers (≈2–3 % RMS apart per element, as large as the P rounding
+  itself). The "anchored" inputs remove that ambiguity: every 32nd key (and the last key) is an identical anchor whose
+  score (25, from one dedicated channel) exceeds every other score by > 3σ, so every key tile any kernel processes
+  first already holds the row max. What is left is bf16 output rounding (≤ 2^-9 relative), fp32 summation order and
+  exp2 approximations (~1e-6 relative) and the rare e4m3 tie flip they cause; the tolerances below are set from that.
   On Hopper, cuDNN writes O in e4m3 (see ``qattn_fx.kernels.cudnn.fp8_attention``): there the reference is rounded the
   same way (same ``scale_o``) before comparing.
 * **recipe accuracy on Gaussian inputs** vs fp32 attention: cosine (printed; ≈0.998 expected for per-tensor /

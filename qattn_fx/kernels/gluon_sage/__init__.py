@@ -40,10 +40,10 @@ schedule, which plain Triton 3.6 cannot express:
 
 Measured on the H200 (BENCHMARKS.md): 902 / 877 TFLOP/s at wan1.3b-480p / wan14b-720p with the INT8 1/16/1 recipe
 under the autotuned ``trio,permk,mmasum`` configs (~800 with two consumers), above cuDNN FP8 (786 / 815) in the
-same run (latency-bound: see "What bounds the kernel" there). Per-tile numerics identical to triton_sage's (same tiles, same
-operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to 2.9e-3
-on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator sums
-the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
+same run (latency-bound: see "What bounds the kernel" there). Per-tile numerics identical to triton_sage's (same tiles,
+same operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to
+2.9e-3 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator
+sums the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
 
 Inputs (validated by :func:`qattn_fx.kernels._sage_common.validate`, plus :func:`ineligible`): int8 / e4m3 /
 bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D (BSHD and BHSD views both; a Q
@@ -64,9 +64,9 @@ triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..e
 from . import tail_split
 from ._gluon import GLUON_ERROR
 from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONFIGS, FORCED,
-                     KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_CONSUMER_REGS,
-                     SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
-                     current_config, forced_config, use_config)
+                     KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS,
+                     ROWS_PER_CONSUMER, SOLO_CONSUMER_REGS, SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS,
+                     TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig, current_config, forced_config, use_config)
 from .consumer import _mma_layout as mma_layout
 from .launch import (KEY_ORDER_TUNER, LAST, TUNER, LaunchPlan, attention, compile_for, descriptor, ineligible,
                      k_scale_box, last_config, last_tail_plan, permuted_k, plan_launch, q_blocks, scaled_attention,

@@ -55,10 +55,11 @@ as one tile's span (``BLOCK_N · stride_s``, ``Dv · stride_d``) fits in int32.
 
 Configs: :data:`CONFIGS` are autotuned (``triton.autotune``) per (head_dim, dtypes, block sizes, V layout,
 sequence-length buckets) among those with the device's key tile (:data:`BLOCK_N_BY_CAPABILITY`,
-:func:`tuned_candidates`): they give identical outputs, so the choice changes only the time. :func:`set_config` / :func:`use_config` or ``qattn_fx.config.triton_sage_config``
+:func:`tuned_candidates`): they give identical outputs, so the choice changes only the time. :func:`set_config` /
+:func:`use_config` or ``qattn_fx.config.triton_sage_config``
 (``$QATTN_TRITON_SAGE_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages[,pipe]"``) force one (benchmarks sweep with them).
-Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config. Variants
-tried and removed (an fp16 P·V, K/V through TMA descriptors, a depth-2 pipeline): docs/kernel-design.md.
+Autotuning benchmarks on the first call per key: warm up before CUDA-graph capture, or force a config. Variants tried
+and removed (an fp16 P·V, K/V through TMA descriptors, a depth-2 pipeline): docs/kernel-design.md.
 
 The kernel source is loaded on first use in the Triton mode then in effect (:func:`.launch.kernel_module`), so
 ``TRITON_INTERPRET=1`` set at any time before the first call runs it under the Triton interpreter (CPU tensors
@@ -71,10 +72,12 @@ side); the constants, input checks and helpers shared with gluon_sage are in :mo
 """
 
 from .._offline import ptxas_report
-from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, FORCED, KernelConfig, forced_config, set_config, use_config
+from .config import (BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, FORCED, KernelConfig, forced_config, set_config,
+                     use_config)
 from .launch import (CAPABILITIES, HEAD_DIMS, attention, best_config, check_device, compile_for, interpreter_active,
                      kernel_module, prune_configs, scaled_attention, tuned_candidates)
 
-__all__ = ["BLOCK_N_BY_CAPABILITY", "CAPABILITIES", "CONFIGS", "FORCED", "HEAD_DIMS", "INTERPRET_CONFIG", "KernelConfig", "attention",
-           "best_config", "check_device", "compile_for", "forced_config", "interpreter_active", "kernel_module",
-           "prune_configs", "ptxas_report", "scaled_attention", "set_config", "tuned_candidates", "use_config"]
+__all__ = ["BLOCK_N_BY_CAPABILITY", "CAPABILITIES", "CONFIGS", "FORCED", "HEAD_DIMS", "INTERPRET_CONFIG",
+           "KernelConfig", "attention", "best_config", "check_device", "compile_for", "forced_config",
+           "interpreter_active", "kernel_module", "prune_configs", "ptxas_report", "scaled_attention", "set_config",
+           "tuned_candidates", "use_config"]

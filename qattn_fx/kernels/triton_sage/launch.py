@@ -69,7 +69,8 @@ def prune_configs(configs, named_args, **kwargs):
             and not (ada and (c.num_warps < 8 or c.kwargs.get("PIPE", 0)))]
     if not same:
         raise ValueError(f"triton_sage: no autotuned config has BLOCK_N={block_n} for "
-                         f"{'sm_89' if ada else 'sm_90'}; configs: {[str(KernelConfig.from_triton(c)) for c in configs]}")
+                         f"{'sm_89' if ada else 'sm_90'}; "
+                         f"configs: {[str(KernelConfig.from_triton(c)) for c in configs]}")
     fills = [c for c in same if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(sq))]
     return fills or same
 
