@@ -12,12 +12,14 @@ NVIDIA H200 (sm_90), 2026-11-29 to 2026-12-01, torch 2.11, Triton 3.6, cuDNN 9.1
 FP8, ``flashinfer_fa3_fp8`` per-head FP8; shapes (B·H, Sq, Skv, D) flux-1024 (24, 4608, 4608, 128), wan1.3b-480p
 (12, 32760, 32760, 128), wan14b-720p (40, 75600, 75600, 128), d64 (32, 16384, 16384, 64) and, for cuDNN FP8 and FA3
 FP8, cross-512 (40, 32760, 512, 128). The time of a quantized call is Inductor-compiled quantize + kernel, as a model
-pays it. Other recipes of a kernel, masked calls (key bias) and other GPUs of the architecture are predicted from
-the same points. There is no data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
+pays it, timed as CUDA-graph replays (gluon_sage; cuDNN FP8 but at cross-512) or with CUDA events (triton_sage, FA3
+FP8, cuDNN FP8 at cross-512), which add the host's per-call work and so understate short calls. Other recipes of a
+kernel, masked calls (key bias) and other GPUs of the architecture are predicted from the same points. There is no
+data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
 
 **Between the points.** For the points of the kernel and architecture at the call's head_dim (a head_dim without
 points: the smallest prediction over the measured head dims), two curves, each piecewise linear in the logarithm of
-its variable through the measured points (the smallest speedup where points share a value):
+its variable through the measured points (where points share a value of it, the smallest of their speedups):
 
 * over the key length ``kv_len`` (every point): short keys leave each query row's fixed work unamortized (Q's
   quantization, the row's prologue and epilogue), as in cross-attention to a 512-token text;
@@ -27,8 +29,8 @@ its variable through the measured points (the smallest speedup where points shar
 The prediction is the smaller of the two, since either alone limits the gain; at a measured self-attention point it
 is the measurement. Beyond the largest key length or work, the value at the largest is held (the measured gain
 flattens: gluon_sage 1.53x at wan1.3b-480p, 1.51x at wan14b-720p). Below the smallest, the value at the smallest is
-held but never above 1.0: no gain is predicted that was not measured at that size or a smaller one, and as the gain
-shrinks with size, the held value is then an upper bound (:attr:`Prediction.upper_bound`).
+held but never above 1.0: no gain is predicted for a size smaller than every measured one, and as the gain shrinks
+with size, the held value is an upper bound there (:attr:`Prediction.upper_bound`).
 """
 
 from __future__ import annotations
