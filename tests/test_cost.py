@@ -211,3 +211,24 @@ def test_symbolic_lengths_add_no_recompile_and_decide_the_same_at_every_length()
     assert self_attn.deployment == "(as bf16) on sm_90: gluon_sage (no prediction: symbolic lengths)"
     assert cross.deployment == ("(as bf16) on sm_90: dense (gluon_sage predicted at most 0.89x of cuDNN bf16 at Sq "
                                 "symbolic, Skv 512 (cost data: H200 2026-12-01))")
+
+
+def test_a_graph_whose_sites_all_stay_dense_reaches_the_compiler_unchanged():
+    """What ``auto`` keeps dense costs what compiled dense costs: the graph handed to Inductor is Dynamo's own."""
+    def flux_attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v).relu() * 2
+
+    captured = []
+
+    def plain(gm, example_inputs):
+        captured.append(gm.code)
+        return gm.forward
+
+    backend = qattn_fx.backend(hardware=SM90, compiler="eager")
+    x = torch.randn(1, 24, 4608, 128, dtype=torch.bfloat16)
+    for compiler in (plain, backend):
+        torch._dynamo.reset()
+        torch.compile(flux_attention, backend=compiler, fullgraph=True)(x, x, x)
+    (site,) = backend.report.sites
+    assert not site.rewritten and "gluon_sage predicted 0.89x of cuDNN bf16 at Sq 4608" in site.reason
+    assert backend.graph_modules[0].code == captured[0]
