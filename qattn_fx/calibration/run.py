@@ -65,6 +65,7 @@ class _Record:
     deploy: str | None = None
     speedup: float | None = None
     speed_known: bool = True
+    deploy_note: str = ""
 
 
 class _Sites:
@@ -139,7 +140,7 @@ class _Sites:
                                    kv_len=sc.site.kv_len, head_dim=sc.site.head_dim,
                                    batch_heads=int(torch.Size(q[:-2]).numel()))
             elif why:
-                rec.why = f"on {arch}: {why}"
+                rec.deploy_note = f"on {arch}: {why.removeprefix('dense: ')}"
             rec.speed_known = rec.speed_known and speed is not None
             rec.speedup = None if not rec.speed_known else min(speed, rec.speedup or speed)
             cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}")
@@ -319,12 +320,13 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
         for c, o in zip(cands, per_key[key]):
             rec = sites.records[(key, c.name)]
             why = o.why_not_served if not o.served else (violation(o, budget, limit) or "")
+            note = "; ".join(filter(None, (why, rec.deploy_note)))
             rows.append(TableRow(
                 site=key.label, module=key.module, layer=key.layer, role=site.role, q_len=site.q_len,
                 kv_len=site.kv_len, head_dim=site.head_dim, candidate=c.name, kernel=rec.kernel, deploy=rec.deploy,
                 per_call=list(rec.per_call), speedup=o.speedup, speed_source="cost data" if o.speedup is not None
                 else NO_COST_DATA, served=o.served, within_budget=o.served and not why, chosen=choice.name == c.name,
-                note=why))
+                note=note))
         shared = [k.label for k in units[_unit(key)] if k != key]
         reason = choice.reason + (f"; one rule with {', '.join(shared)} (same module and layer)" if shared else "")
         plans.append(SitePlan(key.label, key.module, key.layer, site.role, choice.name, reason, choice.speed_source))
