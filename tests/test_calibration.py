@@ -217,13 +217,17 @@ def test_cost_data_ranks_candidates_and_dense_wins_when_faster():
 
 def test_cost_data_reads_qattn_fx_cost_lazily(monkeypatch):
     args = dict(q_len=4096, kv_len=4096, head_dim=128, batch_heads=24)
-    monkeypatch.setitem(sys.modules, "qattn_fx.cost", None)  # the module is absent: no data
+    if "qattn_fx.cost" not in sys.modules:
+        try:
+            import qattn_fx.cost  # noqa: F401
+        except ModuleNotFoundError:
+            assert cost_data("gluon_sage", "sm_90", **args) is None  # the module is absent: no data
+    monkeypatch.setitem(sys.modules, "qattn_fx.cost", None)  # import fails with ModuleNotFoundError: no data
     assert cost_data("gluon_sage", "sm_90", **args) is None
     fake = types.ModuleType("qattn_fx.cost")
     fake.predicted_speedup = lambda kernel, arch, **kw: 1.25 if (kernel, arch, kw["batch_heads"]) == (
         "gluon_sage", "sm_90", 24) else None
     monkeypatch.setitem(sys.modules, "qattn_fx.cost", fake)
-    monkeypatch.setattr(qattn_fx, "cost", fake, raising=False)
     assert cost_data("gluon_sage", "sm_90", **args) == 1.25
     assert cost_data("cudnn_fp8", "sm_100", **args) is None
 

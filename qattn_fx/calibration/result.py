@@ -203,11 +203,16 @@ class Calibration:
         for s in self.sites:
             text = f"{s.site} -> {s.choice}: {s.reason}" + (f" [{s.speed_source}]" if s.speed_source else "")
             lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ")
-        lines += ["", "model output vs dense, per call (" + ", ".join(self.calls) + "):"]
-        label_w = max([len(n) for n in self.e2e] + [4]) + 12
-        for name, items in [*((f"{n} everywhere", v) for n, v in self.e2e.items()), ("plan", self.plan_e2e)]:
-            cells = "  ".join(f"cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}" for e in items)
-            lines += textwrap.wrap(f"{name.ljust(label_w)}{cells}", width, subsequent_indent=" " * (label_w + 2))
+        lines += ["", "model output vs dense per call (cos / rel_l1):"]
+        named = [*((f"{n} everywhere", v) for n, v in self.e2e.items()), ("plan", self.plan_e2e)]
+        label_w = max(len(n) for n, _ in named)
+        per_line = max(1, (width - label_w - 2) // 20)
+        for start in range(0, len(self.calls), per_line):
+            cols = range(start, min(start + per_line, len(self.calls)))
+            lines.append((" " * label_w + "".join(f"  {self.calls[i]:<18}" for i in cols)).rstrip())
+            for name, items in named:
+                lines.append((name.ljust(label_w) + "".join(f"  {items[i].cos:.6f}/{items[i].rel_l1:<9.2e}"
+                                                            for i in cols)).rstrip())
         for note in self.notes:
             lines += textwrap.wrap("note: " + note, width, subsequent_indent="  ")
         lines.append(self.summary())

@@ -7,6 +7,7 @@ kernel's time including its quantize passes) for one call, or ``None`` without d
 
 from __future__ import annotations
 
+import importlib
 from typing import Protocol
 
 
@@ -22,7 +23,7 @@ NO_COST_DATA = "no cost data: table order"
 def cost_data(kernel: str, arch: str, *, q_len: int, kv_len: int, head_dim: int, batch_heads: int) -> float | None:
     """``qattn_fx.cost.predicted_speedup`` for one call, or None when that module is absent or has no data."""
     try:
-        from .. import cost
+        cost = importlib.import_module("qattn_fx.cost")
     except ModuleNotFoundError as e:
         if e.name != "qattn_fx.cost":  # a dependency of the cost module is missing: that is an error
             raise
