@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--out", type=Path, help="write the spec (JSON)")
     c.add_argument("--table", type=Path, help="write the calibration (JSON)")
     c.add_argument("--plot", type=Path, help="write the plot (PNG)")
-    c.add_argument("--check", action="store_true", help="re-measure the plan compiled by the backend")
+    c.add_argument("--check", action="store_true", help="compile the plan's spec with the backend (emulated) and "
+                   "re-measure the model output on the calls")
     for p in (q, c):
         p.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     args = parser.parse_args(argv)
@@ -357,7 +358,26 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"wrote {result.save(args.table)}")
     if args.plot:
         print(f"wrote {result.plot(args.plot)}")
+    if args.check:
+        decided, e2e = check(model, calls, result.spec)
+        print(decided)
+        print(f"the spec compiled by the backend: model output vs dense, worst over the calls: cos {e2e.cos:.6f}, "
+              f"rel_l1 {e2e.rel_l1:.3g} (the calibration measured cos {min(e.cos for e in result.plan_e2e):.6f})")
     return {"result": result}
+
+
+def check(model, calls, spec, compiler: str = "aot_eager"):
+    """``spec`` compiled by the backend (emulated): its site report and the worst model-output errors on ``calls``."""
+    import qattn_fx
+    from qattn_fx.calibration import errors
+    from qattn_fx.calibration.budget import worst
+
+    torch._dynamo.reset()
+    backend = qattn_fx.backend(spec, emulate=True, compiler=compiler)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        found = [errors(compiled(*a, **kw), model(*a, **kw)) for a, kw in calls]
+    return backend.report, worst(found)
 
 
 if __name__ == "__main__":
