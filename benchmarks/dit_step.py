@@ -1,8 +1,10 @@
-"""One denoising forward of a diffusers video transformer under torch.compile: dense vs each qattn_fx kernel.
+"""Denoising steps of a diffusers transformer under torch.compile, as users run it: dense vs each qattn_fx kernel.
 
     python -m benchmarks.dit_step --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
     python -m benchmarks.dit_step --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
     python -m benchmarks.dit_step --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
+    python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
+    python -m benchmarks.dit_step --model flux --compile whole --mode reduce-overhead --steps 8
 
 Models (random weights at the published configs, bf16, built on the GPU):
 
@@ -11,37 +13,60 @@ Models (random weights at the published configs, bf16, built on the GPU):
 * ``hunyuan_video``: ``HunyuanVideoTransformer3DModel`` (HunyuanVideo's config: 24 heads, d128, 20 dual- and 40
   single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` and 256 text tokens of which
   ``--text-tokens`` are valid: its joint attention masks the padding with a ``(B, 1, 1, N)`` key mask.
+* ``flux``: ``FluxTransformer2DModel`` (Flux.1-dev's config: 24 heads, d128, 19 double- and 38 single-stream
+  blocks, guidance embedding), ``--resolution`` pixels square (default 1024: 4,096 packed latent tokens of 64
+  channels) and 512 text tokens: joint attention over 4,608 tokens.
 
+``--blocks`` / ``--single-blocks`` keep fewer blocks (the blocks of a kind are identical, so per-block times scale).
 ``--compile regional`` (default) compiles the repeated blocks (``compile_repeated_blocks``: one block graph reused
-by every layer); ``--compile whole`` compiles the whole model as a user would
-(``torch.compile(model, backend=...)``). Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention"
-(every SDPA returns its query: the step time without attention, giving attention's share), and qattn_fx with each
-kernel that runs here. For each: median step time (CUDA events), speedup over compiled dense, output cosine and
-relative L2 vs dense, compile time, and the site summary. Prints one table and writes JSON.
+by every layer); ``--compile whole`` compiles the whole model as the README's one line does
+(``torch.compile(model, backend=qattn_fx.backend(spec))``). ``--mode reduce-overhead`` is torch.compile's mode (CUDA
+graphs), for every variant.
+
+Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SDPA returns its query: the step time
+without attention, giving attention's share; ``--skip-no-attention`` leaves it out), qattn_fx's default spec (backend
+``auto``: what ``qattn_fx.backend()`` does, including its cost rule), and qattn_fx with each kernel that runs here.
+
+Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
+denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
+model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events), speedup over
+compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
+compiled on the first call and the recompiles after it (graphs compiled during warm-up and timed steps), and the
+site summary. Prints one table and writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
+from torch._dynamo.utils import counters
 
 import qattn_fx
 from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec
+from qattn_fx.backend import inductor_config_patches
 from qattn_fx.fx import match
 
 CONFIGS = {
     "1.3b": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
     "14b": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40),
 }
+#: Flux.1-dev's published transformer config (``black-forest-labs/FLUX.1-dev``, ``transformer/config.json``).
+FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                axes_dims_rope=(16, 56, 56))
 SAGE = Recipe("int8", "fp8", 1, 16, 1)
 #: The TRITON rows name their kernel: on sm_90 the backend's first choice is gluon_sage, on sm_89 triton_sage.
 VARIANTS = {
+    "qattn auto (default spec)": Spec(),
     "qattn gluon_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
     "qattn gluon_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage"),
                                           rules=(Rule(Match(role=("cross",)), "dense"),)),
@@ -52,14 +77,30 @@ VARIANTS = {
     "qattn flashinfer_fa3_fp8 per-head": Spec(default=AttentionSpec("FLASHINFER", Recipe("fp8", "fp8",
                                                                                          scale_scope="head"))),
 }
+MODES = ("default", "reduce-overhead")
 
 
-def build_wan(config: str, blocks: int | None, frames: int, device: str, **_):
+@dataclass
+class Case:
+    """A model and its inputs: ``inputs`` are the keyword arguments of one forward (at noise level 0.5),
+    ``timestep(sigma)`` the timestep input at noise level ``sigma`` in [0, 1] as the model's pipeline passes it, and
+    the output (``model(**inputs)[0]``) has the shape of ``inputs["hidden_states"]``, the latents it updates."""
+
+    model: torch.nn.Module
+    inputs: dict
+    timestep: Callable[[float], torch.Tensor]
+    header: str
+
+
+def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 81, device: str = "cuda",
+              dims: dict | None = None, **_) -> Case:
+    """Wan2.1 at 480p; ``dims`` overrides entries of the diffusers config (small models for CPU tests)."""
     from diffusers import WanTransformer3DModel
 
     cfg = dict(CONFIGS[config])
     if blocks:
         cfg["num_layers"] = blocks
+    cfg.update(dims or {})
     torch.manual_seed(0)
     with torch.device(device):
         model = WanTransformer3DModel(
@@ -67,38 +108,48 @@ def build_wan(config: str, blocks: int | None, frames: int, device: str, **_):
             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **cfg,
         ).to(torch.bfloat16).eval()
     latent_frames = 1 + (frames - 1) // 4
+
+    def timestep(sigma: float) -> torch.Tensor:  # WanPipeline: the scheduler's timestep, sigma x 1000
+        return torch.tensor([1000.0 * sigma], device=device)
+
     inputs = dict(
         hidden_states=torch.randn(1, 16, latent_frames, 60, 104, device=device, dtype=torch.bfloat16),
-        timestep=torch.tensor([500], device=device),
+        timestep=timestep(0.5),
         encoder_hidden_states=torch.randn(1, 512, 4096, device=device, dtype=torch.bfloat16),
         return_dict=False,
     )
     tokens = latent_frames * 30 * 52
     header = (f"Wan2.1-{config} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
               f"d{cfg['attention_head_dim']}), {frames} frames 480p = {tokens} tokens, text 512")
-    return model, inputs, header
+    return Case(model, inputs, timestep, header)
 
 
-def build_hunyuan_video(config: str, blocks: int | None, frames: int, device: str, single_blocks: int | None = None,
-                        text_tokens: int = 120, **_):
+def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None = None, frames: int = 81,
+                        text_tokens: int = 120, device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """HunyuanVideo at 480p with 256 text tokens, ``text_tokens`` of them valid; ``dims`` as for Wan."""
     from diffusers import HunyuanVideoTransformer3DModel
 
     cfg = dict(num_attention_heads=24, attention_head_dim=128, num_layers=blocks or 20,
-               num_single_layers=single_blocks if single_blocks is not None else 40, num_refiner_layers=2)
+               num_single_layers=single_blocks if single_blocks is not None else 40, num_refiner_layers=2,
+               rope_axes_dim=(16, 56, 56))
+    cfg.update(dims or {})
     torch.manual_seed(0)
     with torch.device(device):
         model = HunyuanVideoTransformer3DModel(
             in_channels=16, out_channels=16, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm",
-            guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0,
-            rope_axes_dim=(16, 56, 56), **cfg,
+            guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0, **cfg,
         ).to(torch.bfloat16).eval()
     latent_frames = 1 + (frames - 1) // 4
     text = 256
     mask = torch.zeros(1, text, device=device)
     mask[:, :text_tokens] = 1
+
+    def timestep(sigma: float) -> torch.Tensor:  # HunyuanVideoPipeline: the scheduler's timestep, sigma x 1000
+        return torch.tensor([1000.0 * sigma], device=device)
+
     inputs = dict(
         hidden_states=torch.randn(1, 16, latent_frames, 60, 106, device=device, dtype=torch.bfloat16),
-        timestep=torch.tensor([500.0], device=device),
+        timestep=timestep(0.5),
         encoder_hidden_states=torch.randn(1, text, 4096, device=device, dtype=torch.bfloat16),
         encoder_attention_mask=mask,
         pooled_projections=torch.randn(1, 768, device=device, dtype=torch.bfloat16),
@@ -106,16 +157,58 @@ def build_hunyuan_video(config: str, blocks: int | None, frames: int, device: st
         return_dict=False,
     )
     tokens = latent_frames * 30 * 53
-    header = (f"HunyuanVideo config ({cfg['num_layers']} dual + {cfg['num_single_layers']} single blocks, 24 heads, "
-              f"d128), {frames} frames 480p = {tokens} video tokens + {text} text ({text_tokens} valid, the rest "
-              "masked)")
-    return model, inputs, header
+    header = (f"HunyuanVideo config ({cfg['num_layers']} dual + {cfg['num_single_layers']} single blocks, "
+              f"{cfg['num_attention_heads']} heads, d{cfg['attention_head_dim']}), {frames} frames 480p = {tokens} "
+              f"video tokens + {text} text ({text_tokens} valid, the rest masked)")
+    return Case(model, inputs, timestep, header)
 
 
-MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video}
+def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, resolution: int = 1024,
+               device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """Flux.1-dev at ``resolution`` x ``resolution`` pixels (a multiple of 16) with 512 text tokens, inputs as
+    ``FluxPipeline`` makes them (packed 2 x 2 latent patches, position ids, guidance 3.5); ``dims`` as for Wan."""
+    from diffusers import FluxTransformer2DModel
+
+    if resolution < 16 or resolution % 16:
+        raise ValueError(f"resolution={resolution} is invalid; valid: a multiple of 16 (VAE factor 8, 2 x 2 patches)")
+    cfg = dict(FLUX_DEV)
+    if blocks:
+        cfg["num_layers"] = blocks
+    if single_blocks is not None:
+        cfg["num_single_layers"] = single_blocks
+    cfg.update(dims or {})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = FluxTransformer2DModel(**cfg).to(torch.bfloat16).eval()
+    side = resolution // 16
+    tokens, text = side * side, 512
+    img_ids = torch.zeros(side, side, 3, device=device)
+    img_ids[..., 1] = torch.arange(side, device=device)[:, None]
+    img_ids[..., 2] = torch.arange(side, device=device)[None, :]
+
+    def timestep(sigma: float) -> torch.Tensor:  # FluxPipeline: the scheduler's timestep / 1000, in the latents' dtype
+        return torch.tensor([sigma], device=device, dtype=torch.bfloat16)
+
+    inputs = dict(
+        hidden_states=torch.randn(1, tokens, cfg["in_channels"], device=device, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, text, cfg["joint_attention_dim"], device=device, dtype=torch.bfloat16),
+        pooled_projections=torch.randn(1, cfg["pooled_projection_dim"], device=device, dtype=torch.bfloat16),
+        timestep=timestep(0.5),
+        img_ids=img_ids.reshape(tokens, 3).to(torch.bfloat16),
+        txt_ids=torch.zeros(text, 3, device=device, dtype=torch.bfloat16),
+        guidance=torch.tensor([3.5], device=device, dtype=torch.float32),
+        return_dict=False,
+    )
+    header = (f"Flux.1-dev config ({cfg['num_layers']} double + {cfg['num_single_layers']} single blocks, "
+              f"{cfg['num_attention_heads']} heads, d{cfg['attention_head_dim']}), {resolution}x{resolution} = "
+              f"{tokens} image tokens + {text} text")
+    return Case(model, inputs, timestep, header)
 
 
-def no_attention_backend(gm, example_inputs, **kwargs):
+MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "flux": build_flux}
+
+
+def no_attention_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
     """Inductor on the graph with every SDPA replaced by its query (the step without attention)."""
     from torch._inductor.compile_fx import compile_fx
 
@@ -123,40 +216,89 @@ def no_attention_backend(gm, example_inputs, **kwargs):
         call.node.replace_all_uses_with(call.q)
         call.graph.erase_node(call.node)
     gm.recompile()
-    return compile_fx(gm, example_inputs)
+    return compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
 
 
-def time_step(fn, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
+def compile_model(model: torch.nn.Module, backend, how: str, mode: str):
+    """``model`` compiled as ``how`` says: ``regional`` (``compile_repeated_blocks``, in place: returns the model) or
+    ``whole`` (``torch.compile(model, backend=backend)``); ``mode`` is torch.compile's."""
+    kwargs = {} if mode == "default" else {"mode": mode}
+    if how == "regional":
+        model.compile_repeated_blocks(backend=backend, fullgraph=True, **kwargs)
+        return model
+    if how == "whole":
+        return torch.compile(model, backend=backend, **kwargs)
+    raise ValueError(f"how={how!r} is invalid; valid: regional, whole")
+
+
+def cuda_timer(times: list[float]):
+    """A context manager factory: each ``with`` block's GPU time in ms (CUDA events) is appended to ``times``."""
+
+    @contextlib.contextmanager
+    def timed():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        yield
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+
+    return timed
 
 
-def run_variant(name, model, inputs, backend, dense_out, iters, warmup, how="regional"):
+def denoise(step: Callable, case: Case, steps: int, timer=contextlib.nullcontext) -> torch.Tensor:
+    """``steps`` Euler steps of a flow-matching sampler from noise level 1 to 0: each calls ``step`` (the model,
+    compiled or not) on the current latents with that step's timestep (a new tensor every step, as a pipeline passes
+    it) and moves the latents by ``(sigma_next - sigma) x output``. Each call runs inside ``timer()``; returns the
+    final latents."""
+    latents = case.inputs["hidden_states"]
+    sigmas = [1.0 - i / steps for i in range(steps + 1)]
+    for sigma, sigma_next in zip(sigmas, sigmas[1:]):
+        call = dict(case.inputs, hidden_states=latents, timestep=case.timestep(sigma))
+        torch.compiler.cudagraph_mark_step_begin()  # each call a new step for CUDA graphs (reduce-overhead)
+        with timer():
+            velocity = step(**call)[0]
+        latents = latents + (sigma_next - sigma) * velocity
+    return latents
+
+
+def repeat(step: Callable, case: Case, calls: int, timer=contextlib.nullcontext) -> None:
+    """``calls`` calls of ``step`` on the case's one input, each inside ``timer()``."""
+    for _ in range(calls):
+        torch.compiler.cudagraph_mark_step_begin()
+        with timer():
+            step(**case.inputs)
+
+
+def graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process (``torch._dynamo.utils.counters``; reset by ``counters.clear()``)."""
+    return counters["stats"]["unique_graphs"]
+
+
+def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, torch.Tensor]:
+    """Compile ``case.model`` with ``backend`` as ``args.compile`` / ``args.mode`` say, run it once (the compile),
+    ``args.warmup`` times, then time ``args.steps`` denoising steps (or ``args.iters`` calls on one input)."""
     torch._dynamo.reset()
-    if how == "regional":
-        model.compile_repeated_blocks(backend=backend, fullgraph=True)
-        step = model
-    else:
-        step = torch.compile(model, backend=backend)
-    print(f"{name}: compiling ({how}) ...", flush=True)
+    counters.clear()
+    step = compile_model(case.model, backend, args.compile, args.mode)
+    print(f"{name}: compiling ({args.compile}, mode {args.mode}) ...", flush=True)
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = step(**inputs)[0]
+        torch.compiler.cudagraph_mark_step_begin()
+        out = step(**case.inputs)[0].clone()  # cloned: a CUDA-graph output is overwritten by the next replay
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
-        print(f"{name}: compiled in {compile_s:.0f} s; timing {warmup} + {iters} steps", flush=True)
-        ms = time_step(lambda: step(**inputs), iters, warmup)
-    row = {"variant": name, "step_ms": ms, "compile_s": compile_s}
+        graphs = graphs_compiled()
+        timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls"
+        print(f"{name}: compiled {graphs} graph(s) in {compile_s:.0f} s; timing {args.warmup} + {timed}", flush=True)
+        repeat(step, case, args.warmup)
+        times: list[float] = []
+        if args.steps:
+            denoise(step, case, args.steps, cuda_timer(times))
+        else:
+            repeat(step, case, args.iters, cuda_timer(times))
+    row = {"variant": name, "step_ms": statistics.median(times), "compile_s": compile_s, "graphs": graphs,
+           "recompiles": graphs_compiled() - graphs}
     if dense_out is not None:
         a, b = out.float().flatten(), dense_out.float().flatten()
         row["cos_vs_dense"] = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
@@ -164,7 +306,7 @@ def run_variant(name, model, inputs, backend, dense_out, iters, warmup, how="reg
     report = getattr(backend, "report", None)
     if report is not None:
         row["sites"] = report.summary()
-    for module in model.modules():  # undo regional compilation (nn.Module.compile) for the next variant
+    for module in case.model.modules():  # undo regional compilation (nn.Module.compile) for the next variant
         module._compiled_call_impl = None
     return row, out
 
@@ -174,57 +316,80 @@ def require_cuda() -> None:
         sys.exit("benchmarks.dit_step needs a CUDA GPU")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dit_step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=tuple(MODELS), default="wan")
     parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b", help="Wan2.1 size")
     parser.add_argument("--blocks", type=int, help="transformer blocks (default: all of the config; HunyuanVideo: "
-                                                   "dual-stream blocks)")
-    parser.add_argument("--single-blocks", type=int, help="HunyuanVideo single-stream blocks (default 40)")
+                                                   "dual-stream blocks; Flux: double-stream blocks)")
+    parser.add_argument("--single-blocks", type=int, help="single-stream blocks of HunyuanVideo (default 40) and Flux "
+                                                          "(default 38)")
     parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256")
-    parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
+    parser.add_argument("--resolution", type=int, default=1024, help="Flux: image side in pixels, a multiple of 16")
+    parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
+    parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "
+                                                                         "CUDA graphs)")
+    parser.add_argument("--steps", type=int, default=0, help="time N denoising steps with a changing timestep "
+                                                             "(default 0: --iters calls on one input)")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--only", nargs="*", help="substrings of variant names to run")
+    parser.add_argument("--only", nargs="*", help="substrings of variant names to run (the dense baseline always "
+                                                  "runs)")
+    parser.add_argument("--skip-no-attention", action="store_true", help="leave out the 'no attention' variant")
     parser.add_argument("--out", default="bench_out/dit_step.json")
     args = parser.parse_args(argv)
+    for name in ("steps", "iters", "warmup"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name}={getattr(args, name)} is invalid; valid: an int >= 0")
+    if not args.steps and not args.iters:
+        parser.error("nothing to time: give --steps N or --iters N with N >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     require_cuda()
 
-    model, inputs, what = MODELS[args.model](args.config, args.blocks, args.frames, "cuda",
-                                             single_blocks=args.single_blocks, text_tokens=args.text_tokens)
+    try:
+        case = MODELS[args.model](config=args.config, blocks=args.blocks, single_blocks=args.single_blocks,
+                                  frames=args.frames, text_tokens=args.text_tokens, resolution=args.resolution,
+                                  device="cuda")
+    except ValueError as e:  # a size the model cannot take, named by its builder
+        sys.exit(f"python -m benchmarks.dit_step: error: {e}")
     hw = qattn_fx.detect("cuda")
-    header = (f"{what}, bf16, {args.compile} compile, {torch.cuda.get_device_name()} ({hw.arch}), "
-              f"torch {torch.__version__}")
+    timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls on one input"
+    header = (f"{case.header}, bf16, {args.compile} compile, mode {args.mode}, {timed}, "
+              f"{torch.cuda.get_device_name()} ({hw.arch}), torch {torch.__version__}")
     print(header, flush=True)
     rows = []
     with torch.no_grad():
-        torch._dynamo.reset()
-        dense_row, dense_out = run_variant("compiled dense (torch SDPA)", model, inputs, "inductor", None,
-                                           args.iters, args.warmup, args.compile)
+        dense_row, dense_out = run_variant("compiled dense (torch SDPA)", case, "inductor", None, args)
         rows.append(dense_row)
         print(json.dumps(dense_row), flush=True)
-        row, _ = run_variant("compiled, no attention", model, inputs, no_attention_backend, None, args.iters,
-                             args.warmup, args.compile)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        if not args.skip_no_attention:
+            row, _ = run_variant("compiled, no attention", case, no_attention_backend, None, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
         for name, spec in VARIANTS.items():
             if args.only and not any(s in name for s in args.only):
                 continue
             try:
-                row, _ = run_variant(name, model, inputs, qattn_fx.backend(spec), dense_out, args.iters,
-                                     args.warmup, args.compile)
+                row, _ = run_variant(name, case, qattn_fx.backend(spec), dense_out, args)
             except Exception as e:  # noqa: BLE001 - report and go on to the next kernel
                 row = {"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
 
     dense_ms = rows[0]["step_ms"]
-    no_attn = rows[1]["step_ms"]
-    share = (dense_ms - no_attn) / dense_ms
-    print(f"\n{header}\nattention share of the compiled dense step: {share:.1%}")
-    print(f"{'variant':38} {'step ms':>9} {'speedup':>8} {'cos':>9} {'rel L2':>8} {'compile s':>9}")
+    share = None
+    print(f"\n{header}")
+    if not args.skip_no_attention and "step_ms" in rows[1]:
+        share = (dense_ms - rows[1]["step_ms"]) / dense_ms
+        print(f"attention share of the compiled dense step: {share:.1%}")
+    print(f"{'variant':38} {'step ms':>9} {'speedup':>8} {'cos':>9} {'rel L2':>8} {'compile s':>9} {'graphs':>6} "
+          f"{'recompiles':>10}")
     for r in rows:
         if "error" in r:
             print(f"{r['variant']:38} error: {r['error']}")
@@ -232,10 +397,14 @@ def main(argv: list[str] | None = None) -> None:
         cos = f"{r['cos_vs_dense']:.5f}" if "cos_vs_dense" in r else "-"
         rel = f"{r['rel_l2_vs_dense']:.4f}" if "rel_l2_vs_dense" in r else "-"
         print(f"{r['variant']:38} {r['step_ms']:9.1f} {dense_ms / r['step_ms']:7.2f}x {cos:>9} {rel:>8} "
-              f"{r['compile_s']:9.1f}")
+              f"{r['compile_s']:9.1f} {r['graphs']:6d} {r['recompiles']:10d}")
+    for r in rows:
+        if "sites" in r:
+            print(f"{r['variant']}: {r['sites']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"header": header, "attention_share": share, "rows": rows,
+                               "settings": {k: v for k, v in vars(args).items() if k != "out"},
                                "date": time.strftime("%Y-%m-%d"),
                                "command": "python -m benchmarks.dit_step " + " ".join(sys.argv[1:])}, indent=1))
     print(f"wrote {out}")

@@ -268,8 +268,10 @@ def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None
     Dynamo traces the call once; each traced graph is rewritten (to decide every site) but the call itself runs
     the original, unrewritten graph eagerly, so nothing is quantized, Inductor never runs, and the outputs are
     the dense ones. Grad mode matters as in the real call (diffusers pipelines run under ``torch.no_grad()``).
-    Use small inputs for big models: shapes only affect decisions through rules on lengths. Shapes are traced
-    static (``dynamic=False``), so the report shows this call's lengths.
+    Shapes affect decisions through rules on lengths and, on hardware with cost data (sm_90), through ``auto``'s
+    cost rule, which keeps short calls dense: small inputs make the report cheap for a big model but show what
+    those lengths would run; use the real lengths to see the real call. Shapes are traced static
+    (``dynamic=False``), so the report shows this call's lengths.
     """
     owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware, target=target)
 

@@ -11,19 +11,23 @@
 4. otherwise the rows of :data:`qattn_fx.recipes.TABLE` that accept the recipe for the spec's backend, in table
    order, and each row's implementations: the first whose requirements the hardware and site meet wins.
    ``backend="auto"`` with no such row → dense with the reason; an explicit backend with no such row raises
-   ``ValueError`` (never a silent switch to another backend).
+   ``ValueError`` (never a silent switch to another backend);
+5. the cost rule, for ``auto`` only (no pinned kernel): when the kernel found is predicted slower than dense
+   attention at the site's shape (:func:`cost_rule`, :mod:`qattn_fx.cost`) → dense, with the prediction as the
+   reason. Explicit backends and pinned kernels run what they name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from . import recipes
+from . import cost, recipes
 from .hardware import Hardware, detect
 from .ops.canonical import KEY_MASKS, MASK_KINDS, unservable
 from .recipes import AUTO, REFERENCE, Recipe, Requirements
@@ -289,6 +293,53 @@ def _why_not(reasons: tuple[tuple[str, str], ...], *, grouped: bool) -> str:
     return "; ".join(f"{', '.join(backends)}: {why}" for why, backends in by_why.items())
 
 
+#: ``auto`` keeps a site dense when the kernel it would pick is predicted to be less than this many times as fast as
+#: dense attention (torch SDPA on cuDNN, bf16) at the site's shape: :func:`cost_rule`, :mod:`qattn_fx.cost`.
+MIN_PREDICTED_SPEEDUP = 1.0
+
+
+def _auto(use: AttentionSpec) -> bool:
+    """``use`` lets the policy choose (backend ``auto``, no pinned kernel): nothing raises, the cost rule applies."""
+    return use.backend == AUTO and use.kernel is None
+
+
+def _static(size) -> int | None:
+    """``size`` as an int when it is one at compile time, else None; a symbolic size is read, never guarded on."""
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
+    return node.maybe_as_int() if node is not None else None
+
+
+def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | None]:
+    """Whether ``auto`` keeps ``site`` dense instead of running ``kernel`` on ``hardware``, and what to say.
+
+    * ``(True, "gluon_sage predicted 0.89x of cuDNN bf16 at Sq 4608, Skv 4608 (cost data: H200 2026-12-01)")``:
+      the predicted speedup (:func:`qattn_fx.cost.predict`) is below :data:`MIN_PREDICTED_SPEEDUP`; ``at most``
+      marks an upper bound (a length below the measured ones, or the query length not known);
+    * ``(False, "no prediction: symbolic lengths")``: the lengths are symbolic (dynamic shapes) and what is static
+      (a key length alone bounds the speedup) does not predict a loss. Nothing here guards on a symbolic size, so
+      the decision neither adds a recompile nor depends on the sizes of the call that compiled the graph;
+    * ``(False, None)``: predicted at least :data:`MIN_PREDICTED_SPEEDUP`, or no cost data for (kernel, arch).
+    """
+    q_len, kv_len, head_dim = _static(site.q_len), _static(site.kv_len), _static(site.head_dim)
+    leading = [_static(n) for n in site.q_shape[:-2]]
+    batch_heads = math.prod(leading) if None not in leading else None
+    if (kernel, hardware.arch) not in cost.covered() or 0 in (q_len, batch_heads):  # an empty call costs nothing
+        return False, None
+    symbolic = (False, "no prediction: symbolic lengths")
+    if kv_len is None or head_dim is None:
+        return symbolic
+    prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
+                              batch_heads=batch_heads)
+    if prediction.speedup < MIN_PREDICTED_SPEEDUP:
+        bound = "at most " if prediction.upper_bound else ""
+        q = "symbolic" if q_len is None else q_len
+        return True, (f"{kernel} predicted {bound}{prediction.speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "
+                      f"(cost data: {prediction.data})")
+    return symbolic if q_len is None or batch_heads is None else (False, None)
+
+
 Target = Hardware | str | Sequence[Hardware | str] | None
 
 
@@ -331,9 +382,11 @@ def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
         here = tuple((row, req) for row, req in candidates if req.archs is not None and hardware.arch in req.archs)
         found, reasons = _first_serving(here, site, hardware, use)
         if found is not None:
-            clauses.append(f"on {hardware.arch}: {found[1].kernel}")
+            kernel = found[1].kernel
+            dense, said = cost_rule(kernel, site, hardware) if _auto(use) else (False, None)
+            clauses.append(f"on {hardware.arch}: " + ("dense" if dense else kernel) + (f" ({said})" if said else ""))
             continue
-        outcome = "dense" if use.backend == AUTO and use.kernel is None else "error"
+        outcome = "dense" if _auto(use) else "error"
         why = _why_not(reasons, grouped=True) or f"no {use.backend} kernel for {hardware.arch}"
         clauses.append(f"on {hardware.arch}: {outcome} ({why})")
     return ("(as bf16) " if as_bf16 else "") + "; ".join(clauses)
@@ -374,11 +427,14 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
     found, reasons = _first_serving(_candidates(use), site, hardware, use)
     if found is not None:
         row, req = found
-        return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})", recipe,
-                        req.kernel, row.backend, source, notes)
+        dense, said = cost_rule(req.kernel, site, hardware) if _auto(use) else (False, None)
+        if dense:
+            return Decision(False, f"dense: {said}", recipe, None, None, source, notes)
+        return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"
+                        + (f"; {said}" if said else ""), recipe, req.kernel, row.backend, source, notes)
     summary = _why_not(reasons, grouped=False)
     what = use.describe()
-    if use.backend == AUTO and use.kernel is None:
+    if _auto(use):
         return Decision(False, f"dense: no kernel serves {what} here ({summary})", recipe, None, None, source, notes)
     if use.kernel is not None:  # a pinned kernel never falls back, whatever the backend
         raise ValueError(

@@ -5,10 +5,14 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
+from torch._dynamo.utils import counters
 
+import qattn_fx
 from benchmarks import common, shapes
 
-COMMANDS = ["benchmarks.attention_ops", "benchmarks.dit_step", "benchmarks.tune", "tools.ab_tail_split",
+COMMANDS = ["benchmarks.attention_ops", "benchmarks.cost_table", "benchmarks.dit_step", "benchmarks.tune",
+            "tools.ab_tail_split",
             "tools.gluon_probe", "tools.profile_gluon", "tools.profile_quantize"]
 
 
@@ -59,3 +63,66 @@ def test_tune_takes_one_kernel():
 def test_quantized_inputs_names_the_valid_recipes():
     with pytest.raises(ValueError, match=r"recipe 'int4' is invalid; valid: int8-1-16, "):
         common.quantized_inputs(shapes.SHAPES["flux-1024"], "int4")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# dit_step: arguments, and the model builders and the denoising loop at tiny sizes on the CPU
+# ------------------------------------------------------------------------------------------------------------------
+
+#: Each model's builder arguments for a tiny CPU build: the published block layout cut to one block of each kind,
+#: two heads of 16 channels, the smallest input (one frame, 128 x 128 pixels).
+TINY_DIT = {
+    "wan": dict(frames=1, dims=dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=32, num_layers=1)),
+    "hunyuan_video": dict(frames=1, text_tokens=7, dims=dict(num_attention_heads=2, attention_head_dim=16,
+                                                             num_layers=1, num_single_layers=1, num_refiner_layers=1,
+                                                             rope_axes_dim=(4, 6, 6))),
+    "flux": dict(resolution=128, blocks=1, single_blocks=1,
+                 dims=dict(num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(4, 6, 6))),
+}
+
+
+def test_dit_step_arguments():
+    from benchmarks import dit_step
+
+    args = dit_step.parse_args(["--model", "flux", "--blocks", "2", "--single-blocks", "4", "--compile", "whole",
+                                "--mode", "reduce-overhead", "--steps", "8", "--skip-no-attention", "--only", "auto"])
+    assert (args.model, args.compile, args.mode, args.steps, args.skip_no_attention) == \
+        ("flux", "whole", "reduce-overhead", 8, True)
+    assert dit_step.parse_args([]).steps == 0 and dit_step.parse_args([]).mode == "default"
+    for bad in (["--mode", "max-autotune"], ["--steps", "-1"], ["--steps", "0", "--iters", "0"], ["--model", "sd3"]):
+        with pytest.raises(SystemExit):
+            dit_step.parse_args(bad)
+    # Flux.1-dev's published transformer config; the README's one line is among the variants
+    assert {k: dit_step.FLUX_DEV[k] for k in ("num_layers", "num_single_layers", "num_attention_heads",
+                                              "attention_head_dim", "guidance_embeds")} == \
+        dict(num_layers=19, num_single_layers=38, num_attention_heads=24, attention_head_dim=128, guidance_embeds=True)
+    assert dit_step.VARIANTS["qattn auto (default spec)"] == qattn_fx.Spec()
+    with pytest.raises(ValueError, match="resolution=1000 is invalid; valid: a multiple of 16"):
+        dit_step.build_flux(resolution=1000, device="cpu")
+
+
+@pytest.mark.parametrize("model", list(TINY_DIT))
+def test_dit_step_models_denoise_on_cpu(model):
+    """Every model's output has the shape of the latents it updates, so the denoising loop feeds it back."""
+    from benchmarks import dit_step
+
+    case = dit_step.MODELS[model](device="cpu", **TINY_DIT[model])
+    with torch.no_grad():
+        latents = dit_step.denoise(case.model, case, 1)
+    assert latents.shape == case.inputs["hidden_states"].shape and torch.isfinite(latents).all()
+    assert case.timestep(0.25).shape == case.inputs["timestep"].shape
+
+
+def test_dit_step_denoising_loop_compiles_once():
+    """A timestep that changes every step (a new tensor, as pipelines pass it) compiles no new graph."""
+    from benchmarks import dit_step
+
+    case = dit_step.build_flux(device="cpu", **TINY_DIT["flux"])
+    torch._dynamo.reset()
+    counters.clear()
+    step = dit_step.compile_model(case.model, "eager", "whole", "default")
+    with torch.no_grad():
+        step(**case.inputs)
+        first = dit_step.graphs_compiled()
+        dit_step.denoise(step, case, 3)
+    assert first >= 1 and dit_step.graphs_compiled() == first

@@ -177,7 +177,7 @@ def test_emulated_trtllm_on_head_dim_12_says_it_will_not_deploy():
 
 
 def test_deployment_targets_come_from_the_recipe_backend_or_target():
-    site = Site(q_shape=(1, 2, 256, 128), k_shape=(1, 2, 256, 128), v_shape=(1, 2, 256, 128))
+    site = Site(q_shape=(1, 24, 32760, 128), k_shape=(1, 24, 32760, 128), v_shape=(1, 24, 32760, 128))
     cpu = Hardware.for_arch("cpu")
     assert resolve(site, cpu, TRTLLM_INT8, emulate=True).deployment == "on sm_100: flashinfer_trtllm_sage"
     cudnn = Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8")))

@@ -11,7 +11,8 @@
 #                                GPU_TESTS: files; GPU_K: -k filter): after a kernel refactor, in one step
 #   tune-gluon, tune             python -m benchmarks.tune --kernel gluon_sage / triton_sage (TUNE_GLUON_ARGS, TUNE_ARGS)
 #   ops                          python -m benchmarks.attention_ops (OPS_ARGS)
-#   dit                          python -m benchmarks.dit_step (DIT_ARGS)
+#   dit                          python -m benchmarks.dit_step (DIT_ARGS, split on spaces: --only takes substrings
+#                                without spaces, e.g. DIT_ARGS="--model flux --compile whole --steps 4 --only auto")
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)

@@ -1,0 +1,70 @@
+"""Measured speed of qattn_fx's kernels against torch SDPA (cuDNN, bf16), the data of :mod:`qattn_fx.cost`.
+
+Generated from ``benchmarks.attention_ops`` results by the command in :data:`COMMAND`; do not edit: re-run it.
+``SOURCES``: one entry per result file (its path, device, architecture, date, timer). ``POINTS``: ``(kernel,
+source, shape, batch_heads, q_len, kv_len, head_dim, speedup)`` per measured call, where ``batch_heads`` is B·H
+of Q and ``speedup`` is the cuDNN bf16 SDPA time of the same run divided by the kernel's time with its quantize
+passes (Inductor-compiled; ``ms_total`` in the result file).
+"""
+
+COMMAND = (
+    "python -m benchmarks.cost_table"
+    " benchmarks/results/2026-11-29_h200_attention_ops.json:cudnn_fp8,flashinfer_fa3_fp8"
+    " benchmarks/results/2026-11-30_h200_attention_ops_triton_sage.json:triton_sage/int8-1-16-1"
+    " benchmarks/results/2026-11-30_h200_attention_ops_wan1.3b-480p_d64.json"
+    " benchmarks/results/2026-12-01_h200_attention_ops.json:gluon_sage/int8-1-16-1,cudnn_fp8"
+    " > qattn_fx/cost_data.py"
+)
+
+SOURCES = {
+    "2026-11-29_h200_attention_ops": {
+        "file": "benchmarks/results/2026-11-29_h200_attention_ops.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-11-29",
+        "timer": "events",
+    },
+    "2026-11-30_h200_attention_ops_triton_sage": {
+        "file": "benchmarks/results/2026-11-30_h200_attention_ops_triton_sage.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-11-30",
+        "timer": "events",
+    },
+    "2026-11-30_h200_attention_ops_wan1.3b-480p_d64": {
+        "file": "benchmarks/results/2026-11-30_h200_attention_ops_wan1.3b-480p_d64.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-11-30",
+        "timer": "graph",
+    },
+    "2026-12-01_h200_attention_ops": {
+        "file": "benchmarks/results/2026-12-01_h200_attention_ops.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-12-01",
+        "timer": "graph",
+    },
+}
+
+#: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)
+POINTS = (
+    ("cudnn_fp8", "2026-11-30_h200_attention_ops_wan1.3b-480p_d64", "d64", 32, 16384, 16384, 64, 1.1064),
+    ("cudnn_fp8", "2026-11-29_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.2964),
+    ("cudnn_fp8", "2026-12-01_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.8132),
+    ("cudnn_fp8", "2026-12-01_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.3656),
+    ("cudnn_fp8", "2026-12-01_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.4075),
+    ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1918),
+    ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.5853),
+    ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.5769),
+    ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4528),
+    ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5078),
+    ("gluon_sage", "2026-11-30_h200_attention_ops_wan1.3b-480p_d64", "d64", 32, 16384, 16384, 64, 1.1147),
+    ("gluon_sage", "2026-12-01_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.8899),
+    ("gluon_sage", "2026-12-01_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.5325),
+    ("gluon_sage", "2026-12-01_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5125),
+    ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "d64", 32, 16384, 16384, 64, 0.9205),
+    ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "flux-1024", 24, 4608, 4608, 128, 0.4546),
+    ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "wan1.3b-480p", 12, 32760, 32760, 128, 1.1798),
+    ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "wan14b-720p", 40, 75600, 75600, 128, 1.1577),
+)

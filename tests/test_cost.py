@@ -1,0 +1,213 @@
+"""The cost rule: predicted speedups from the shipped H200 measurements, and ``auto`` keeping a site dense where the
+kernel it would pick is predicted slower than dense attention (explicit backends and pinned kernels untouched),
+without guards on symbolic lengths."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.source import ConstantSource
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+import qattn_fx
+from benchmarks import cost_table
+from qattn_fx import cost, cost_data
+from qattn_fx.hardware import Hardware
+from qattn_fx.policy import MIN_PREDICTED_SPEEDUP, Site, cost_rule, resolve
+from qattn_fx.recipes import Recipe
+from qattn_fx.spec import AttentionSpec, Spec
+
+SM90 = Hardware.supported_install("sm_90")
+SM100 = Hardware.supported_install("sm_100")
+CPU = Hardware.for_arch("cpu")
+SAGE_INT8 = Recipe("int8", "fp8", 1, 16, 1)
+
+
+def site(b=1, h=40, sq=32760, skv=32760, d=128, **kwargs) -> Site:
+    return Site(q_shape=(b, h, sq, d), k_shape=(b, h, skv, d), v_shape=(b, h, skv, d),
+                role="self" if sq == skv else "cross", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The data and the model
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_shipped_data_is_what_its_command_prints(monkeypatch):
+    monkeypatch.chdir(Path(cost_data.__file__).parents[1])  # the command runs from the repository root
+    words = shlex.split("".join(cost_data.COMMAND))
+    assert words[:3] == ["python", "-m", "benchmarks.cost_table"] and words[-2:] == [">", "qattn_fx/cost_data.py"]
+    with open(cost_data.__file__) as f:
+        assert f.read() == cost_table.render(words[3:-2])
+
+
+def test_measured_self_attention_points_are_predicted_as_measured():
+    for p in cost.POINTS:
+        if p.q_len != p.kv_len:
+            continue
+        got = cost.predicted_speedup(p.kernel, p.arch, q_len=p.q_len, kv_len=p.kv_len, head_dim=p.head_dim,
+                                     batch_heads=p.batch_heads)
+        assert got == pytest.approx(p.speedup), p
+
+
+def test_a_cross_attention_point_is_at_most_its_measurement():
+    (p,) = [p for p in cost.POINTS if p.kernel == "cudnn_fp8" and p.shape == "cross-512"]
+    got = cost.predicted_speedup("cudnn_fp8", "sm_90", q_len=p.q_len, kv_len=p.kv_len, head_dim=128,
+                                 batch_heads=p.batch_heads)
+    assert got <= p.speedup
+
+
+def test_between_points_the_prediction_lies_between_them():
+    flux = cost.predicted_speedup("gluon_sage", "sm_90", q_len=4608, kv_len=4608, head_dim=128, batch_heads=24)
+    wan = cost.predicted_speedup("gluon_sage", "sm_90", q_len=32760, kv_len=32760, head_dim=128, batch_heads=12)
+    mid = cost.predicted_speedup("gluon_sage", "sm_90", q_len=16384, kv_len=16384, head_dim=128, batch_heads=24)
+    assert flux < mid < wan
+
+
+def test_outside_the_measured_range_no_gain_is_extrapolated():
+    largest = cost.predict("gluon_sage", "sm_90", q_len=75600, kv_len=75600, head_dim=128, batch_heads=40)
+    longer = cost.predict("gluon_sage", "sm_90", q_len=200000, kv_len=200000, head_dim=128, batch_heads=40)
+    assert longer.speedup == largest.speedup and not longer.upper_bound  # held above the range
+    smallest = cost.predicted_speedup("gluon_sage", "sm_90", q_len=4608, kv_len=4608, head_dim=128, batch_heads=24)
+    tiny = cost.predict("gluon_sage", "sm_90", q_len=256, kv_len=256, head_dim=128, batch_heads=24)
+    assert tiny.speedup == smallest and tiny.upper_bound  # held below it, as an upper bound
+    # the smallest measured d64 point is a gain (1.11x at 16384): below it no gain is predicted
+    small_d64 = cost.predict("gluon_sage", "sm_90", q_len=4096, kv_len=4096, head_dim=64, batch_heads=24)
+    assert small_d64.speedup == 1.0 and small_d64.upper_bound
+
+
+def test_short_keys_limit_the_prediction_whatever_the_query_length():
+    cross = cost.predicted_speedup("flashinfer_fa3_fp8", "sm_90", q_len=32760, kv_len=512, head_dim=128,
+                                   batch_heads=40)
+    assert cross == pytest.approx(0.5853)  # the measured cross-512 point
+    only_keys = cost.predict("gluon_sage", "sm_90", q_len=None, kv_len=512, head_dim=128, batch_heads=None)
+    assert only_keys.upper_bound and only_keys.speedup < 1
+
+
+def test_a_head_dim_without_points_takes_the_smallest_prediction_over_the_measured_ones():
+    kwargs = dict(q_len=32760, kv_len=32760, batch_heads=24)
+    d96 = cost.predicted_speedup("gluon_sage", "sm_90", head_dim=96, **kwargs)
+    assert d96 == min(cost.predicted_speedup("gluon_sage", "sm_90", head_dim=d, **kwargs) for d in (64, 128))
+
+
+def test_no_data_gives_none():
+    kwargs = dict(q_len=32760, kv_len=32760, head_dim=128, batch_heads=24)
+    assert cost.predicted_speedup("gluon_sage", "sm_89", **kwargs) is None
+    assert cost.predicted_speedup("flashinfer_trtllm_sage", "sm_100", **kwargs) is None
+    assert ("gluon_sage", "sm_90") in cost.covered()
+
+
+@pytest.mark.parametrize("name, value", [("q_len", 0), ("kv_len", True), ("head_dim", 1.5), ("batch_heads", None)])
+def test_bad_lengths_are_named(name, value):
+    kwargs = dict(q_len=4608, kv_len=4608, head_dim=128, batch_heads=24) | {name: value}
+    with pytest.raises(ValueError, match=rf"{name}={value!r} is invalid; valid: an int >= 1"):
+        cost.predicted_speedup("gluon_sage", "sm_90", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The policy
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _reason(kernel, sq, skv, bh, *, bound=False):
+    p = cost.predict(kernel, "sm_90", q_len=sq, kv_len=skv, head_dim=128, batch_heads=bh)
+    assert p.speedup < MIN_PREDICTED_SPEEDUP and p.upper_bound == bound
+    at_most = "at most " if bound else ""
+    return (f"dense: {kernel} predicted {at_most}{p.speedup:.2f}x of cuDNN bf16 at Sq {sq}, Skv {skv} "
+            f"(cost data: {p.data})")
+
+
+def test_auto_keeps_wan_cross_attention_dense_on_sm90():
+    decision = resolve(site(sq=32760, skv=512), SM90)
+    assert not decision.quantized
+    assert decision.reason == _reason("gluon_sage", 32760, 512, 40, bound=True)
+    assert decision.reason.startswith("dense: gluon_sage predicted at most 0.89x of cuDNN bf16 at Sq 32760, Skv 512 "
+                                      "(cost data: H200 2026-12-01)")
+
+
+def test_auto_quantizes_wan_self_attention_and_keeps_flux_dense_on_sm90():
+    wan = resolve(site(h=12), SM90)
+    assert wan.quantized and wan.kernel == "gluon_sage"
+    assert wan.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
+    flux = resolve(site(h=24, sq=4608, skv=4608), SM90)
+    assert flux.reason == _reason("gluon_sage", 4608, 4608, 24)
+
+
+def test_auto_applies_the_rule_to_the_kernel_it_picks():
+    cudnn = Spec(default=AttentionSpec("auto", Recipe("fp8", "fp8")))
+    assert resolve(site(sq=32760, skv=512), SM90, cudnn).reason == _reason("cudnn_fp8", 32760, 512, 40)
+    old_triton = Hardware.supported_install("sm_90", {"triton": "3.5.0"})
+    assert resolve(site(sq=32760, skv=512), old_triton).reason == _reason("triton_sage", 32760, 512, 40, bound=True)
+
+
+@pytest.mark.parametrize("use", [AttentionSpec("TRITON", SAGE_INT8), AttentionSpec("auto", SAGE_INT8,
+                                                                                     kernel="gluon_sage")],
+                         ids=["explicit-backend", "pinned-kernel"])
+def test_an_explicit_backend_or_kernel_still_quantizes(use):
+    decision = resolve(site(sq=32760, skv=512), SM90, Spec(default=use))
+    assert decision.quantized and decision.kernel == "gluon_sage"
+    assert decision.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
+
+
+def test_without_cost_data_auto_behaves_as_without_the_rule():
+    decision = resolve(site(sq=32760, skv=512), SM100)
+    assert decision.quantized and decision.kernel == "flashinfer_trtllm_sage"
+    assert "predict" not in decision.reason
+    assert cost_rule("flashinfer_trtllm_sage", site(sq=32760, skv=512), SM100) == (False, None)
+
+
+def test_deployment_notes_follow_the_rule():
+    cross = resolve(site(sq=32760, skv=512), CPU, emulate=True, target="sm_90")
+    assert cross.quantized and cross.kernel == "reference"  # emulation runs every site
+    assert cross.deployment == f"on sm_90: dense ({_reason('gluon_sage', 32760, 512, 40, bound=True)[7:]})"
+    assert resolve(site(h=12), CPU, emulate=True, target="sm_90").deployment == "on sm_90: gluon_sage"
+    explicit = Spec(default=AttentionSpec("TRITON", SAGE_INT8))
+    assert resolve(site(sq=32760, skv=512), CPU, explicit, emulate=True).deployment == "on sm_90: gluon_sage"
+
+
+def test_symbolic_lengths_get_no_prediction_and_a_static_key_length_bounds_it():
+    """A symbolic query length (as Dynamo's fake tensors carry it under dynamic shapes) is never guarded on."""
+    env = ShapeEnv()
+    s0 = env.create_symintnode(env.create_symbol(300, ConstantSource("s"), dynamic_dim=DimDynamic.DYNAMIC), hint=300)
+    self_attn = Site(q_shape=(1, 12, s0, 128), k_shape=(1, 12, s0, 128), v_shape=(1, 12, s0, 128))
+    assert cost_rule("gluon_sage", self_attn, SM90) == (False, "no prediction: symbolic lengths")
+    decision = resolve(self_attn, SM90)
+    assert decision.quantized and decision.reason.endswith("(sm_90); no prediction: symbolic lengths")
+    cross = Site(q_shape=(1, 12, s0, 128), k_shape=(1, 12, 512, 128), v_shape=(1, 12, 512, 128), role="cross")
+    assert resolve(cross, SM90).reason == (
+        "dense: gluon_sage predicted at most 0.89x of cuDNN bf16 at Sq symbolic, Skv 512 (cost data: H200 2026-12-01)")
+    assert not env.guards  # nothing was guarded on
+
+
+class _CrossAttention(torch.nn.Module):
+    """Self-attention over the input's tokens, then cross-attention to a fixed 512-token text (a parameter, so its
+    length stays static under ``dynamic=True``); one head of 128 channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.text = torch.nn.Parameter(torch.randn(1, 1, 512, 128))
+
+    def forward(self, x):
+        x = F.scaled_dot_product_attention(x, x, x)
+        return F.scaled_dot_product_attention(x, self.text, self.text)
+
+
+def test_symbolic_lengths_add_no_recompile_and_decide_the_same_at_every_length():
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager", target="sm_90")
+    torch._dynamo.reset()
+    fn = torch.compile(_CrossAttention().eval(), backend=backend, fullgraph=True, dynamic=True)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for s in (256, 384):
+            fn(torch.randn(1, 1, s, 128))
+    assert len(backend.graph_modules) == 1, backend.report  # one symbolic graph for both lengths
+    self_attn, cross = backend.report.sites
+    assert isinstance(self_attn.q_shape[2], str) and cross.kv_shape[2] == 512
+    assert self_attn.rewritten and cross.rewritten  # emulated: both run on the reference kernel
+    assert self_attn.deployment == "(as bf16) on sm_90: gluon_sage (no prediction: symbolic lengths)"
+    assert cross.deployment == ("(as bf16) on sm_90: dense (gluon_sage predicted at most 0.89x of cuDNN bf16 at Sq "
+                                "symbolic, Skv 512 (cost data: H200 2026-12-01))")
