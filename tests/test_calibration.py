@@ -2,15 +2,13 @@
 produced spec is compiled by the backend, speed ranking, regional compilation, errors, the CLI."""
 
 import json
-import sys
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import qattn_fx
-from qattn_fx import Spec, tiny_models
+from qattn_fx import Spec, cost, tiny_models
 from qattn_fx.calibration import Budget, NO_COST_DATA, calibrate, errors, load
 from qattn_fx.calibration.budget import Errors, flat_output, worst
 from qattn_fx.calibration.candidates import make_candidates, parse_id
@@ -215,21 +213,39 @@ def test_cost_data_ranks_candidates_and_dense_wins_when_faster():
     assert plan["blocks.0.attn1"].choice == "int8-1-16-1" and plan["blocks.0.attn1"].speed_source == NO_COST_DATA
 
 
-def test_cost_data_reads_qattn_fx_cost_lazily(monkeypatch):
-    args = dict(q_len=4096, kv_len=4096, head_dim=128, batch_heads=24)
-    if "qattn_fx.cost" not in sys.modules:
-        try:
-            import qattn_fx.cost  # noqa: F401
-        except ModuleNotFoundError:
-            assert cost_data("gluon_sage", "sm_90", **args) is None  # the module is absent: no data
-    monkeypatch.setitem(sys.modules, "qattn_fx.cost", None)  # import fails with ModuleNotFoundError: no data
-    assert cost_data("gluon_sage", "sm_90", **args) is None
-    fake = types.ModuleType("qattn_fx.cost")
-    fake.predicted_speedup = lambda kernel, arch, **kw: 1.25 if (kernel, arch, kw["batch_heads"]) == (
-        "gluon_sage", "sm_90", 24) else None
-    monkeypatch.setitem(sys.modules, "qattn_fx.cost", fake)
-    assert cost_data("gluon_sage", "sm_90", **args) == 1.25
-    assert cost_data("cudnn_fp8", "sm_100", **args) is None
+def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule():
+    """Without a speed source the plan ranks by qattn_fx.cost, and keeps a site dense exactly where auto's cost rule
+    on sm_90 would: head_dim 128 at these lengths is predicted below 1x (held from the smallest measured call),
+    head_dim 64 at most 1x."""
+    args = dict(q_len=4608, kv_len=4608, head_dim=128, batch_heads=24)
+    assert cost_data("gluon_sage", "sm_90", **args) == cost.predict("gluon_sage", "sm_90", **args)
+    assert cost_data("gluon_sage", "sm_100", **args) is None
+    for head_dim, quantized in ((64, 4), (128, 0)):
+        model, _ = tiny_models.wan(head_dim=head_dim)
+        calls, labels = tiny_models.example_calls(model, 1)
+        torch._dynamo.reset()
+        result = calibrate(model, calls, budget={"cos": 0.9}, candidates=["int8-1-16-1"], emulate=True,
+                           hardware="sm_90", labels=labels)
+        assert result.quantized == quantized, [(s.site, s.reason) for s in result.sites]
+        with torch.no_grad():  # what auto runs on sm_90 at these sites: the deployment note of an emulated site
+            report = qattn_fx.explain(model, *calls[0][0], **calls[0][1], emulate=True, target="sm_90")
+        assert [s.deployment.startswith("(as bf16) on sm_90: gluon_sage") for s in report.sites] == [
+            s.choice != "dense" for s in result.sites], [s.deployment for s in report.sites]
+        for row in result.table:
+            assert row.deploy == "gluon_sage on sm_90" and row.speed_upper_bound
+            assert row.speed_source == "cost data (H200 2026-12-01)"
+        if not quantized:
+            assert all(s.reason.startswith("dense is faster: the fastest candidate inside the budget, int8-1-16-1, "
+                                           "is predicted at most 0.89x of dense") for s in result.sites)
+            assert "<=0.89x" in str(result.table)
+
+
+def test_a_speed_source_that_returns_nonsense_is_named():
+    model64, inputs = tiny_models.wan(head_dim=64)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="the speed source gave 'fast' for gluon_sage on sm_90; valid: a positive"):
+        calibrate(model64, [((), inputs)], budget={"cos": 0.9}, emulate=True, hardware="sm_90",
+                  speed=lambda *a, **kw: "fast")
 
 
 def test_the_plan_keeps_the_budget_under_regional_compilation():

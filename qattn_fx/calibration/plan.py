@@ -3,7 +3,8 @@
 A *unit* is what a spec rule can tell apart: the sites of one module path and layer (a module that calls SDPA
 twice is one unit; its choice must keep the budget at both). Per unit, :func:`choose` takes the fastest candidate
 inside the budget at every call, by predicted speed where every candidate has cost data, else the first in
-recipe-table order; dense when no candidate is inside the budget or dense is predicted faster.
+recipe-table order; dense when no candidate is inside the budget or when the fastest one is predicted below
+:data:`qattn_fx.policy.MIN_PREDICTED_SPEEDUP` (``auto``'s cost rule, on the same data).
 
 :func:`spec_for` writes the plan as rules that mean the same under whole-model and regional compilation. Units are
 grouped by their module path with the layer index replaced by ``*`` (``blocks.*.attn1``). Each group gets a rule
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..fx.match import split_layer
-from ..policy import Site, select
+from ..policy import MIN_PREDICTED_SPEEDUP, Site, select
 from ..spec import DENSE, Match, Rule, Spec
 from .budget import Budget, Errors, worst
 from .candidates import Candidate
@@ -32,7 +33,8 @@ Plan = dict
 
 @dataclass(frozen=True)
 class Option:
-    """One candidate at one unit: served at every site and call?, worst errors, predicted speed (None: no data)."""
+    """One candidate at one unit: served at every site and call?, worst errors, predicted speed (None: no data;
+    the slowest site and call; ``upper_bound``: a length below the measured ones, so at most that fast)."""
 
     candidate: Candidate
     served: bool
@@ -41,6 +43,11 @@ class Option:
     why_not_served: str = ""
     #: Index of the call with the lowest cosine (where it is worst).
     worst_call: int | None = None
+    upper_bound: bool = False
+
+    @property
+    def speed_text(self) -> str:
+        return "-" if self.speedup is None else f"{'at most ' if self.upper_bound else ''}{self.speedup:.2f}x"
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,11 @@ def choose(options: Sequence[Option], budget: Budget, *, limit: tuple[str, float
         return Choice(DENSE, "no candidate inside the budget (" + "; ".join(outside) + ")", "")
     if all(o.speedup is not None for o in inside):
         best = max(inside, key=lambda o: o.speedup)
-        if best.speedup < 1.0:
+        if best.speedup < MIN_PREDICTED_SPEEDUP:
             return Choice(DENSE, f"dense is faster: the fastest candidate inside the budget, {best.candidate.name}, "
-                                 f"is predicted at {best.speedup:.2f}x", "cost data")
-        return Choice(best.candidate.name, f"fastest inside the budget, predicted {best.speedup:.2f}x; worst "
+                                 f"is predicted {best.speed_text} of dense (auto's cost rule keeps it dense too)",
+                          "cost data")
+        return Choice(best.candidate.name, f"fastest inside the budget, predicted {best.speed_text}; worst "
                                            f"{_errors_text(best, at(best))}", "cost data")
     best = inside[0]
     return Choice(best.candidate.name, f"first inside the budget in table order; worst {_errors_text(best, at(best))}",
@@ -112,9 +120,11 @@ def merge_options(per_site: Sequence[Sequence[Option]]) -> list[Option]:
         errs = [o.errors for o in column if o.errors is not None]
         why = next((o.why_not_served for o in column if not o.served), "")
         worst_o = min((o for o in column if o.errors is not None), key=lambda o: o.errors.cos, default=None)
+        slowest = None if any(s is None for s in speeds) else min(column, key=lambda o: o.speedup)
         out.append(Option(column[0].candidate, served, worst(errs) if errs and served else None,
-                          None if any(s is None for s in speeds) else min(speeds), why,
-                          worst_o.worst_call if worst_o is not None else None))
+                          None if slowest is None else slowest.speedup, why,
+                          worst_o.worst_call if worst_o is not None else None,
+                          slowest is not None and slowest.upper_bound))
     return out
 
 

@@ -33,8 +33,9 @@ class TableRow:
     """One site and one candidate: its errors against dense per call, predicted speed, and whether the plan took it.
 
     ``kernel``: what computed the measured output (``reference`` when emulated); ``deploy``: the kernel and arch
-    the speed is predicted for (None where no kernel serves the site there); ``note``: why the candidate is not
-    served at the site, or which bound it breaks.
+    the speed is predicted for (None where no kernel serves the site there); ``speedup``: predicted over dense
+    SDPA (``speed_upper_bound``: at most that, the site is smaller than every measured call; ``speed_source``
+    names the data); ``note``: why the candidate is not served at the site, or which bound it breaks.
     """
 
     site: str
@@ -54,6 +55,12 @@ class TableRow:
     within_budget: bool
     chosen: bool
     note: str = ""
+    speed_upper_bound: bool = False
+
+    @property
+    def speed_text(self) -> str:
+        """``1.53x``, ``<=1.00x`` (an upper bound) or ``-`` (no prediction)."""
+        return "-" if self.speedup is None else f"{'<=' if self.speed_upper_bound else ''}{self.speedup:.2f}x"
 
     @property
     def errors(self) -> Errors | None:
@@ -126,7 +133,7 @@ class Table:
             cells = (_fit(r.site, 28) if first else "", _cell(r.layer) if first else "", r.role if first else "",
                      f"{r.q_len}/{r.kv_len}" if first else "", str(r.head_dim) if first else "", r.candidate,
                      "-" if e is None else f"{e.cos:.6f}", "-" if e is None else f"{e.rel_l1:.2e}",
-                     "-" if e is None else f"{e.max_abs:.2e}", "-" if r.speedup is None else f"{r.speedup:.2f}x",
+                     "-" if e is None else f"{e.max_abs:.2e}", r.speed_text,
                      "<- chosen" if r.chosen else ("n/a" if not r.served else ("" if r.within_budget else "over")))
             lines.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(head)]
@@ -141,7 +148,7 @@ class Table:
             e = r.errors
             cells = (r.site, _cell(r.layer), r.role, f"{r.q_len}/{r.kv_len}", str(r.head_dim), r.candidate,
                      _cell(r.kernel), "-" if e is None else f"{e.cos:.6f}", "-" if e is None else f"{e.rel_l1:.3g}",
-                     "-" if e is None else f"{e.max_abs:.3g}", "-" if r.speedup is None else f"{r.speedup:.2f}x",
+                     "-" if e is None else f"{e.max_abs:.3g}", r.speed_text,
                      "yes" if r.chosen else "", r.note.replace("|", "\\|"))
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out)

@@ -25,7 +25,7 @@ from .capture import ProbedModel, SiteCall, SiteKey
 from .candidates import Candidate, make_candidates
 from .plan import Choice, Option, choose, merge_options, site_error, spec_for, violation
 from .result import Calibration, SitePlan, Table, TableRow
-from .speed import NO_COST_DATA, SpeedSource, cost_data
+from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted
 
 log = logging.getLogger("qattn_fx")
 
@@ -65,6 +65,8 @@ class _Record:
     deploy: str | None = None
     speedup: float | None = None
     speed_known: bool = True
+    upper_bound: bool = False
+    speed_data: str = ""
     deploy_note: str = ""
 
 
@@ -84,8 +86,10 @@ class _Sites:
         return detect(sc.q.device)
 
     def decide(self, sc: SiteCall, spec: Spec) -> Decision:
+        """The policy's decision for ``spec`` at this site, without ``auto``'s cost rule: every candidate a kernel
+        serves is measured, and :mod:`.plan` weighs the same prediction (dense where it is below 1x)."""
         try:
-            return resolve(sc.site, self.hardware(sc), spec, emulate=self.emulate)
+            return resolve(sc.site, self.hardware(sc), spec, emulate=self.emulate, apply_cost_rule=False)
         except ValueError as e:  # an explicit backend or kernel that cannot serve this site
             return Decision(False, f"dense: {e}")
 
@@ -108,7 +112,7 @@ class _Sites:
         if site.dtype == torch.float32:  # a CPU model: judged as bf16, as the GPU runs it
             site = _as_bf16(site)
         try:
-            d = resolve(site, target, Spec(default=use))
+            d = resolve(site, target, Spec(default=use), apply_cost_rule=False)
         except ValueError as e:
             return None, target.arch, str(e)
         return (d.kernel, target.arch, "") if d.quantized else (None, target.arch, d.reason)
@@ -135,14 +139,16 @@ class _Sites:
             rec.deploy = f"{kernel} on {arch}" if kernel else None
             speed = None
             if kernel is not None:
-                q = sc.site.q_shape
-                speed = self.speed(kernel, arch, q_len=sc.site.q_len,
-                                   kv_len=sc.site.kv_len, head_dim=sc.site.head_dim,
-                                   batch_heads=int(torch.Size(q[:-2]).numel()))
+                s = sc.site
+                speed = predicted(self.speed, kernel, arch, q_len=s.q_len, kv_len=s.kv_len, head_dim=s.head_dim,
+                                  batch_heads=int(torch.Size(s.q_shape[:-2]).numel()))
             elif why:
                 rec.deploy_note = f"on {arch}: {why.removeprefix('dense: ')}"
             rec.speed_known = rec.speed_known and speed is not None
-            rec.speedup = None if not rec.speed_known else min(speed, rec.speedup or speed)
+            if not rec.speed_known:
+                rec.speedup = None
+            elif rec.speedup is None or speed.speedup < rec.speedup:  # the slowest call counts
+                rec.speedup, rec.upper_bound, rec.speed_data = speed.speedup, speed.upper_bound, speed.data
             cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}")
         return cells
 
@@ -273,7 +279,8 @@ def _options(sites: _Sites, cands) -> tuple[dict[Unit, list[Option]], dict[SiteK
             served = rec.served and bool(measured)
             row.append(Option(c, served, worst([e for e in rec.per_call if e is not None]) if served else None,
                               rec.speedup if rec.speed_known else None,
-                              rec.why or ("" if measured else "never ran"), min(measured)[1] if measured else None))
+                              rec.why or ("" if measured else "never ran"), min(measured)[1] if measured else None,
+                              rec.upper_bound))
         per_key[key] = row
     units: dict[Unit, list[list[Option]]] = {}
     for key, row in per_key.items():
@@ -324,9 +331,9 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
             rows.append(TableRow(
                 site=key.label, module=key.module, layer=key.layer, role=site.role, q_len=site.q_len,
                 kv_len=site.kv_len, head_dim=site.head_dim, candidate=c.name, kernel=rec.kernel, deploy=rec.deploy,
-                per_call=list(rec.per_call), speedup=o.speedup, speed_source="cost data" if o.speedup is not None
-                else NO_COST_DATA, served=o.served, within_budget=o.served and not why, chosen=choice.name == c.name,
-                note=note))
+                per_call=list(rec.per_call), speedup=o.speedup, speed_source=f"cost data ({rec.speed_data})"
+                if o.speedup is not None else NO_COST_DATA, served=o.served, within_budget=o.served and not why,
+                chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound))
         shared = [k.label for k in units[_unit(key)] if k != key]
         reason = choice.reason + (f"; one rule with {', '.join(shared)} (same module and layer)" if shared else "")
         plans.append(SitePlan(key.label, key.module, key.layer, site.role, choice.name, reason, choice.speed_source))
@@ -343,9 +350,12 @@ def _hardware_text(sites: _Sites, emulate: bool) -> str:
 def _notes(sites: _Sites, cands, per_key, budget: Budget, labels, table: Table, limit) -> list[str]:
     notes = []
     if any(r.speedup is None and r.served for r in table):
-        notes.append(f"{NO_COST_DATA}: where a site's candidates lack predicted speeds (qattn_fx.cost absent or "
-                     "without data for the kernel and arch), the first candidate inside the budget in recipe-table "
-                     "order is taken")
+        notes.append(f"{NO_COST_DATA}: where a site's candidates lack predicted speeds (no kernel where the recipe "
+                     "deploys, or no cost data for the kernel and arch in qattn_fx.cost), the first candidate inside "
+                     "the budget in recipe-table order is taken")
+    if any(r.speed_upper_bound and r.chosen for r in table):
+        notes.append("<=: a site smaller than every call the cost data measured; its speedup is at most the one "
+                     "shown (auto's cost rule reads it the same way)")
     if limit is not None:
         key, value = limit
         what = "1-cos" if key.endswith("cos") else key.removeprefix("e2e_")
