@@ -281,6 +281,11 @@ def test_bad_inputs_are_named():
         calibrate(model, [calls[0][1]], budget="cos=0.99", emulate=True)
     with pytest.raises(ValueError, match="labels has 2 names for 1 calls"):
         calibrate(model, calls, budget="cos=0.99", emulate=True, labels=["a", "b"])
+    if not torch.cuda.is_available():  # no kernel runs here: measuring needs the emulation
+        with pytest.raises(ValueError, match=r"no candidate runs at any attention site on this machine \(cpu.*\), e.g. "
+                           r"no kernel serves .*; valid: emulate=True \(qattn-fx calibrate --emulate\)"):
+            torch._dynamo.reset()
+            calibrate(model, calls, budget="cos=0.99")
     with pytest.raises(ValueError, match="ran no scaled_dot_product_attention call"):
         torch._dynamo.reset()
         calibrate(torch.nn.Linear(4, 4), [((torch.randn(2, 4),), {})], budget="cos=0.99", emulate=True)

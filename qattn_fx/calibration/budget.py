@@ -32,7 +32,7 @@ class Errors:
     max_abs: float
 
     def value(self, key: str) -> float:
-        """The metric named by a budget key (``cos``/``e2e_cos`` → ``cos``, ``rel_l1``/``e2e_rel_l1`` → ``rel_l1``)."""
+        """The metric a budget key names: ``cos``/``e2e_cos`` → ``cos``, ``rel_l1``/``e2e_rel_l1`` → ``rel_l1``."""
         return getattr(self, key.removeprefix("e2e_"))
 
     def describe(self) -> str:

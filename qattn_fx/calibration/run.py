@@ -205,6 +205,8 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                 return sc.dense
 
             refs.append(flat_output(probed.run(measure, args, kwargs)))
+            if i == 0:
+                _check_served(sites)
             for c in cands:
                 out = probed.run(_apply(sites, lambda key, c=c: c), args, kwargs)
                 e2e[c.name].append(errors(flat_output(out), refs[i]))
@@ -239,6 +241,17 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                        calls=labels, candidates=[c.to_dict() for c in cands], emulate=emulate,
                        hardware=_hardware_text(sites, emulate),
                        notes=_notes(sites, cands, per_key, budget, labels, table, limit))
+
+
+def _check_served(sites: _Sites) -> None:
+    """Without emulation, raise when no candidate runs at any site of the first call (a plan would be all dense for
+    want of a kernel here, not for want of quality)."""
+    if sites.emulate or not sites.order or any(r.served for r in sites.records.values()):
+        return
+    why = next(r.why for r in sites.records.values())
+    raise ValueError(f"no candidate runs at any attention site on this machine ({sites.here}), e.g. {why}; valid: "
+                     "emulate=True (qattn-fx calibrate --emulate) to measure the recipes on the reference kernel, "
+                     "or a GPU with a kernel for them")
 
 
 def _labels(labels: Sequence[str] | None, n: int) -> list[str]:
@@ -370,6 +383,6 @@ def _notes(sites: _Sites, cands, per_key, budget: Budget, labels, table: Table, 
                           for r in recs)
             counts.append(f"{label}: {ok}/{len(per_key)}")
         notes.append("sites where some candidate keeps the per-site budget, per call: " + ", ".join(counts)
-                     + ". A spec has no step-window rule yet, so each site's choice holds at every call and is made "
+                     + ". A spec has no step-window rule, so each site's choice holds at every call and is made "
                        "at its worst call")
     return notes
