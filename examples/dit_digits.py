@@ -1,4 +1,4 @@
-"""A small DiT trained on real images, to measure quantized attention on a trained model (CPU, a few minutes).
+"""A small DiT trained on real images, to measure quantized attention on a trained model, on the CPU.
 
     python examples/dit_digits.py train                 # train from the seed, write examples/dit_digits.pt
     python examples/dit_digits.py quality               # samples dense vs the default recipe: PSNR / SSIM
@@ -15,9 +15,9 @@ block adds its own learned table, as in PixArt-alpha). Attention calls ``F.scale
 modules ``blocks.{i}.attn``. About 0.66 M parameters; the checkpoint is stored in fp16 (1.3 MB).
 
 **Training**: rectified flow (``x_t = (1 - t) x_0 + t e``, the model predicts ``e - x_0``; ``t`` logit-normal),
-AdamW at 1e-3 (one-cycle schedule), batch 64, ``--steps`` 2500 from ``--seed`` 0, on one CPU thread (``train``
-prints the checkpoint's sha256; the same torch build on the same CPU type reproduces it bit for bit). **Sampling**:
-Euler from ``t = 1`` to 0 in ``--sample-steps`` 20 steps.
+AdamW at 1e-3 (one-cycle schedule), batch 64, ``--steps`` 2500 from ``--seed`` 0, on one CPU thread: about 12
+CPU-minutes (``train`` prints the checkpoint's sha256; the same torch build on the same CPU type reproduces it bit for
+bit). **Sampling**: Euler from ``t = 1`` to 0 in ``--sample-steps`` 20 steps.
 
 **Quality** (``quality``): 100 samples (10 per class) from the same noise, dense and with the default recipe
 (emulated on the reference kernel); PSNR and SSIM per image on [0, 1] pixels, SSIM with a 7x7 Gaussian window
