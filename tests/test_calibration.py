@@ -134,6 +134,22 @@ def test_sites_are_named_as_the_backend_reports_them():
     assert [s.site for s in result.sites] == ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]
 
 
+@pytest.mark.parametrize("factory", ["flux", "dit", "hunyuan_video"])
+def test_the_other_tiny_diffusers_models_calibrate_and_their_plan_compiles(factory):
+    """Joint attention (Flux), a class-conditional DiT and masked joint attention (HunyuanVideo): sites as the
+    backend reports them, and the plan's spec compiled by the backend quantizes exactly the planned sites."""
+    model, _ = getattr(tiny_models, factory)()
+    calls, labels = tiny_models.example_calls(model, 2)
+    torch._dynamo.reset()
+    result = calibrate(model, calls, budget={"cos": 0.9999}, candidates=["int8-1-16-1"], emulate=True, labels=labels)
+    sites, _, report = compiled_outcome(model, calls[:1], result.spec)
+    assert [(s.module, s.layer, s.role) for s in result.sites] == [(s.module, s.layer, s.role) for s in report.sites]
+    assert sites == {s.site: s.choice for s in result.sites}
+    for s in result.sites:
+        row = result.table.lookup(s.site, "int8-1-16-1")
+        assert len(row.per_call) == 2 and (s.choice != "dense") == (row.served and row.errors.cos >= 0.9999)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Plans, specs, and re-measuring them
 # ------------------------------------------------------------------------------------------------------------------
