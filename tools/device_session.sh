@@ -19,7 +19,7 @@
 #   calibrate                    python examples/calibrate_wan.py --real-size: Wan2.1-1.3B config, 2 blocks, 480p,
 #                                2 calls, candidates on the real kernels (CALIB_ARGS, CALIB_S); writes
 #                                $OUT/calibrate/{spec.json,calibration.json,calibration.png}. Its GPU test:
-#                                GPU_TESTS=tests/gpu/test_calibration.py ... gpu-tests
+#                                GPU_TESTS=tests/gpu/test_calibrate_on_kernels.py ... gpu-tests
 #   save-jit                     FlashInfer's JIT cache as $OUT/flashinfer.tgz (restored from .fi-cache/ next time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
