@@ -37,6 +37,9 @@ def test_a_tight_budget_gives_a_mixed_plan_that_keeps_it(model):
     plan = {s.site: s.choice for s in result.sites}
     assert plan == {"blocks.0.attn": "int8-1-16-1", "blocks.1.attn": "dense", "blocks.2.attn": "dense",
                     "blocks.3.attn": "dense"}, plan
+    # every candidate runs on gluon_sage there, one cost curve: a tie in speed goes to the table's order
+    assert result.sites[0].reason.startswith("fastest inside the budget, predicted at most 1.00x (tied with "
+                                             "bf16-0-0-1: first in table order); worst cos 0.9999")
     chosen = result.table.lookup("blocks.0.attn", "int8-1-16-1")
     assert chosen.chosen and chosen.errors.cos >= 0.9999
     assert chosen.deploy == "gluon_sage on sm_90"  # head_dim 64: what an H200 would run

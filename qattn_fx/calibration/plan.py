@@ -86,7 +86,9 @@ def choose(options: Sequence[Option], budget: Budget, *, limit: tuple[str, float
             return Choice(DENSE, f"dense is faster: the fastest candidate inside the budget, {best.candidate.name}, "
                                  f"is predicted {best.speed_text} of dense (auto's cost rule keeps it dense too)",
                           "cost data")
-        return Choice(best.candidate.name, f"fastest inside the budget, predicted {best.speed_text}; worst "
+        tied = [o.candidate.name for o in inside if o is not best and o.speedup == best.speedup]
+        tie = f" (tied with {', '.join(tied)}: first in table order)" if tied else ""
+        return Choice(best.candidate.name, f"fastest inside the budget, predicted {best.speed_text}{tie}; worst "
                                            f"{_errors_text(best, at(best))}", "cost data")
     best = inside[0]
     return Choice(best.candidate.name, f"first inside the budget in table order; worst {_errors_text(best, at(best))}",
