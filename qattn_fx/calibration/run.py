@@ -81,9 +81,14 @@ class _Sites:
         self.here = "cpu"
 
     def hardware(self, sc: SiteCall) -> Hardware:
-        if not self.emulate and self.target is not None:
-            return self.target
-        return detect(sc.q.device)
+        """The machine the candidates run on: where the site's tensors are (``hardware=`` must name it without
+        emulation, since the candidates then run on its kernels)."""
+        here = detect(sc.q.device)
+        if not self.emulate and self.target is not None and self.target.arch != here.arch:
+            raise ValueError(f"hardware={self.target.arch!r} but the model runs on {sc.q.device} ({here.arch}), where "
+                             "the candidates run without emulation; valid: hardware=None (this machine), "
+                             f"hardware={here.arch!r}, or emulate=True to predict {self.target.arch} from the emulation")
+        return self.target if not self.emulate and self.target is not None else here
 
     def decide(self, sc: SiteCall, spec: Spec) -> Decision:
         """The policy's decision for ``spec`` at this site, without ``auto``'s cost rule: every candidate a kernel
@@ -176,9 +181,10 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     ``"cos=0.999,e2e_cos=0.995"`` (per-site bounds and/or bounds on the model output; each must hold at every call).
     ``candidates``: attention specs, recipes, spec mappings or recipe ids (``"int8-1-16-1"``); default
     :data:`~qattn_fx.calibration.candidates.DEFAULT_CANDIDATES`. ``emulate``: run candidates on the reference kernel
-    (any device; the speed is predicted for where each recipe deploys), else on the kernel the policy picks on
-    ``hardware`` (default: the machine of each site's tensors). ``hardware``: a :class:`Hardware` or an arch
-    (``"sm_90"``, a supported install): where the plan deploys. ``speed``: the speed source (default
+    (any device; the speed is predicted for where each recipe deploys), else on the kernel the policy picks on the
+    machine of the site's tensors. ``hardware``: a :class:`Hardware` or an arch (``"sm_90"``, a supported install):
+    where the plan deploys (without emulation it must be that machine; the libraries it names are the ones the
+    policy assumes). ``speed``: the speed source (default
     :func:`~qattn_fx.calibration.speed.cost_data`; without data candidates rank by recipe-table order).
     ``labels``: a name per call for tables and plots (default ``call 0``, ``call 1``, ...). ``progress``: called
     with a line per site and call (default: the ``qattn_fx`` logger at INFO).
