@@ -5,13 +5,15 @@
 The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass` (the compile pass),
 :class:`Spec` / :class:`AttentionSpec` / :class:`Rule` / :class:`Match` (what to do where), :class:`Recipe`
 (numerics), :class:`Site` / :class:`Decision` / :func:`resolve` (the policy), :class:`Hardware`, and
-:func:`quantized_attention` (the eager op sequence).
+:func:`quantized_attention` (the eager op sequence), :func:`calibrate` / :class:`Budget` / :class:`Calibration`
+(per-site errors on the user's calls and a plan that keeps a budget).
 """
 
 __version__ = "0.1.0"
 
 from . import config  # noqa: E402
 from .backend import Backend, backend, explain, install_pre_grad_pass, pre_grad_pass  # noqa: E402
+from .calibration import Budget, Calibration, calibrate
 from .hardware import Hardware, detect
 from .ops import quantized_attention
 from .policy import Decision, Site, resolve
@@ -21,6 +23,9 @@ from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
 __all__ = [
     "AttentionSpec",
+    "Budget",
+    "Calibration",
+    "calibrate",
     "config",
     "Backend",
     "Report",

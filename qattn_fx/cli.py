@@ -5,6 +5,7 @@
     qattn-fx resolve --arch sm_100 --spec spec.json --q 1,40,75600,128 --kv 1,40,512,128 --role cross
     qattn-fx inspect qattn_fx.tiny_models:wan --emulate              # every site of a model, as the backend sees it
     qattn-fx inspect --config config.json --class WanTransformer3DModel --arch sm_90 --frames 21 --height 60
+    qattn-fx calibrate --model qattn_fx.tiny_models:wan --calls 3 --budget cos=0.9999 --emulate --out spec.json
 
 A named --arch is a supported install of that architecture: every library that qattn_fx's kernels for it need,
 at the minimum version the recipe table names (shown in the output); --lib NAME=VERSION overrides one, --bare
@@ -116,6 +117,33 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print report.to_dict() as JSON (every field, full text)")
     i.add_argument("--markdown", action="store_true", help="print the full site table as markdown")
     i.add_argument("--width-chars", type=int, default=120, metavar="N", help="table width (default 120)")
+
+    c = sub.add_parser("calibrate", help="measure every attention site under candidate recipes on a model's calls "
+                       "and write the fastest plan inside an error budget as a spec",
+                       description="Run the model's calls densely with every attention site intercepted, run each "
+                       "candidate recipe on each site's real Q/K/V (emulated, or on this machine's kernels), and "
+                       "write per site the fastest candidate inside the budget (dense when none is) as a spec; "
+                       "prints a line per site and call, then the table and the plan.")
+    c.add_argument("--model", help="module:factory. The factory returns (model, calls): calls is a callable taking "
+                   "the number of calls and returning that many call inputs, a list of call inputs, or one call's "
+                   "inputs for a diffusers model of a known class (then --calls calls are made, noise levels from "
+                   "high to low). Call inputs: a dict of keyword arguments, a tuple of positional ones, or an "
+                   "(args, kwargs) pair")
+    c.add_argument("--config", help="a diffusers model config.json (random weights); with --class")
+    c.add_argument("--class", dest="cls", metavar="CLASS", help="the diffusers class of --config")
+    c.add_argument("--calls", type=int, default=4, help="how many calls to calibrate on (default 4)")
+    c.add_argument("--budget", required=True, help="per-site and/or end-to-end bounds: cos=0.999, rel_l1=0.05, "
+                   "max_abs=..., e2e_cos=0.995, e2e_rel_l1=0.02 (comma-separated)")
+    c.add_argument("--candidates", help="comma-separated recipe ids to try, e.g. int8-1-16-1,bf16-0-0-1 (default: "
+                   "int8-1-16-1,fp8-1-16-1,bf16-0-0-1)")
+    c.add_argument("--emulate", action="store_true", help="run candidates on the reference kernel (any device)")
+    c.add_argument("--arch", help="where the plan deploys (speed lookups; without --emulate also the kernels' "
+                   "machine), e.g. sm_90; default: this machine, or each recipe's first arch when emulated")
+    c.add_argument("--out", required=True, help="where to write the spec (JSON)")
+    c.add_argument("--table", help="where to write the whole calibration (JSON; Calibration.save)")
+    c.add_argument("--plot", help="where to write the plot (PNG; needs matplotlib)")
+    for name, default in (("--batch", 1), ("--frames", 2), ("--height", 16), ("--width", 16), ("--text-len", 12)):
+        c.add_argument(name, type=int, default=default, help=f"--config inputs (default {default})")
     return parser
 
 
@@ -290,6 +318,84 @@ def _inspect(args) -> int:
     return 0
 
 
+def _as_call_pair(item) -> tuple[tuple, dict]:
+    """One call's inputs as ``(args, kwargs)``: a pair, a dict of keyword arguments, a tuple/list of positional ones,
+    or one tensor."""
+    if (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], (tuple, list))
+            and isinstance(item[1], dict)):
+        return tuple(item[0]), dict(item[1])
+    return _as_call(item)
+
+
+def _calibration_calls(args) -> tuple[object, list, list[str] | None, str]:
+    """(model, calls, labels or None, description) for ``qattn-fx calibrate``."""
+    from .tiny_models import example_calls
+
+    if args.calls < 1:
+        raise UsageError(f"--calls {args.calls} is invalid; valid: an int >= 1")
+    if args.config:
+        model, _, _, what = _model_and_inputs(args, None)
+        calls, labels = example_calls(model, args.calls, batch=args.batch, frames=args.frames, height=args.height,
+                                      width=args.width, text_len=args.text_len)
+        return model, calls, labels, what
+    if not args.model:
+        raise UsageError("give a model as --model module:factory or --config PATH --class NAME")
+    made = _load_factory(args.model)
+    made = made() if callable(made) and not isinstance(made, torch.nn.Module) else made
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise UsageError(f"model {args.model!r} gave {type(made).__name__}; valid: (model, calls)")
+    model, calls = made
+    what = f"{type(model).__name__} from {args.model}"
+    if callable(calls):
+        return model, [_as_call_pair(c) for c in calls(args.calls)], None, what
+    if isinstance(calls, list):
+        if len(calls) < args.calls:
+            raise UsageError(f"model {args.model!r} gave {len(calls)} calls; --calls {args.calls} needs as many")
+        return model, [_as_call_pair(c) for c in calls[:args.calls]], None, what
+    if args.calls == 1:
+        return model, [_as_call_pair(calls)], None, what
+    if type(model).__name__ in _known_classes():
+        base = _as_call_pair(calls)[1]
+        sizes = {k: v for k, v in (("dtype", next(model.parameters()).dtype),)}
+        made_calls, labels = example_calls(model, args.calls, **sizes)
+        for _, kwargs in made_calls:  # the factory's sizes win: same shapes, new noise and timestep
+            for key, value in base.items():
+                if key not in kwargs or not torch.is_tensor(value) or kwargs[key].shape != value.shape:
+                    kwargs[key] = value
+        return model, made_calls, labels, what
+    raise UsageError(f"model {args.model!r} gave one call's inputs; --calls {args.calls} needs (model, calls) with "
+                     "calls a callable n -> n call inputs or a list of call inputs")
+
+
+def _calibrate(args) -> int:
+    from .calibration import calibrate
+
+    try:
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.set_verbosity_error()
+    except ImportError:
+        pass
+    candidates = args.candidates.split(",") if args.candidates else None
+    hardware = Hardware.supported_install(args.arch) if args.arch else None
+    model, calls, labels, what = _calibration_calls(args)
+    print(f"qattn_fx {__version__}: calibrating {what} on {len(calls)} call(s), budget {args.budget}"
+          + (" (emulated)" if args.emulate else ""), flush=True)
+    result = calibrate(model, calls, budget=args.budget, candidates=candidates, emulate=args.emulate,
+                       hardware=hardware, labels=labels, progress=lambda line: print(line, flush=True))
+    print()
+    print(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(result.spec.to_json(indent=1) + "\n")
+    print(f"wrote the spec to {out}")
+    if args.table:
+        print(f"wrote the calibration to {result.save(args.table)}")
+    if args.plot:
+        print(f"wrote the plot to {result.plot(args.plot)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         try:
@@ -299,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                 code = 0
             elif args.command == "resolve":
                 code = _resolve(args)
+            elif args.command == "calibrate":
+                code = _calibrate(args)
             else:
                 code = _inspect(args)
             sys.stdout.flush()

@@ -393,11 +393,13 @@ def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
 
 
 def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = None, *,
-            emulate: bool = False, target: Target = None) -> Decision:
+            emulate: bool = False, target: Target = None, apply_cost_rule: bool = True) -> Decision:
     """Decide how ``site`` runs on ``hardware`` (default: this machine) under ``spec`` (default: :class:`Spec`).
 
     ``emulate=True``: every quantized site runs on the reference kernel, and ``Decision.deployment`` says what it
     would run on ``target`` (default: the archs of the recipe's backend; see :func:`deployment`).
+    ``apply_cost_rule=False``: ``auto`` runs the kernel it finds even where :func:`cost_rule` predicts it slower than
+    dense (``qattn_fx.calibrate`` measures that kernel's error and weighs the same prediction itself).
     """
     spec = Spec() if spec is None else spec
     hardware = detect() if hardware is None else hardware
@@ -427,7 +429,7 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
     found, reasons = _first_serving(_candidates(use), site, hardware, use)
     if found is not None:
         row, req = found
-        dense, said = cost_rule(req.kernel, site, hardware) if _auto(use) else (False, None)
+        dense, said = cost_rule(req.kernel, site, hardware) if _auto(use) and apply_cost_rule else (False, None)
         if dense:
             return Decision(False, f"dense: {said}", recipe, None, None, source, notes)
         return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"

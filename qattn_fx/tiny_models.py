@@ -78,13 +78,16 @@ KNOWN_CLASSES = ("WanTransformer3DModel", "FluxTransformer2DModel", "DiTTransfor
 
 
 def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, width: int = 16,
-                   text_len: int = 12, dtype: torch.dtype | None = None) -> dict:
+                   text_len: int = 12, dtype: torch.dtype | None = None, seed: int = 0,
+                   noise_level: float | None = None) -> dict:
     """Keyword inputs for ``model`` (a diffusers transformer of one of :data:`KNOWN_CLASSES`) from its config.
 
     Sizes are in latent units, before patching: ``frames`` x ``height`` x ``width`` latent pixels (video models;
     image models ignore ``frames``; DiT uses its ``sample_size``) and ``text_len`` text tokens. Attention lengths
     follow from them and the model's patch size (Wan ``(1, 2, 2)``: ``frames * height/2 * width/2`` tokens).
     Decisions only depend on lengths through rules on them, so small sizes are enough to see every site.
+    ``seed`` seeds the random tensors; ``noise_level`` in (0, 1] sets the timestep as that fraction of the model's
+    range (Wan, HunyuanVideo, DiT: of 1000 steps; Flux: of 1), else a mid-range default.
     """
     name = type(model).__name__
     if name not in KNOWN_CLASSES:
@@ -93,9 +96,12 @@ def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, 
     c = model.config
     if dtype is None:
         dtype = next(model.parameters()).dtype
-    g = torch.Generator().manual_seed(0)
+    if noise_level is not None and not 0.0 < noise_level <= 1.0:
+        raise ValueError(f"noise_level={noise_level!r} is invalid; valid: a fraction in (0, 1]")
+    g = torch.Generator().manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
-    t = torch.full((batch,), 500.0)
+    level = 0.5 if noise_level is None else noise_level
+    t = torch.full((batch,), 1000.0 * level)
     if name == "WanTransformer3DModel":
         inputs = dict(hidden_states=rand(batch, c.in_channels, frames, height, width), timestep=t,
                       encoder_hidden_states=rand(batch, text_len, c.text_dim), return_dict=False)
@@ -115,10 +121,23 @@ def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, 
         inputs = dict(hidden_states=rand(batch, tokens, c.in_channels),
                       encoder_hidden_states=rand(batch, text_len, c.joint_attention_dim),
                       pooled_projections=rand(batch, c.pooled_projection_dim), img_ids=rand(tokens, 3),
-                      txt_ids=rand(text_len, 3), timestep=torch.full((batch,), 1.0), return_dict=False)
+                      txt_ids=rand(text_len, 3), timestep=torch.full((batch,), 1.0 if noise_level is None else level),
+                      return_dict=False)
         if c.guidance_embeds:
             inputs["guidance"] = torch.full((batch,), 3.5)
         return inputs
     size = c.sample_size  # DiT: class-conditional images of the configured size
-    return dict(hidden_states=rand(batch, c.in_channels, size, size), timestep=torch.full((batch,), 1),
+    step = 1 if noise_level is None else min(999, int(1000 * level))
+    return dict(hidden_states=rand(batch, c.in_channels, size, size), timestep=torch.full((batch,), step),
                 class_labels=torch.zeros(batch, dtype=torch.long), return_dict=False)
+
+
+def example_calls(model, n: int, **sizes) -> tuple[list[tuple[tuple, dict]], list[str]]:
+    """``n`` calls of ``model`` (a diffusers transformer of :data:`KNOWN_CLASSES`) as ``(args, kwargs)`` pairs, as
+    denoising steps see them: noise levels ``1, (n-1)/n, ..., 1/n`` (high noise first), each with random inputs of
+    its own seed; and a label per call (``t=0.67``). ``sizes``: :func:`example_inputs`'s sizes and dtype."""
+    if n < 1:
+        raise ValueError(f"n={n!r} is invalid; valid: an int >= 1")
+    levels = [1.0 - i / n for i in range(n)]
+    calls = [((), example_inputs(model, seed=i, noise_level=level, **sizes)) for i, level in enumerate(levels)]
+    return calls, [f"t={level:.2f}" for level in levels]

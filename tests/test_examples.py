@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import qattn_fx
+
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
@@ -16,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("qattn_fx_example_pipeline", ROOT / "examples" / "pipeline.py")
 pipeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pipeline)
+_spec = importlib.util.spec_from_file_location("qattn_fx_example_calibrate_wan", ROOT / "examples" / "calibrate_wan.py")
+calibrate_wan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(calibrate_wan)
 
 
 def test_pipeline_example_runs_dense_and_quantized(capsys):
@@ -37,3 +42,19 @@ def test_pipeline_example_as_a_user_runs_it():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "qattn_fx: 4/4 attention sites quantized, 0 dense" in done.stdout
+
+
+def test_calibrate_wan_example_on_the_cpu_writes_spec_table_and_plot(tmp_path, capsys):
+    """The tiny Wan path of examples/calibrate_wan.py (the device step runs --real-size on the H200)."""
+    pytest.importorskip("matplotlib")
+    torch._dynamo.reset()
+    result = calibrate_wan.main(["--out", str(tmp_path), "--calls", "2", "--budget", "cos=0.99993"])
+    out = capsys.readouterr().out
+    assert len(result.sites) == 4 and result.calls == ["t=1.00", "t=0.50"]
+    assert "] t=1.00 (1/2) blocks.0.attn1 (layer 0, self, q/kv 128/128, d 12): int8-1-16-1 cos " in out
+    assert "qattn_fx calibration: " in out and f"wrote {tmp_path}/spec.json" in out
+    assert qattn_fx.Spec.from_file(tmp_path / "spec.json") == result.spec
+    assert (tmp_path / "calibration.png").read_bytes()[:4] == b"\x89PNG"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="real_size needs a CUDA GPU; on a CPU use examples.calibrate_wan:tiny"):
+            calibrate_wan.real_size()

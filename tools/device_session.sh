@@ -16,6 +16,10 @@
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
+#   calibrate                    python examples/calibrate_wan.py --real-size: Wan2.1-1.3B config, 2 blocks, 480p,
+#                                2 calls, candidates on the real kernels (CALIB_ARGS, CALIB_S); writes
+#                                $OUT/calibrate/{spec.json,calibration.json,calibration.png}. Its GPU test:
+#                                GPU_TESTS=tests/gpu/test_calibrate_on_kernels.py ... gpu-tests
 #   save-jit                     FlashInfer's JIT cache as $OUT/flashinfer.tgz (restored from .fi-cache/ next time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +50,8 @@ for s in "$@"; do
         python3 -m tools.profile_gluon ${PROFILE_ARGS:-} ;;
     ab-tail-split) TAIL=20 step ab-tail-split ${AB_S:-240} python3 -m tools.ab_tail_split ${AB_ARGS:-} ;;
     quantize-profile) TAIL=40 step quantize-profile ${QUANT_S:-240} python3 -m tools.profile_quantize ${QUANT_ARGS:-} ;;
+    calibrate) TAIL=60 step calibrate ${CALIB_S:-150} env QATTN_AUTOTUNE=0 \
+        python3 examples/calibrate_wan.py --real-size --out "$OUT/calibrate" ${CALIB_ARGS:-} ;;
     save-jit) tar -C ~/.cache -czf "$OUT/flashinfer.tgz" flashinfer 2>/dev/null; ls -la "$OUT/flashinfer.tgz" ;;
     *) echo "unknown step $s" ;;
   esac

@@ -1,0 +1,139 @@
+"""Run a model densely with every attention site intercepted, identified as the backend's report identifies it.
+
+:class:`ProbedModel` compiles the model with a torch.compile backend that finds the SDPA sites of each Dynamo graph
+with the same matcher and site description as :func:`qattn_fx.backend` (:mod:`qattn_fx.fx.match`,
+:func:`qattn_fx.fx.rewrite.describe_site`: module path, layer, role, mask kind) and replaces each SDPA node by a
+probe; the graph then runs eagerly (nothing is compiled by Inductor). At run time each probe computes the dense
+output and hands a :class:`SiteCall` (the site's real Q/K/V and SDPA arguments) to the current handler, which
+returns what the site outputs: the dense output (measuring) or a quantized one (applying a plan). Nothing is kept
+after a probe returns: memory is what the dense model needs plus one site's candidate outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from ..fx import match
+from ..fx.rewrite import _layer_counts, describe_site, is_training_graph
+from ..policy import Site
+
+
+@dataclass(frozen=True, order=True)
+class SiteKey:
+    """A site's identity across graphs and calls: its module path, layer index (None outside a layer container)
+    and which SDPA call of that module it is (0 for the first)."""
+
+    module: str
+    layer: int | None
+    index: int = 0
+
+    @property
+    def label(self) -> str:
+        return (self.module or "sdpa") + (f"#{self.index}" if self.index else "")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SiteCall:
+    """One run of one site: its identity, the policy's view (real shapes), its operands and the dense output.
+
+    ``q``/``k``/``v``/``attn_mask``/``scale``/``enable_gqa`` are SDPA's arguments as the model passed them;
+    ``dense`` is ``F.scaled_dot_product_attention`` of them.
+    """
+
+    key: SiteKey
+    site: Site
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_mask: torch.Tensor | None
+    scale: float | None
+    enable_gqa: bool
+    dense: torch.Tensor
+
+
+Handler = Callable[[SiteCall], torch.Tensor]
+
+
+class ProbedModel:
+    """``model`` compiled with probes at its attention sites; :meth:`run` calls it under a handler.
+
+    ``sites`` maps every site seen so far to the policy's view of it (shapes of the first call traced). Shapes are
+    traced static (a new shape traces a new graph, as cheap as the first).
+    """
+
+    def __init__(self, model: Callable):
+        self.sites: dict[SiteKey, Site] = {}
+        self._handler: Handler | None = None
+        self._compiled = torch.compile(model, backend=self._backend, dynamic=False)
+
+    def run(self, handler: Handler, args: tuple, kwargs: dict) -> Any:
+        """``model(*args, **kwargs)`` with every site's output chosen by ``handler``."""
+        self._handler = handler
+        try:
+            return self._compiled(*args, **kwargs)
+        finally:
+            self._handler = None
+
+    # -- the compile-time part -------------------------------------------------------------------------------
+    def _backend(self, gm: fx.GraphModule, example_inputs, **_) -> Callable:
+        calls = match.find_sdpa(gm)
+        layers = _layer_counts(calls)
+        uses = match.subgraph_uses(gm)
+        training = is_training_graph(example_inputs)
+        seen: dict[tuple[str, int | None], int] = {}
+        touched: dict[int, fx.GraphModule] = {}
+        for call in calls:
+            call.args = match.normalize_sdpa_args(call.node)
+            site = describe_site(call, layers=layers, uses=uses, grad_enabled=training)
+            n = seen.get((site.module, site.layer), 0)
+            seen[(site.module, site.layer)] = n + 1
+            key = SiteKey(site.module, site.layer, n)
+            self.sites.setdefault(key, site)
+            self._replace(call, key, site)
+            touched[id(call.module)] = call.module
+        for module in touched.values():
+            module.graph.lint()
+            module.recompile()
+        return gm.forward
+
+    def _replace(self, call: match.SdpaCall, key: SiteKey, site: Site) -> None:
+        probe = self._probe(key, site)
+        a = call.args
+        with call.graph.inserting_before(call.node):
+            node = call.graph.call_function(probe, (a["query"], a["key"], a["value"]), {
+                "attn_mask": a["attn_mask"], "dropout_p": a["dropout_p"], "is_causal": a["is_causal"],
+                "scale": a["scale"], "enable_gqa": a["enable_gqa"]})
+        node.meta.update(call.node.meta)
+        call.node.replace_all_uses_with(node)
+        call.graph.erase_node(call.node)
+
+    def _probe(self, key: SiteKey, site: Site) -> Callable:
+        owner = self
+
+        def qattn_probe(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            dense = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            handler = owner._handler
+            if handler is None:
+                return dense
+            shape = lambda t: tuple(int(d) for d in t.shape)  # noqa: E731
+            real = dataclasses.replace(
+                site, q_shape=shape(q), k_shape=shape(k), v_shape=shape(v), dtype=q.dtype,
+                kv_dtypes=(k.dtype, v.dtype), mask_shape=None if attn_mask is None else shape(attn_mask))
+            return handler(SiteCall(key, real, q, k, v, attn_mask, scale, bool(enable_gqa), dense))
+
+        qattn_probe.__name__ = qattn_probe.__qualname__ = f"qattn_probe_{_identifier(key.label)}"
+        return qattn_probe
+
+
+def _identifier(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)

@@ -1,0 +1,66 @@
+"""The trained DiT of examples/dit_digits.py (checkpoint in the repository): quantized samples keep the dense ones,
+and a tight calibration budget gives a mixed plan that the backend reproduces and that keeps the budget."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from qattn_fx.calibration import calibrate
+from qattn_fx.calibration.budget import worst
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("qattn_fx_example_dit_digits", ROOT / "examples" / "dit_digits.py")
+dit = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dit)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dit.load()
+
+
+def test_default_recipe_samples_keep_30_db(model):
+    """20 samples, 20 Euler steps, the default recipe on every site (emulated): PSNR >= 30 dB to the dense samples
+    from the same noise (100 samples, BENCHMARKS.md: mean 59.09 dB, min 52.46)."""
+    r = dit.quality(model, n=20, seed=0, sample_steps=20, compiler="aot_eager")
+    assert r["report"].quantized == 4
+    assert r["psnr_min"] >= 30.0, r["psnr_min"]
+    assert r["ssim_min"] >= 0.99
+
+
+def test_a_tight_budget_gives_a_mixed_plan_that_keeps_it(model):
+    calls, labels = dit.calibration_calls(model, 4)
+    torch._dynamo.reset()
+    result = calibrate(model, calls, budget={"cos": 0.9999}, emulate=True, labels=labels)
+    plan = {s.site: s.choice for s in result.sites}
+    assert plan == {"blocks.0.attn": "int8-1-16-1", "blocks.1.attn": "dense", "blocks.2.attn": "dense",
+                    "blocks.3.attn": "dense"}, plan
+    # every candidate runs on gluon_sage there, one cost curve: a tie in speed goes to the table's order
+    assert result.sites[0].reason.startswith("fastest inside the budget, predicted at most 1.00x (tied with "
+                                             "bf16-0-0-1: first in table order); worst cos 0.9999")
+    chosen = result.table.lookup("blocks.0.attn", "int8-1-16-1")
+    assert chosen.chosen and chosen.errors.cos >= 0.9999
+    assert chosen.deploy == "gluon_sage on sm_90"  # head_dim 64: what an H200 would run
+    report, e2e = dit.check(model, calls, result.spec)
+    assert {s.module: s.rewritten for s in report.sites} == {k: v != "dense" for k, v in plan.items()}
+    assert e2e.cos >= worst(result.plan_e2e).cos - 1e-6
+    # re-measured with the chosen recipe only: the quantized site stays inside the budget at every call
+    again = calibrate(model, calls, budget={"cos": 0.9999}, candidates=["int8-1-16-1"], emulate=True)
+    assert {s.site: s.choice for s in again.sites} == plan
+
+
+def test_training_runs_on_the_shipped_digits_and_writes_a_small_checkpoint(tmp_path):
+    """A few steps of ``dit_digits.py train`` (the checkpoint in the repository is 2500 steps from seed 0): the data
+    come from scikit-learn's wheel, the checkpoint loads and stays under 2 MB, and the thread count is restored."""
+    pytest.importorskip("sklearn")
+    images, labels = dit.digits()
+    assert images.shape == (1797, 1, 16, 16) and images.min() >= -1 and images.max() <= 1
+    assert sorted(set(labels.tolist())) == list(range(10))
+    threads = torch.get_num_threads()
+    dit.train(steps=3, seed=0, out=tmp_path / "ckpt.pt", log_every=3)
+    assert torch.get_num_threads() == threads
+    trained = dit.load(tmp_path / "ckpt.pt")
+    assert sum(p.numel() for p in trained.parameters()) == sum(p.numel() for p in dit.TinyDiT().parameters())
+    assert (tmp_path / "ckpt.pt").stat().st_size < 2e6 and dit.CHECKPOINT.stat().st_size < 2e6
