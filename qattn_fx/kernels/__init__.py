@@ -77,8 +77,9 @@ KERNELS: dict[str, KernelInfo] = {
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
-                                              key_bias=True, lse=True, note="needs 16-byte aligned Q/K/V strides (TMA); the "
-                                                                  "quantize nodes write them so"),),
+                                              key_bias=True, lse=True,
+                                              note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes "
+                                                   "write them so"),),
                    description="qattn_fx warp-specialized Gluon SageAttention (TMA producer warp, two or three "
                                "consumer warpgroups; triton_sage's numerics), sm_90, triton >= 3.6"),
         KernelInfo("cudnn_fp8", "qattn_fx.kernels.cudnn", "fp8_attention",
