@@ -28,8 +28,9 @@ Variants (``--variants``, default all six on 2+ ranks, the 1-GPU ones alone):
 Whole-model compile (``torch.compile(model, backend=...)``, after diffusers' hooks are in place:
 :mod:`benchmarks.parallel`). Timing: the compiling call, ``--warmup`` calls, then ``--iters`` calls; each rank's
 median (CUDA events; wall clock on CPU), the slowest rank's reported. Accuracy: each variant's output (rank 0, the
-gathered full sequence) against ``--reference`` (default ``dense-1``): cosine, relative L2, max |diff|; a variant
-below ``--min-cosine`` makes the exit status 1. qattn variants print rank 0's site table (the local shapes each rank
+gathered full sequence) against ``--reference`` (default ``dense-1``): cosine, relative L2, max |diff|, and the
+relative L2 to every variant run before it (JSON ``rel_l2_vs``); a variant below ``--min-cosine`` makes the exit
+status 1. qattn variants print rank 0's site table (the local shapes each rank
 attends over, and the context-parallel notes). Writes JSON (``--out``) and prints one table.
 """
 
@@ -254,17 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference not in variants:
         variants.insert(0, args.reference)
     variants.sort(key=lambda v: v != args.reference)  # the reference first, the rest in the given order
-    rows, reference = [], None
+    rows, outputs = [], {}
     for name in variants:
         if rank == 0:
             common.log(f"{name} ...")
         row, out = run_variant(name, args, device)
         if rank != 0:
             continue
-        if name == args.reference:
-            reference = out
-        else:
-            row.update(compare(out, reference))
+        if outputs:
+            row.update(compare(out, outputs[args.reference]))
+            row["rel_l2_vs"] = {other: compare(out, ref)["rel_l2_vs_ref"] for other, ref in outputs.items()}
+        outputs[name] = out
         rows.append(row)
         common.log(json.dumps({k: v for k, v in row.items() if k != "site_table"}))
     status = 0
