@@ -34,8 +34,8 @@ from ..ops import canonical
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 #: Attention ops that return ``(out, logsumexp, ...)``: outputs 0 and 1 are served, the others (backward
 #: bookkeeping: cumulative lengths, RNG state, debug mask) are not. LSE ``(B, H, Sq)`` fp32 (flash) or
-#: ``(B, H, Sq, 1)`` (cuDNN).
-#: Dynamo records the overload packet (``torch.ops.aten._scaled_dot_product_flash_attention``), AOT the overload.
+#: ``(B, H, Sq, 1)`` (cuDNN). Dynamo records the overload packet (``aten._scaled_dot_product_flash_attention``),
+#: AOT autograd the overload: both are listed.
 LSE_TARGETS = (torch.ops.aten._scaled_dot_product_flash_attention.default,
                torch.ops.aten._scaled_dot_product_cudnn_attention.default,
                torch.ops.aten._scaled_dot_product_flash_attention,

@@ -4,10 +4,10 @@ For a quantized site the SDPA node is replaced by the node sequence of
 :func:`qattn_fx.ops.lowering.quantized_attention` (smooth K, quantize Q/K/V, attention), inserted in place with
 stable names after the site's module (``blocks_0_attn1_q_quant``; ``sdpa_...`` for a call outside any submodule,
 ``blocks_0_attn1_1_...`` for a second site of the same module) and meta computed under the graph's own fake mode;
-each inserted node's ``meta["qattn_fx_site"]`` is that name prefix. An LSE call (``aten._scaled_dot_product_flash_
-attention`` and the like, :data:`qattn_fx.fx.match.LSE_TARGETS`) is replaced the same way with the op that also
-returns the LSE; the ``getitem`` nodes that read its output and LSE are replaced by the new ones. Dense sites are
-left exactly as they were. The caller recompiles the graph module.
+each inserted node's ``meta["qattn_fx_site"]`` is that name prefix. An LSE call (the aten flash / cuDNN attention
+ops, :data:`qattn_fx.fx.match.LSE_TARGETS`) is replaced the same way with the op that also returns the LSE; the
+``getitem`` nodes that read its output and LSE are replaced by the new ones. Dense sites are left exactly as they
+were. The caller recompiles the graph module.
 """
 
 from __future__ import annotations
