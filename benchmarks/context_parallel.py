@@ -27,7 +27,8 @@ Variants (``--variants``, default all six on 2+ ranks, the 1-GPU ones alone):
 
 Whole-model compile (``torch.compile(model, backend=...)``, after diffusers' hooks are in place:
 :mod:`benchmarks.parallel`). Timing: the compiling call, ``--warmup`` calls, then ``--iters`` calls; each rank's
-median (CUDA events; wall clock on CPU), the slowest rank's reported. Accuracy: each variant's output (rank 0, the
+median (CUDA events; wall clock on CPU), the slowest rank's reported, and the graphs Dynamo compiled (1 without
+graph breaks; ``--fullgraph`` makes a break an error). Accuracy: each variant's output (rank 0, the
 gathered full sequence) against ``--reference`` (default ``dense-1``): cosine, relative L2, max |diff|, and the
 relative L2 to every variant run before it (JSON ``rel_l2_vs``); a variant below ``--min-cosine`` makes the exit
 status 1. qattn variants print rank 0's site table (the local shapes each rank
@@ -47,6 +48,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 
 import qattn_fx
 from benchmarks import common, parallel
@@ -139,6 +141,7 @@ def run_variant(name: str, args, device: torch.device) -> tuple[dict | None, tor
     kind = name.split("-")[1]
     quantized = name.startswith("qattn")
     torch._dynamo.reset()
+    counters.clear()
     model, inputs = build(args.model, args.blocks, args.frames, args.height, args.width, device, args.dtype)
     if kind != "1":
         backend_name = args.ulysses_backend if kind == "ulysses" else args.ring_backend
@@ -158,7 +161,8 @@ def run_variant(name: str, args, device: torch.device) -> tuple[dict | None, tor
     step_ms = _slowest(statistics.median(timer.times), device) if timer.times else None
     if rank != 0:
         return None, None
-    row = {"variant": name, "ranks": 1 if kind == "1" else world, "step_ms": step_ms, "compile_s": compile_s}
+    row = {"variant": name, "ranks": 1 if kind == "1" else world, "step_ms": step_ms, "compile_s": compile_s,
+           "graphs": counters["stats"]["unique_graphs"]}
     if quantized:
         report = backend.report
         row["sites"] = report.summary()
@@ -291,7 +295,7 @@ def _finish(rows: list[dict], header: str, args, world: int) -> int:
     columns = [("variant", "variant", ""), ("ranks", "ranks", "d"), ("step_ms", "step ms", ".1f"),
                ("x_vs_dense-1", "x dense-1", ".2f"), ("x_vs_dense-ulysses", "x dense-ulysses", ".2f"),
                ("x_vs_dense-ring", "x dense-ring", ".2f"), ("cos_vs_ref", f"cos vs {args.reference}", ".6f"),
-               ("rel_l2_vs_ref", "rel L2", ".2e"), ("compile_s", "compile s", ".0f")]
+               ("rel_l2_vs_ref", "rel L2", ".2e"), ("compile_s", "compile s", ".0f"), ("graphs", "graphs", "d")]
     print(f"\n{header}\n{common.format_table(rows, columns)}")
     for r in rows:
         if "sites" in r:

@@ -47,10 +47,13 @@ def ignore_warning_once() -> None:
     if function is None:
         return
     config = torch._dynamo.config
-    ignored = getattr(config, "ignore_logging_functions", None)
-    if ignored is None:
-        ignored = config.ignore_logger_methods
-    ignored.add(function)
+    for name in ("ignore_logging_functions", "ignore_logger_methods"):
+        ignored = getattr(config, name, None)
+        if ignored is not None:
+            ignored.add(function)
+            return
+    raise RuntimeError(f"torch {torch.__version__} has neither torch._dynamo.config.ignore_logging_functions nor "
+                       "ignore_logger_methods: Logger.warning_once cannot be ignored by Dynamo")
 
 
 def prime_split_hooks(model: torch.nn.Module) -> int:
