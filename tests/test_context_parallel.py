@@ -46,6 +46,7 @@ def sites(row, role):
 
 def test_ulysses_quantized_output_is_the_single_process_one(run):
     assert run["qattn-ulysses"]["rel_l2_vs"]["qattn-1"] < 1e-6
+    assert run["qattn-ulysses"]["graphs"] == run["qattn-ring"]["graphs"] == 1  # whole model, no graph break
     (attn1,) = sites(run["qattn-ulysses"], "self")
     # the local attention: all 128 tokens, one of the two heads; the all-to-alls around it untouched
     assert attn1["module"] == "blocks.0.attn1" and attn1["q_shape"] == [1, 1, 128, 12]
