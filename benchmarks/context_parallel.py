@@ -28,11 +28,12 @@ Variants (``--variants``, default all six on 2+ ranks, the 1-GPU ones alone):
 Whole-model compile (``torch.compile(model, backend=...)``, after diffusers' hooks are in place:
 :mod:`benchmarks.parallel`). Timing: the compiling call, ``--warmup`` calls, then ``--iters`` calls; each rank's
 median (CUDA events; wall clock on CPU), the slowest rank's reported, and the graphs Dynamo compiled (1 without
-graph breaks; ``--fullgraph`` makes a break an error). Accuracy: each variant's output (rank 0, the
-gathered full sequence) against ``--reference`` (default ``dense-1``): cosine, relative L2, max |diff|, and the
-relative L2 to every variant run before it (JSON ``rel_l2_vs``); a variant below ``--min-cosine`` makes the exit
-status 1. qattn variants print rank 0's site table (the local shapes each rank
-attends over, and the context-parallel notes). Writes JSON (``--out``) and prints one table.
+graph breaks; ``--fullgraph`` makes a break an error). Accuracy: each variant's output (rank 0, the gathered full
+sequence) against ``--reference`` (default ``dense-1``): cosine, relative L2, max |diff|, and the relative L2 to
+every variant run before it (JSON ``rel_l2_vs``); a variant below ``--min-cosine`` makes the exit status 1. qattn
+variants print rank 0's site table (the local shapes each rank attends over, and the context-parallel notes); the
+JSON also counts the collectives in their rewritten graphs (``collectives``). Writes JSON (``--out``) and prints one
+table.
 """
 
 from __future__ import annotations
@@ -168,8 +169,21 @@ def run_variant(name: str, args, device: torch.device) -> tuple[dict | None, tor
         row["sites"] = report.summary()
         row["site_table"] = [{k: s[k] for k in ("module", "role", "q_shape", "kv_shape", "kernel", "reason", "notes")}
                              for s in report.to_dict()["sites"]]
+        row["collectives"] = collectives(backend.graph_modules)
         common.log(f"{name}: site table (rank 0)\n{report}")
     return row, out.float().cpu()
+
+
+def collectives(graph_modules) -> dict[str, int]:
+    """How many nodes of each ``_c10d_functional`` op the rewritten graphs hold (the pass leaves them as they are)."""
+    counts: dict[str, int] = {}
+    for gm in graph_modules:
+        for node in gm.graph.nodes:
+            name = str(node.target) if node.op == "call_function" else ""
+            if name.startswith("_c10d_functional."):
+                op = name.split(".")[1]
+                counts[op] = counts.get(op, 0) + 1
+    return counts
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:

@@ -47,6 +47,9 @@ def sites(row, role):
 def test_ulysses_quantized_output_is_the_single_process_one(run):
     assert run["qattn-ulysses"]["rel_l2_vs"]["qattn-1"] < 1e-6
     assert run["qattn-ulysses"]["graphs"] == run["qattn-ring"]["graphs"] == 1  # whole model, no graph break
+    # the all-to-alls around the local attention (Q, K, V in; the output back) and the output's gather, untouched
+    assert run["qattn-ulysses"]["collectives"] == {"all_to_all_single": 4, "all_gather_into_tensor": 1,
+                                                   "wait_tensor": 5}
     (attn1,) = sites(run["qattn-ulysses"], "self")
     # the local attention: all 128 tokens, one of the two heads; the all-to-alls around it untouched
     assert attn1["module"] == "blocks.0.attn1" and attn1["q_shape"] == [1, 1, 128, 12]
