@@ -50,6 +50,10 @@ class Site:
     layers (regional compilation), where per-layer rules cannot be honoured. ``runtime_args`` names SDPA
     arguments that are values computed in the graph rather than constants (``scale``, ``dropout_p``); ``dropout``
     is then its value when known, else NaN. ``kv_dtypes``: K's and V's dtypes (``dtype`` is Q's).
+    ``lse``: the call also returns the log-sum-exp of each query row (``aten._scaled_dot_product_flash_attention``
+    / ``_cudnn_attention``, what ring attention merges partial results by); ``other_outputs``: the indices of its
+    further outputs (backward bookkeeping) that the graph reads, which no quantized op produces. ``context``: how
+    the operands reached this rank under context parallelism (:func:`qattn_fx.fx.match.context_parallel`), a note.
     """
 
     name: str = "sdpa"
@@ -71,6 +75,9 @@ class Site:
     mask_shape: tuple | None = None
     runtime_args: tuple[str, ...] = ()
     kv_dtypes: tuple | None = None
+    lse: bool = False
+    other_outputs: tuple[int, ...] = ()
+    context: str | None = None
 
     def __post_init__(self) -> None:
         recipes._check_choice("site.mask", self.mask, MASK_KINDS)
@@ -225,6 +232,11 @@ def site_blocker(site: Site) -> str | None:
             return why
     if site.kv_len == 0:
         return "zero-length keys"
+    if site.lse and site.other_outputs:
+        return (f"the graph reads outputs {', '.join(map(str, site.other_outputs))} of the LSE attention op "
+                "(backward bookkeeping); the quantized ops return the output and the LSE only")
+    if site.lse and len(site.q_shape) != 4:
+        return f"{len(site.q_shape)}-D operands of an LSE attention op; 4-D (B, H, S, D) are served"
     return None
 
 
@@ -246,6 +258,11 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
                 f"{'/'.join(str(d).removeprefix('torch.') for d in req.dtypes)}")
     if site.mask in KEY_MASKS and not req.key_bias:
         return f"no masks ({site.mask} attn_mask)"
+    if site.lse and not req.lse:
+        return "returns no LSE (the call's log-sum-exp, which ring attention merges by)"
+    if site.lse and use.recipe is not None and use.recipe.family != "scaled":
+        return (f"no LSE op for {use.recipe.qk_dtype} Q/K, {use.recipe.v_dtype} V (LSE calls are served for "
+                "int8/fp8/bf16 Q/K with fp8 V)")
     if site.role == "cross" and not req.cross_attention:
         return "no cross-attention"
     if site.gqa and not req.gqa:

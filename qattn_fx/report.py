@@ -54,6 +54,17 @@ def _shape(shape: tuple) -> list:
     return out
 
 
+def _site_notes(site) -> tuple[str, ...]:
+    """Facts of the site worth a note whatever was decided: context parallelism, an LSE call form."""
+    notes = []
+    if site.context:
+        notes.append(site.context)
+    if site.lse:
+        notes.append("an attention op that also returns the log-sum-exp (ring attention merges partial results "
+                     "by it); a quantized site returns both")
+    return tuple(notes)
+
+
 @dataclass(frozen=True)
 class SiteRecord:
     graph: int
@@ -93,7 +104,7 @@ class SiteRecord:
             recipe=recipe.name if recipe else None,
             kernel=decision.kernel,
             reason=decision.reason,
-            notes=decision.notes,
+            notes=decision.notes + _site_notes(site),
             deployment=decision.deployment,
             source=decision.source,
             recipe_short=recipe.short_name if recipe else None,

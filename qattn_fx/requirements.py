@@ -56,8 +56,10 @@ class Requirements:
     ``library`` is ``(distribution, minimum version)``; ``kernel`` names the entry in
     :data:`qattn_fx.kernels.KERNELS` that implements it (``None``: no kernel in qattn_fx yet, so the row can
     only be emulated). ``dtypes``: the Q/K/V dtypes it takes; ``key_bias``: it serves per-key masks
-    (key-padding or additive, as a logit bias); ``qk_dtypes``: the recipe Q/K formats this target runs (``None``:
-    every format the kernel implements), for kernels whose architectures differ by format.
+    (key-padding or additive, as a logit bias); ``lse``: it also returns the log-sum-exp of each query row (what
+    ring attention merges partial results by; ``qattn::scaled_attention_lse``); ``qk_dtypes``: the recipe Q/K
+    formats this target runs (``None``: every format the kernel implements), for kernels whose architectures differ
+    by format.
     """
 
     kernel: str | None
@@ -68,6 +70,7 @@ class Requirements:
     gqa: bool = True
     causal: bool = False
     key_bias: bool = False
+    lse: bool = False
     dtypes: tuple = (torch.bfloat16, torch.float16)
     self_attention_only_equal_shapes: bool = False
     seq_multiple_of: int = 1

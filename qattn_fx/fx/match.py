@@ -2,7 +2,9 @@
 
 Matching is explicit: a node is an attention site when its target is the SDPA builtin (however the user wrote the
 call: positional or keyword arguments, diffusers' permuted views, inside ``sdpa_kernel`` context nodes) or the aten
-op. Graphs nested in higher-order-op subgraphs (activation checkpointing, ``invoke_subgraph``) are searched too.
+op, or one of the aten ops that also return the log-sum-exp (:data:`LSE_TARGETS`: the flash and cuDNN forms that
+diffusers' ring attention calls to merge partial results). Graphs nested in higher-order-op subgraphs (activation
+checkpointing, ``invoke_subgraph``) are searched too.
 
 Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_module_stack``:
 
@@ -12,11 +14,14 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
   when Q's data flow contains a concatenation along the sequence axis (text and image tokens, MM-DiT); else
   ``self``;
 * mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
-  varies per key / bool / float.
+  varies per key / bool / float;
+* context parallelism (:func:`context_parallel`): the collectives that bring Q or K/V to this rank (Ulysses'
+  all-to-all, ring attention's all-gather), so the report can say that its shapes are this rank's.
 """
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
 
@@ -27,6 +32,19 @@ from torch.fx.operator_schemas import normalize_function
 from ..ops import canonical
 
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+#: Attention ops that return ``(out, logsumexp, ...)``: outputs 0 and 1 are served, the others (backward
+#: bookkeeping: cumulative lengths, RNG state, debug mask) are not. LSE ``(B, H, Sq)`` fp32 (flash) or
+#: ``(B, H, Sq, 1)`` (cuDNN). Dynamo records the overload packet (``aten._scaled_dot_product_flash_attention``),
+#: AOT autograd the overload: both are listed.
+LSE_TARGETS = (torch.ops.aten._scaled_dot_product_flash_attention.default,
+               torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+               torch.ops.aten._scaled_dot_product_flash_attention,
+               torch.ops.aten._scaled_dot_product_cudnn_attention)
+_COLLECTIVES = {
+    "all_to_all_single": "Ulysses all-to-all",
+    "all_gather_into_tensor": "all-gather (ring attention)",
+    "permute_tensor": "ring send/receive",
+}
 _LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear, torch.matmul, torch.ops.aten.linear.default)
 _CAT_TARGETS = (torch.cat, torch.concat, torch.ops.aten.cat.default)
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -35,7 +53,12 @@ _ANCESTRY_LIMIT = 20000
 
 
 def is_sdpa(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target in SDPA_TARGETS
+    """An attention site: the SDPA builtin or aten op, or an LSE-returning attention op (:data:`LSE_TARGETS`)."""
+    return node.op == "call_function" and (node.target in SDPA_TARGETS or node.target in LSE_TARGETS)
+
+
+def returns_lse(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in LSE_TARGETS
 
 
 def example_value(node: object):
@@ -70,9 +93,27 @@ class SdpaCall:
     def v(self) -> fx.Node:
         return self.args["value"]
 
+    @property
+    def lse(self) -> bool:
+        """The call returns ``(out, logsumexp, ...)`` (:data:`LSE_TARGETS`) rather than the output alone."""
+        return returns_lse(self.node)
+
+    def outputs_used(self) -> tuple[int, ...]:
+        """Which outputs of an LSE call the graph reads (``getitem`` users; any other use counts as all)."""
+        used: set[int] = set()
+        for user in self.node.users:
+            if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+                used.add(user.args[1])
+            else:
+                used.update(range(9))
+        return tuple(sorted(used))
+
 
 def normalize_sdpa_args(node: fx.Node) -> dict:
-    """All eight SDPA arguments by name, whichever way the call was written."""
+    """All eight SDPA arguments by name, whichever way the call was written. An LSE call's arguments are mapped
+    onto them (cuDNN's ``attn_bias`` is the mask; its other flags say nothing about the output's values)."""
+    if returns_lse(node):
+        return _normalize_lse_args(node)
     normalized = normalize_function(
         torch._C._nn.scaled_dot_product_attention, tuple(node.args), dict(node.kwargs),
         normalize_to_only_use_kwargs=True,
@@ -83,6 +124,17 @@ def normalize_sdpa_args(node: fx.Node) -> dict:
         kwargs.update(node.kwargs)
     defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
     return {**defaults, **kwargs}
+
+
+def _normalize_lse_args(node: fx.Node) -> dict:
+    target = node.target.default if isinstance(node.target, torch._ops.OpOverloadPacket) else node.target
+    normalized = normalize_function(target, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True)
+    if normalized is None:
+        raise ValueError(f"cannot read the arguments of {node.target} at node {node.name}")
+    kwargs = dict(normalized.kwargs)
+    return {"query": kwargs["query"], "key": kwargs["key"], "value": kwargs["value"],
+            "attn_mask": kwargs.get("attn_bias"), "dropout_p": kwargs.get("dropout_p", 0.0),
+            "is_causal": kwargs.get("is_causal", False), "scale": kwargs.get("scale"), "enable_gqa": False}
 
 
 def graphs_in(root: fx.GraphModule) -> list[tuple[str, fx.GraphModule]]:
@@ -141,14 +193,20 @@ _PREFIX = re.compile(r"^L\['[^']*'\]")
 _DICT_MODULES = re.compile(r"\.?__dict__\['_modules'\]\['([^']*)'\]")
 _MODULES = re.compile(r"\._modules\['([^']*)'\]")
 _ITEM = re.compile(r"\['([^']*)'\]")
+# attribute hops through wrapped forwards (diffusers' hooks: a functools.partial over the module's bound forward),
+# which lead back to the same module: ``blocks.0.forward.func.__closure__[0].cell_contents.forward.__self__.attn1``
+_CLOSURE_HOP = re.compile(r"\.forward(?:\.func)?\.__closure__\[\d+\]\.cell_contents")
+_SELF_HOP = re.compile(r"\.forward\.__self__|\.__wrapped__")
 
 
 def clean_module_path(raw: str) -> str:
-    """``L['self'].__dict__['_modules']['blocks'].0.attn1`` → ``blocks.0.attn1``."""
+    """``L['self'].__dict__['_modules']['blocks'].0.attn1`` → ``blocks.0.attn1``; hops through hooked forwards
+    (``...forward.__self__...``, ``...forward.func.__closure__[0].cell_contents...``) are dropped."""
     path = _PREFIX.sub("", raw)
     path = _DICT_MODULES.sub(r".\1", path)
     path = _MODULES.sub(r".\1", path)
     path = _ITEM.sub(r".\1", path)
+    path = _SELF_HOP.sub("", _CLOSURE_HOP.sub("", "." + path))
     return path.strip(".")
 
 
@@ -245,3 +303,41 @@ def mask_kind(mask: object, ndim: int) -> str:
     if not isinstance(mask, torch.Tensor):
         return "float"
     return canonical.mask_kind(tuple(mask.shape), mask.dtype == torch.bool, ndim)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Context parallelism
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _collective(node: fx.Node) -> str | None:
+    """The ``_c10d_functional`` collective a node calls (``all_to_all_single``), else None."""
+    if node.op != "call_function":
+        return None
+    name = str(node.target)  # "_c10d_functional.all_to_all_single" (packet) or "....default" (overload)
+    return name.split(".")[1] if name.startswith("_c10d_functional.") else None
+
+
+def _stop_at_projection(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in _LINEAR_TARGETS) or node.op == "call_module" or is_sdpa(node)
+
+
+def context_parallel(call: SdpaCall) -> str | None:
+    """How the site's operands reached this rank under context parallelism, as a note, or None.
+
+    Walks up from Q and K to their projections: an all-to-all (``_c10d_functional.all_to_all_single``, diffusers'
+    Ulysses attention) or an all-gather (ring attention) on the way means the shapes the site sees are this
+    rank's: all tokens and a share of the heads (Ulysses), or this rank's queries against one chunk of keys (ring).
+    """
+    found: dict[str, list[str]] = {}
+    for operand, node in (("Q", call.q), ("K/V", call.k)):
+        for ancestor in _ancestors(node, _stop_at_projection):
+            name = _collective(ancestor)
+            if name in _COLLECTIVES:
+                found.setdefault(_COLLECTIVES[name], [])
+                if operand not in found[_COLLECTIVES[name]]:
+                    found[_COLLECTIVES[name]].append(operand)
+    if not found:
+        return None
+    how = "; ".join(f"{', '.join(ops)} through the {what}" for what, ops in found.items())
+    return f"context parallel: {how}; shapes are this rank's"

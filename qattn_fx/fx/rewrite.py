@@ -4,8 +4,10 @@ For a quantized site the SDPA node is replaced by the node sequence of
 :func:`qattn_fx.ops.lowering.quantized_attention` (smooth K, quantize Q/K/V, attention), inserted in place with
 stable names after the site's module (``blocks_0_attn1_q_quant``; ``sdpa_...`` for a call outside any submodule,
 ``blocks_0_attn1_1_...`` for a second site of the same module) and meta computed under the graph's own fake mode;
-each inserted node's ``meta["qattn_fx_site"]`` is that name prefix. Dense sites are left exactly as they were. The
-caller recompiles the graph module.
+each inserted node's ``meta["qattn_fx_site"]`` is that name prefix. An LSE call (the aten flash / cuDNN attention
+ops, :data:`qattn_fx.fx.match.LSE_TARGETS`) is replaced the same way with the op that also returns the LSE; the
+``getitem`` nodes that read its output and LSE are replaced by the new ones. Dense sites are left exactly as they
+were. The caller recompiles the graph module.
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[in
         layer_shared=shared_graph or index is None,
         runtime_args=runtime,
         kv_dtypes=(k.dtype, v.dtype),
+        lse=call.lse,
+        other_outputs=tuple(i for i in call.outputs_used() if i > 1) if call.lse else (),
+        context=match.context_parallel(call),
     )
 
 
@@ -141,10 +146,29 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str) -> tuple
     with call.graph.inserting_before(call.node):
         out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
                                   out_dtype=q.dtype, head_dim=head_dim, attn_mask=call.args["attn_mask"],
-                                  enable_gqa=bool(call.args["enable_gqa"]), emit=emit)
-    call.node.replace_all_uses_with(out)
+                                  enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit)
+        if call.lse:
+            _replace_lse_outputs(call, *out, emit)
+        else:
+            call.node.replace_all_uses_with(out)
     call.graph.erase_node(call.node)
     return tuple(n.name for n in emit.created)
+
+
+def _replace_lse_outputs(call: match.SdpaCall, out: fx.Node, lse: fx.Node, emit: FxEmitter) -> None:
+    """Point the ``getitem`` users of an LSE call's output 0 and 1 at ``out`` and ``lse`` (the op's ``(B, H, Sq)``
+    LSE given the call's own LSE shape, ``(B, H, Sq, 1)`` for cuDNN), and erase those ``getitem`` nodes."""
+    for user in list(call.node.users):
+        index = user.args[1]
+        if index == 0:
+            user.replace_all_uses_with(out)
+        else:  # the policy kept sites that read other outputs dense
+            want = match.example_value(user)
+            value = lse
+            if want is not None and want.dim() == 4:
+                value = emit(torch.ops.aten.unsqueeze.default, (lse, -1), "lse_4d")
+            user.replace_all_uses_with(value)
+        call.graph.erase_node(user)
 
 
 def node_prefix(module_path: str, taken: dict[str, int]) -> str:

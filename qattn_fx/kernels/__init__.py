@@ -7,6 +7,10 @@ A kernel is a module with one function per attention op family it implements:
 * ``block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale,
   out_dtype) -> Tensor`` (MXFP8 / NVFP4).
 
+A kernel whose requirements say ``lse=True`` also takes ``return_lse=True`` in ``scaled_attention`` and then returns
+``(out, lse)``, ``lse`` the natural-log log-sum-exp of each query row's logits, fp32 ``(B, Hq, Sq)``
+(``qattn::scaled_attention_lse``, what ring attention merges partial results by).
+
 Tensors and scales follow :mod:`qattn_fx.ops.attention`; every kernel returns the output as logical
 ``(B, Hq, Sq, Dv)`` stored BSHD (``torch.empty(B, Sq, Hq, Dv).transpose(1, 2)``), the layout the op's fake
 kernel promises. GPU libraries are imported inside the kernel module, never at package import.
@@ -53,23 +57,29 @@ class KernelInfo:
         """Its functions take ``key_bias=`` (a per-key fp32 logit bias: how key-padding masks run)."""
         return any(r.key_bias for r in self.requirements)
 
+    @property
+    def lse(self) -> bool:
+        """Its ``scaled`` function takes ``return_lse=True`` and then returns ``(out, lse)``."""
+        return any(r.lse for r in self.requirements)
+
 
 KERNELS: dict[str, KernelInfo] = {
     info.name: info
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
-                   requirements=(Requirements("reference", None, key_bias=True,
+                   requirements=(Requirements("reference", None, key_bias=True, lse=True,
                                               dtypes=(torch.bfloat16, torch.float16, torch.float32)),),
                    description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested "
                                "against"),
         KernelInfo("triton_sage", "qattn_fx.kernels.triton_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)),
-                                              ("triton", "3.0.0"), key_bias=True),),
+                                              ("triton", "3.0.0"), key_bias=True, lse=True),),
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
-                                              key_bias=True, note="needs 16-byte aligned Q/K/V strides (TMA); the "
-                                                                  "quantize nodes write them so"),),
+                                              key_bias=True, lse=True,
+                                              note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes "
+                                                   "write them so"),),
                    description="qattn_fx warp-specialized Gluon SageAttention (TMA producer warp, two or three "
                                "consumer warpgroups; triton_sage's numerics), sm_90, triton >= 3.6"),
         KernelInfo("cudnn_fp8", "qattn_fx.kernels.cudnn", "fp8_attention",

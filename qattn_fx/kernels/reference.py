@@ -8,7 +8,9 @@ This is the *definition* every fast kernel is tested against:
 3. P is rounded the way the recipe's P·V sees it: e4m3 with the fixed scale 448 when V is fp8/mxfp8, NVFP4 with
    a fixed tensor scale when V is nvfp4;
 4. ``O = (P_rounded · V) / l`` in fp32, cast to ``out_dtype`` and stored BSHD. A row whose logits are all
-   ``-inf`` (every key masked) gives 0, as ``F.scaled_dot_product_attention`` does.
+   ``-inf`` (every key masked) gives 0, as ``F.scaled_dot_product_attention`` does;
+5. with ``return_lse`` (scaled family) also the natural-log ``LSE = rowmax(S) + log(l)``, fp32 ``(B, Hq, Sq)``
+   (``-inf`` for a row whose keys are all masked), what the Sage kernels return for a merge of partial results.
 
 Work is chunked over query rows so that memory stays bounded for video-length sequences. GQA (``Hq = g · Hkv``)
 repeats K/V heads. Inputs are never modified.
@@ -34,7 +36,7 @@ def _repeat_heads(x: torch.Tensor, hq: int) -> torch.Tensor:
 
 
 def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, round_p, out: torch.Tensor,
-            key_bias: torch.Tensor | None = None):
+            key_bias: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     b, h, sq, _ = qf.shape
     kf = _repeat_heads(kf, h)
     vf = _repeat_heads(vf[:, :, : kf.shape[-2]], h)  # V may carry padding rows past Skv
@@ -49,16 +51,22 @@ def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: floa
         denom = p.sum(dim=-1, keepdim=True)
         o = torch.matmul(round_p(p), vf) / torch.where(denom == 0, torch.ones_like(denom), denom)
         out[:, :, start : start + rows] = o.to(out.dtype)
+        if lse is not None:
+            lse[:, :, start : start + rows] = (m + torch.log(denom)).squeeze(-1)
     return out
 
 
-def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
-    """Reference for ``qattn::scaled_attention`` (see :mod:`qattn_fx.ops.attention` for the layouts)."""
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
+                     return_lse=False):
+    """Reference for ``qattn::scaled_attention`` (see :mod:`qattn_fx.ops.attention` for the layouts); with
+    ``return_lse`` it returns ``(out, lse)`` (``qattn::scaled_attention_lse``), ``lse`` fp32 ``(B, Hq, Sq)``."""
     qf = formats.dequantize_scaled(q, q_scale, q_block)
     kf = formats.dequantize_scaled(k, k_scale, k_block)
     vf = formats.dequantize_v(v, v_scale)
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
-    return _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+    out = _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias, lse)
+    return (out, lse) if return_lse else out
 
 
 def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.Tensor:

@@ -18,6 +18,13 @@ key_bias=None, runtime_scale=None)``
   compiled graph (a Python float that changes between calls) rather than a constant; it replaces ``sm_scale``.
 * Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype``, stored BSHD (stride ``(Sq·Hq·Dv, Dv, Hq·Dv, 1)``).
 
+``qattn::scaled_attention_lse(...)``, the same arguments, returns ``(out, lse)``: ``out`` as above and ``lse`` the
+natural-log log-sum-exp of each query row's logits ``q·kᵀ·sm_scale (+ key_bias)``, fp32 ``(B, Hq, Sq)``
+contiguous (``-inf`` for a row whose keys are all masked). Ring attention merges partial results by it. Only
+kernels whose :class:`~qattn_fx.kernels.KernelInfo` says ``lse`` implement it. With smoothed K the logits are
+those of the smoothed K (shifted by ``q·mean(k)·sm_scale`` per row); the lowering adds the shift back
+(``qattn::lse_shift``).
+
 ``qattn::block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale,
 out_dtype, kernel, key_bias=None, runtime_scale=None)``
 
@@ -176,6 +183,39 @@ def _(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
     return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
 
 
+@torch.library.custom_op("qattn::scaled_attention_lse", mutates_args=())
+def scaled_attention_lse(
+    q: torch.Tensor,
+    q_scale: Optional[torch.Tensor],
+    k: torch.Tensor,
+    k_scale: Optional[torch.Tensor],
+    v: torch.Tensor,
+    v_scale: torch.Tensor,
+    q_block: int,
+    k_block: int,
+    sm_scale: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+    key_bias: Optional[torch.Tensor] = None,
+    runtime_scale: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
+    if not kernels.info(kernel).lse:
+        _fail(f"kernel {kernel!r} returns no LSE; kernels that do: "
+              f"{', '.join(k for k, i in kernels.KERNELS.items() if i.lse)}")
+    fn = _kernel_call(kernel, "scaled", key_bias)
+    out, lse = fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale),
+                  out_dtype, return_lse=True)
+    return out, lse
+
+
+@scaled_attention_lse.register_fake
+def _(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel, key_bias=None,
+      runtime_scale=None):
+    lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+    return _fake_out(q, q.shape[2], v.shape[3], out_dtype), lse
+
+
 QK_FORMATS = ("mxfp8", "nvfp4")
 V_FORMATS = ("fp8", "mxfp8", "nvfp4")
 
@@ -282,4 +322,5 @@ def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale
     return _fake_out(q, q.shape[2], _v_dims(v, v_format)[1], out_dtype)
 
 
-ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default)
+ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default,
+                 torch.ops.qattn.scaled_attention_lse.default)

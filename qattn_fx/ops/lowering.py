@@ -131,6 +131,18 @@ def _from_canonical(emit: Emitter, out: Any, q: Any, plan: canonical.Plan) -> An
     return out
 
 
+def _check_lse(recipe: Recipe, kernel: str, entry: kernels.KernelInfo, plan: canonical.Plan) -> None:
+    """Raise ``ValueError`` unless the call can return its LSE (see :func:`quantized_attention`)."""
+    if recipe.family != "scaled":
+        raise ValueError(f"return_lse=True needs a recipe of the scaled family (int8/fp8/bf16 Q/K, fp8 V); "
+                         f"got {recipe.name}")
+    if not entry.lse:
+        raise ValueError(f"kernel {kernel!r} returns no LSE; kernels that do: "
+                         f"{', '.join(n for n, i in kernels.KERNELS.items() if i.lse)}")
+    if plan.add_head_dim or plan.flatten_batch:
+        raise ValueError(f"return_lse=True needs 4-D (B, H, S, D) operands; got {plan.ndim}-D")
+
+
 def quantized_attention(
     q: Any,
     k: Any,
@@ -143,6 +155,7 @@ def quantized_attention(
     head_dim: int | None = None,
     attn_mask: Any = None,
     enable_gqa: bool = True,
+    return_lse: bool = False,
     emit: Emitter = eager,
 ) -> Any:
     """Non-causal attention of ``q``, ``k``, ``v`` under ``recipe`` on ``kernel``, as ``F.scaled_dot_product_attention``
@@ -156,6 +169,11 @@ def quantized_attention(
     it may also be a graph value (a node producing a SymFloat), passed to the op as a CPU scalar tensor.
     ``enable_gqa`` (SDPA's flag) defaults to on here: ``Hq`` may be any multiple of ``Hkv``; the compile pass passes
     each call's own flag.
+
+    ``return_lse``: return ``(out, lse)``, ``lse`` the natural-log log-sum-exp of each query row's logits, fp32
+    ``(B, Hq, Sq)`` (``qattn::scaled_attention_lse``; with ``smooth_k`` the shift smoothing takes off is added back
+    by ``qattn::lse_shift``), for 4-D operands and recipes of the ``scaled`` family on kernels that return it
+    (``KernelInfo.lse``); anything else raises ``ValueError``.
     """
     q_shape = _shape(q)
     if head_dim is None:
@@ -173,6 +191,8 @@ def quantized_attention(
         raise ValueError(f"nvfp4 Q/K needs head_dim % 16 == 0; got head_dim={head_dim}")
     mask_shape = _shape(attn_mask) if attn_mask is not None else None
     plan = canonical.plan(q_shape, _shape(k), _shape(v), mask_shape, enable_gqa)
+    if return_lse:
+        _check_lse(recipe, kernel, entry, plan)
     if mask_shape is not None:
         kind = canonical.mask_kind(mask_shape, value_of(attn_mask).dtype == torch.bool, len(q_shape))
         if kind not in canonical.KEY_MASKS:
@@ -184,12 +204,22 @@ def quantized_attention(
     q_call = q
     q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan)
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
+    k_call = k
     if recipe.smooth_k:
         k = emit(ops.smooth_k.default, (k,), "k_smooth")
     q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
     k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
     v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
     extra = () if key_bias is None and runtime_scale is None else (key_bias, runtime_scale)
+    if return_lse:
+        args = (q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe.q_block_size, recipe.k_block_size,
+                float(sm_scale), out_dtype, kernel, *extra)
+        res = emit(ops.scaled_attention_lse.default, args, "attention")
+        out, lse = _unpack(emit, res, ("out", "lse"))
+        if recipe.smooth_k:
+            shift = emit(ops.lse_shift.default, (q, k_call, float(sm_scale), runtime_scale), "lse_shift")
+            lse = emit(torch.ops.aten.add.Tensor, (lse, shift), "lse_full")
+        return out, lse
     if recipe.family == "scaled":
         args = (q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe.q_block_size, recipe.k_block_size,
                 float(sm_scale), out_dtype, kernel, *extra)

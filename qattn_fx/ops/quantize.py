@@ -18,6 +18,8 @@ op                                                     returns
 ``key_bias(mask, k)``                                  a per-key mask as an fp32 logit bias ``(B|1, Skv)``
                                                        (boolean: 0 / ``-inf``)
 ``as_scalar_tensor(value)``                            a graph's float value as a 0-d float64 CPU tensor
+``lse_shift(q, k, sm_scale, runtime_scale)``           ``sm_scale · q·mean_S(k)`` fp32 ``(B, Hq, Sq)``: what
+                                                       smoothing K takes off each row's log-sum-exp
 ``quantize_nvfp4(x, transpose)``                       packed e2m1 ``(..., N/2)`` uint8, E4M3 scales ``(..., N/16)``,
                                                        fp32 tensor scale ``()``; ``transpose`` quantizes
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
@@ -146,6 +148,23 @@ def key_bias(mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return bias.new_zeros(batch, k.shape[-2]) + bias
 
 
+def lse_shift(q: torch.Tensor, k: torch.Tensor, sm_scale: float, runtime_scale: torch.Tensor | None = None):
+    """``sm_scale · (q · mean_S(k))`` per query row, fp32 ``(B, Hq, Sq)``, for canonical ``q (B, Hq, Sq, D)`` and
+    ``k (B, Hkv, Skv, D)`` (``Hq`` a multiple of ``Hkv``); ``runtime_scale`` (a 0-d tensor) replaces ``sm_scale``.
+
+    Smoothing K (:func:`smooth_k`) shifts every logit of a row by this amount, which the softmax cancels but the
+    row's log-sum-exp keeps: the LSE of the smoothed logits plus this shift is the LSE of the call's own logits,
+    which is what a merge of partial results over different key chunks (ring attention) needs.
+    """
+    _check_4d("lse_shift", q)
+    _check_4d("lse_shift", k)
+    mean = k.float().mean(dim=-2)
+    if q.shape[1] != k.shape[1]:
+        mean = mean.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    shift = (q.float() * mean.unsqueeze(-2)).sum(dim=-1)
+    return shift * (runtime_scale.float() if runtime_scale is not None else sm_scale)
+
+
 def as_scalar_tensor(value) -> torch.Tensor:
     """A graph's float value (a SymFloat) as a 0-d float64 CPU tensor (custom ops' ``float`` args take no SymFloat)."""
     return torch.scalar_tensor(value, dtype=torch.float64)
@@ -154,6 +173,7 @@ def as_scalar_tensor(value) -> torch.Tensor:
 _define("smooth_k(Tensor k) -> Tensor", smooth_k)
 _define("key_bias(Tensor mask, Tensor k) -> Tensor", key_bias)
 _define("as_scalar_tensor(Scalar value) -> Tensor", as_scalar_tensor)
+_define("lse_shift(Tensor q, Tensor k, float sm_scale, Tensor? runtime_scale=None) -> Tensor", lse_shift)
 _define("quantize_per_block(Tensor x, int block, ScalarType dtype) -> (Tensor, Tensor)", quantize_per_block)
 _define("quantize_per_head(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_head)
 _define(
@@ -169,6 +189,7 @@ QUANTIZE_OPS = (
     torch.ops.qattn.smooth_k.default,
     torch.ops.qattn.key_bias.default,
     torch.ops.qattn.as_scalar_tensor.default,
+    torch.ops.qattn.lse_shift.default,
     torch.ops.qattn.quantize_per_block.default,
     torch.ops.qattn.quantize_per_head.default,
     torch.ops.qattn.quantize_per_tensor.default,

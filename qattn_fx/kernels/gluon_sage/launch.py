@@ -301,9 +301,11 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     return (out, lse) if return_lse else out
 
 
-def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
-    """Kernel entry for ``qattn::scaled_attention``."""
-    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias)
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
+                     return_lse=False):
+    """Kernel entry for ``qattn::scaled_attention``; ``return_lse``: also the LSE (``qattn::scaled_attention_lse``)."""
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
+                     return_lse=return_lse)
 
 
 def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,

@@ -202,9 +202,12 @@ def _run(interpret, config, args, meta, bsz, hq, sq, skv, device) -> None:
             _tuned()[grid](*args, **meta, INTERP_LOOP_END=0)
 
 
-def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None):
-    """Kernel entry for ``qattn::scaled_attention`` (``kernel="triton_sage"``)."""
-    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias)
+def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
+                     return_lse=False):
+    """Kernel entry for ``qattn::scaled_attention`` (``kernel="triton_sage"``); ``return_lse``: also the LSE
+    (``qattn::scaled_attention_lse``)."""
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
+                     return_lse=return_lse)
 
 
 # ------------------------------------------------------------------------------------------------------------------
