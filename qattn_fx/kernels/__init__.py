@@ -53,12 +53,17 @@ class KernelInfo:
         """Its functions take ``key_bias=`` (a per-key fp32 logit bias: how key-padding masks run)."""
         return any(r.key_bias for r in self.requirements)
 
+    @property
+    def skip_softmax(self) -> bool:
+        """Its functions take ``skip_threshold=`` and ``skip_label=`` (Skip-Softmax, :mod:`qattn_fx.skip_softmax`)."""
+        return any(r.skip_softmax for r in self.requirements)
+
 
 KERNELS: dict[str, KernelInfo] = {
     info.name: info
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
-                   requirements=(Requirements("reference", None, key_bias=True,
+                   requirements=(Requirements("reference", None, key_bias=True, skip_softmax=True,
                                               dtypes=(torch.bfloat16, torch.float16, torch.float32)),),
                    description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested "
                                "against"),
@@ -68,8 +73,9 @@ KERNELS: dict[str, KernelInfo] = {
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
-                                              key_bias=True, note="needs 16-byte aligned Q/K/V strides (TMA); the "
-                                                                  "quantize nodes write them so"),),
+                                              key_bias=True, skip_softmax=True,
+                                              note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes "
+                                                   "write them so"),),
                    description="qattn_fx warp-specialized Gluon SageAttention (TMA producer warp, two or three "
                                "consumer warpgroups; triton_sage's numerics), sm_90, triton >= 3.6"),
         KernelInfo("cudnn_fp8", "qattn_fx.kernels.cudnn", "fp8_attention",
