@@ -45,6 +45,7 @@ class KernelInfo:
     scaled: str | None = None
     block_scaled: str | None = None
     v_seq_major: bool = False
+    dense_skip: str | None = None
     requirements: tuple[Requirements, ...] = ()
     description: str = ""
 
@@ -63,6 +64,7 @@ KERNELS: dict[str, KernelInfo] = {
     info.name: info
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
+                   dense_skip="dense_attention",
                    requirements=(Requirements("reference", None, key_bias=True, skip_softmax=True,
                                               dtypes=(torch.bfloat16, torch.float16, torch.float32)),),
                    description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested "
@@ -103,7 +105,7 @@ KERNELS: dict[str, KernelInfo] = {
     )
 }
 
-FAMILIES = ("scaled", "block_scaled")
+FAMILIES = ("scaled", "block_scaled", "dense_skip")
 
 
 def info(name: str) -> KernelInfo:
@@ -120,7 +122,8 @@ def requirements(name: str, qk_dtype: str | None = None) -> tuple[Requirements, 
 
 
 def load(name: str, family: str) -> Callable:
-    """The function implementing op ``family`` (``scaled`` / ``block_scaled``) in kernel ``name``."""
+    """The function implementing op ``family`` (``scaled`` / ``block_scaled`` / ``dense_skip``: unquantized attention
+    with Skip-Softmax) in kernel ``name``."""
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is invalid; valid: {', '.join(FAMILIES)}")
     entry = info(name)

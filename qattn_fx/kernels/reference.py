@@ -77,6 +77,13 @@ def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
     return _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias, skip_threshold, skip_label)
 
 
+def dense_attention(q, k, v, sm_scale, out_dtype, *, key_bias=None, skip_threshold=None, skip_label=""):
+    """Reference for ``qattn::skip_softmax_attention``: fp32 attention of float ``q``, ``k``, ``v`` (P not rounded),
+    with Skip-Softmax's tile test when ``skip_threshold`` is given."""
+    out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
+    return _attend(q.float(), k.float(), v.float(), sm_scale, lambda p: p, out, key_bias, skip_threshold, skip_label)
+
+
 def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.Tensor:
     """fp32 ``(B, H, S, D)`` values of a block-scaled operand (``role``: ``qk`` or ``v``; ``n``: S for V, D for Q/K)."""
     if fmt == "mxfp8":

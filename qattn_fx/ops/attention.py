@@ -30,7 +30,11 @@ out_dtype, kernel, key_bias=None, runtime_scale=None)``
   ``nvfp4``: packed e2m1 ``(B, H, S, D/2)`` uint8, E4M3 scales ``(B, H, S, D/16)``, fp32 tensor scale ``()``.
 * ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, ceil(Skv/32), Dv)``;
   ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, Skv16/16)``, tensor scale.
-* ``key_bias`` and ``runtime_scale`` as above.
+* ``key_bias``, ``runtime_scale``, ``skip_threshold`` and ``skip_label`` as above.
+
+``qattn::skip_softmax_attention(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None,
+skip_threshold=None, skip_label="")``: dense attention of bf16/fp16/fp32 ``q``, ``k``, ``v`` (``(B, H, S, D)``, any
+strides) with Skip-Softmax (a spec's ``recipe: null`` with ``skip_softmax``); the reference kernel only.
 
 Inputs are never mutated. Bad shapes or dtypes raise ``ValueError`` naming the argument.
 """
@@ -286,18 +290,49 @@ def block_scaled_attention(
     kernel: str,
     key_bias: Optional[torch.Tensor] = None,
     runtime_scale: Optional[torch.Tensor] = None,
+    skip_threshold: Optional[torch.Tensor] = None,
+    skip_label: str = "",
 ) -> torch.Tensor:
     check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
     check_key_bias(key_bias, k)
-    fn = _kernel_call(kernel, "block_scaled", key_bias)
+    fn = _kernel_call(kernel, "block_scaled", key_bias, skip_threshold, skip_label)
     return fn(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, _scale_value(sm_scale, runtime_scale),
               out_dtype)
 
 
 @block_scaled_attention.register_fake
 def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel, key_bias=None,
-      runtime_scale=None):
+      runtime_scale=None, skip_threshold=None, skip_label=""):
     return _fake_out(q, q.shape[2], _v_dims(v, v_format)[1], out_dtype)
 
 
-ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default)
+@torch.library.custom_op("qattn::skip_softmax_attention", mutates_args=())
+def skip_softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+    key_bias: Optional[torch.Tensor] = None,
+    runtime_scale: Optional[torch.Tensor] = None,
+    skip_threshold: Optional[torch.Tensor] = None,
+    skip_label: str = "",
+) -> torch.Tensor:
+    _check_4d(q, k, v)
+    _check_heads(q, k, v, v.shape[2])
+    check_key_bias(key_bias, k)
+    _check_out_dtype(out_dtype)
+    if q.dtype not in _FLOAT or k.dtype != q.dtype or v.dtype != q.dtype:
+        _fail(f"q, k, v must share a float dtype in {_FLOAT}; got {q.dtype}, {k.dtype}, {v.dtype}")
+    fn = _kernel_call(kernel, "dense_skip", key_bias, skip_threshold, skip_label)
+    return fn(q, k, v, _scale_value(sm_scale, runtime_scale), out_dtype)
+
+
+@skip_softmax_attention.register_fake
+def _(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None, skip_threshold=None, skip_label=""):
+    return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
+
+
+ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default,
+                 torch.ops.qattn.skip_softmax_attention.default)
