@@ -170,12 +170,15 @@ KERNEL_RECIPES: dict[str, tuple[str, int, int, str]] = {
 
 
 def local_qkv(b: int, h: int, sq: int, skv: int, d: int, *, sharpness: float = 4.0, width: float = 512.0,
-              noise: float = 1.0, seed: int = 0, device: str = "cuda") -> tuple:
+              noise: float = 1.0, sink: int = 0, seed: int = 0, device: str = "cuda") -> tuple:
     """Structured attention inputs whose maps concentrate (for Skip-Softmax): **local** attention along the token
     order. Q and K are ``sharpness · φ(position) + noise · N(0, 1)`` with ``φ`` random Fourier features of the token
     index (frequencies ~ N(0, 1 / width²) per head, ``φ·φ`` a Gaussian kernel of the distance), so a query's
-    logits peak at its own position and fall off over ``width`` tokens; V is N(0, 1). bf16 ``(B, H, S, D)`` views
-    of ``(B, S, H, D)`` buffers (diffusers' layout), as :func:`make_inputs` gives them."""
+    logits peak at its own position (at about ``sharpness²`` above the bulk, in units of the scaled logits) and
+    fall off over ``width`` tokens; V is N(0, 1). ``sink``: the first ``sink`` keys are an **attention sink**, a
+    direction shared by every query, at the same logit height as the local peak (so the running max is high from
+    the first key tile on, as with the sink tokens of trained DiTs). bf16 ``(B, H, S, D)`` views of ``(B, S, H, D)``
+    buffers (diffusers' layout), as :func:`make_inputs` gives them."""
     g = torch.Generator(device=device).manual_seed(seed)
     omega = torch.randn(1, 1, h, d // 2, generator=g, device=device) / width
     phase = 2 * math.pi * torch.rand(1, 1, h, d // 2, generator=g, device=device)
@@ -186,6 +189,11 @@ def local_qkv(b: int, h: int, sq: int, skv: int, d: int, *, sharpness: float = 4
 
     q = sharpness * features(sq) + noise * torch.randn(b, sq, h, d, generator=g, device=device)
     k = sharpness * features(skv) + noise * torch.randn(b, skv, h, d, generator=g, device=device)
+    if sink:
+        u = torch.randn(1, 1, h, d, generator=g, device=device)
+        u = u / u.norm(dim=-1, keepdim=True) * d ** 0.25  # u·u / sqrt(d) = 1
+        q = q + sharpness * u
+        k[:, :sink] += sharpness * u
     v = torch.randn(b, skv, h, d, generator=g, device=device)
     return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
 

@@ -4,7 +4,8 @@ wan14b-720p).
 
 Inputs are structured so that attention maps concentrate: **local attention** along the token order
 (:func:`benchmarks.common.local_qkv`: Q and K share random Fourier features of the position, so each query's
-logits fall off over ``--width`` tokens from its own position; ``--sharpness`` sets how fast). Per threshold λ it
+logits fall off over ``--width`` tokens from its own position; ``--sharpness`` sets the peak's height) plus an
+**attention sink** (``--sink`` keys at the start that every query attends to as strongly as to its neighbours). Per threshold λ it
 reports the fraction of tiles the kernel skipped (its own count, a separate launch), the kernel time (CUDA-graph
 replays, the config forced so every row times the same schedule), the speedup over the same config without the
 test and over the autotuned launch without it (tail split on), and cos / rel-L1 of the output against fp32 dense
@@ -22,8 +23,8 @@ import torch
 from . import common
 from .shapes import select as select_shapes
 
-#: λ values swept by default (0: the test's cost; the others chosen to span 0 to ~80 % skipped tiles on local_qkv).
-THRESHOLDS = (0.0, 1e-6, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3)
+#: λ values swept by default (0: the test's cost; the others log-spaced, to span few to most tiles on local_qkv).
+THRESHOLDS = (0.0, 1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 1e-3, 1e-2, 0.1)
 COLUMNS = [("shape", "shape", "s"), ("config", "config", "s"), ("lambda", "λ", ".0e"), ("sparsity", "skipped", ".3f"),
            ("ms", "ms", ".3f"), ("speedup", "x same cfg", ".3f"), ("speedup_auto", "x autotuned", ".3f"),
            ("cos", "cos fp32", ".6f"), ("rel_l1", "rel-L1 fp32", ".4f"), ("cos_dense", "cos no-skip", ".6f"),
@@ -41,6 +42,7 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", default="int8-1-16", help="Q/K recipe (benchmarks.common.KERNEL_RECIPES)")
     p.add_argument("--sharpness", type=float, default=4.0, help="local_qkv sharpness (default 4)")
     p.add_argument("--width", type=float, default=2048.0, help="local_qkv width in tokens (default 2048)")
+    p.add_argument("--sink", type=int, default=128, help="local_qkv attention-sink keys (default 128: one tile)")
     p.add_argument("--acc-rows", type=int, default=2048, help="query rows for accuracy (default 2048)")
     p.add_argument("--budget-ms", type=float, default=600.0, help="timed-call budget per measurement (ms)")
     p.add_argument("--out", default="bench_out/skip_softmax.json", help="JSON output path")
@@ -57,9 +59,10 @@ def run(argv: list[str] | None = None) -> int:
     rows_out: list[dict] = []
     env = common.environment()
     common.log(f"skip_softmax: {env.get('device')}, recipe {a.recipe}, local_qkv sharpness {a.sharpness} "
-               f"width {a.width}")
+               f"width {a.width} sink {a.sink}")
     for name, dims in select_shapes(a.shapes, a.shape):
-        q, k, v = common.local_qkv(dims.b, dims.h, dims.sq, dims.skv, dims.d, sharpness=a.sharpness, width=a.width)
+        q, k, v = common.local_qkv(dims.b, dims.h, dims.sq, dims.skv, dims.d, sharpness=a.sharpness, width=a.width,
+                                   sink=a.sink)
         sm_scale = 1.0 / math.sqrt(dims.d)
         args = (*common.quantize_qkv(q, k, v, a.recipe), sm_scale, torch.bfloat16)
         acc_rows = common.reference_rows(dims.sq, a.acc_rows, device="cuda")

@@ -34,10 +34,9 @@ needs_sm90 = pytest.mark.skipif(
     reason="gluon_sage needs sm_90")
 
 #: (config, Q/K recipe, blocks): the permk class (trio), the key-order class (two consumers, serial), bf16 Q/K, fp8.
-CASES = [("128,3,trio,permk,tarrive,mmasum", "int8", (1, 16)), ("128,3,trio,permk,mmasum", "int8", (1, 16)),
-         ("128,3,mmasum", "int8", (1, 16)), ("128,3,tarrive,mmasum", "int8", (1, 4)), ("128,3,mmasum", "bf16", (0, 0)),
-         ("128,3,trio,permk,mmasum", "fp8", (1, 16)), ("128,2", "int8", (1, 16)),
-         ("128,3,permk,solo,mmasum", "int8", (1, 16))]
+CASES = [("128,3,trio,permk,tarrive,mmasum", "int8", (1, 16)), ("128,3,permk,mmasum", "int8", (1, 16)),
+         ("128,3,tarrive,mmasum", "int8", (1, 4)), ("128,3,mmasum", "bf16", (0, 0)),
+         ("128,3,trio,permk,mmasum", "fp8", (1, 16)), ("128,3,permk,solo,mmasum", "int8", (1, 16))]
 IDS = [f"{c}-{q}" for c, q, _ in CASES]
 
 
@@ -65,7 +64,7 @@ def test_zero_threshold_gives_the_bits_of_the_launch_without_skipping(config, qk
 
 
 @needs_sm90
-@pytest.mark.parametrize("threshold", [1e-4, 1e-2, 0.2])
+@pytest.mark.parametrize("threshold", [1e-3, 0.2])
 @pytest.mark.parametrize("config,qk,blocks", CASES, ids=IDS)
 def test_tile_skip_matches_the_emulation(config, qk, blocks, threshold):
     args = _inputs(qk, blocks)
@@ -108,3 +107,58 @@ def test_op_records_measured_sparsity_and_ahead_configs_are_refused():
     assert measured.sites["blocks_0_attn1"].sparsity > 0.05
     with gs.use_config("128,3,ahead,mmasum"), pytest.raises(ValueError, match="cannot run Skip-Softmax"):
         gs.attention(*args, 0.088, torch.bfloat16, skip_threshold=thr)
+
+
+def _wan_on_gpu(frames=4, size=64):
+    pytest.importorskip("diffusers")
+    from qattn_fx import tiny_models
+
+    model, inputs = tiny_models.wan(head_dim=128)
+    model = model.to(DEV, torch.bfloat16)
+    inputs = dict(inputs, hidden_states=torch.randn(1, 4, frames, size, size))  # 4 x 32 x 32 = 4096 tokens
+    inputs = {k: (v.to(DEV, torch.bfloat16) if v.is_floating_point() else v.to(DEV)) if torch.is_tensor(v) else v
+              for k, v in inputs.items()}
+    return model, inputs
+
+
+#: Skip-Softmax on gluon_sage with a step schedule: nothing skipped while t > 0.5. λ = 0.9 skips the tiles whose
+#: max is below the running max on a random-weight model, whose attention maps are flat.
+SCHEDULED = {"default": {"backend": "TRITON", "recipe": {"qk_dtype": "int8", "v_dtype": "fp8", "q_block_size": 1,
+                                                         "k_block_size": 16, "v_block_size": 1},
+                         "skip_softmax": {"threshold": 0.9, "disabled_until_timestep": 0.5}},
+             "rules": [{"match": {"role": "cross"}, "use": "dense"}]}
+
+
+@needs_sm90
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compiled_wan_step_schedule_compiles_once(mode):
+    """A 6-step loop over the model's timestep: one graph, no recompile (the timestep is a graph input, λ a tensor
+    computed from it), under CUDA graphs too; the skipped tiles follow the schedule (measured without CUDA graphs:
+    counting reads the kernel's counter on the host)."""
+    model, inputs = _wan_on_gpu()
+    backend = qattn_fx.backend(SCHEDULED)
+    torch._dynamo.reset()
+    steps = [999, 800, 600, 400, 200, 10]
+    outs = []
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=backend, fullgraph=True, mode=mode)
+        for i, t in enumerate(steps):
+            step_inputs = dict(inputs, timestep=torch.tensor([t], device=DEV))
+            if i:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    outs.append(compiled(**step_inputs)[0].float().clone())
+            else:
+                outs.append(compiled(**step_inputs)[0].float().clone())
+    assert len(backend.graph_modules) == 1
+    assert [s.kernel for s in backend.report.sites if s.rewritten] == ["gluon_sage"] * 2, str(backend.report)
+    assert all(torch.isfinite(o).all() for o in outs)
+    if mode is None:
+        with torch.no_grad(), skip_softmax.measure() as measured:
+            for t in steps:
+                compiled(**dict(inputs, timestep=torch.tensor([t], device=DEV)))
+        per_call = measured.sites["blocks_0_attn1"]
+        assert per_call.calls == len(steps) and per_call.skipped > 0
+        with torch.no_grad(), skip_softmax.measure() as early:
+            compiled(**dict(inputs, timestep=torch.tensor([999], device=DEV)))
+        assert early.overall() == 0.0
+        print(backend.record_sparsity(measured))
