@@ -5,7 +5,8 @@
 The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass` (the compile pass),
 :class:`Spec` / :class:`AttentionSpec` / :class:`Rule` / :class:`Match` (what to do where), :class:`Recipe`
 (numerics), :class:`Site` / :class:`Decision` / :func:`resolve` (the policy), :class:`Hardware`, and
-:func:`quantized_attention` (the eager op sequence).
+:func:`quantized_attention` (the eager op sequence); Skip-Softmax: :class:`SkipSoftmax`, :func:`calibrate_skip_softmax`
+(``target_sparsity`` → thresholds) and :mod:`qattn_fx.skip_softmax` (the contract, measured sparsity).
 """
 
 __version__ = "0.1.0"
@@ -17,6 +18,7 @@ from .ops import quantized_attention
 from .policy import Decision, Site, resolve
 from .recipes import Recipe, SkipSoftmax
 from .report import Report
+from .skip_calibration import SkipCalibration, calibrate_skip_softmax
 from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "Backend",
     "Report",
     "backend",
+    "calibrate_skip_softmax",
     "explain",
     "install_pre_grad_pass",
     "pre_grad_pass",
@@ -35,6 +38,7 @@ __all__ = [
     "Recipe",
     "Rule",
     "Site",
+    "SkipCalibration",
     "SkipSoftmax",
     "Spec",
     "detect",

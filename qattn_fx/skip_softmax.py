@@ -97,6 +97,24 @@ def skip_mask(logits: torch.Tensor, log2_thr: torch.Tensor, row_valid: torch.Ten
     return skipped
 
 
+def tile_margins(logits: torch.Tensor) -> torch.Tensor:
+    """Per tile, the largest ``tile_max[i] - m[i]`` over its rows (log2 units; ``logits`` as :func:`skip_mask`'s):
+    the contract skips the tile exactly when this margin is below ``log2 λ``, for every λ <= 1 (a skipped tile then
+    never raises a row's max, so ``m`` is the running max of the tile maxima whatever λ is). ``+inf`` for tiles
+    that can never be skipped (a row's first tile; NaN margins of rows whose keys are all masked so far). Returns
+    fp32 ``(B, H, ceil(Sq/64), ceil(Skv/128))``: one pass gives the sparsity of every λ (the calibration's input)."""
+    b, h, sq, skv = logits.shape
+    n_rows, n_keys = tiles(sq, skv)
+    pad = n_keys * TILE_KEYS - skv
+    z = torch.nn.functional.pad(logits, (0, pad), value=-math.inf) if pad else logits
+    tile_max = z.reshape(b, h, sq, n_keys, TILE_KEYS).amax(-1)
+    before = torch.cat([torch.full_like(tile_max[..., :1], -math.inf), tile_max[..., :-1].cummax(-1).values], -1)
+    margin = torch.nan_to_num(tile_max - before, nan=math.inf)
+    row_pad = n_rows * TILE_ROWS - sq
+    margin = torch.nn.functional.pad(margin, (0, 0, 0, row_pad), value=-math.inf)  # rows past Sq do not vote
+    return margin.reshape(b, h, n_rows, TILE_ROWS, n_keys).amax(3)
+
+
 def expand_mask(skipped: torch.Tensor, sq: int, skv: int) -> torch.Tensor:
     """A per-tile mask ``(B, H, n_rows, n_keys)`` as a per-logit mask ``(B, H, Sq, Skv)``."""
     return skipped.repeat_interleave(TILE_ROWS, 2)[:, :, :sq].repeat_interleave(TILE_KEYS, 3)[..., :skv]
@@ -140,7 +158,63 @@ class Measurement:
         return sum(s.skipped for s in self.sites.values()) / tiles if tiles else 0.0
 
 
+@dataclass
+class Margins:
+    """Tile margins (:func:`tile_margins`) per site label, collected inside :func:`collect_margins`: the sparsity of
+    any λ <= 1 without running again."""
+
+    sites: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    def add(self, label: str, margins: torch.Tensor) -> None:
+        self.sites.setdefault(label or "unlabeled", []).append(margins.detach().reshape(-1).float().cpu())
+
+    def of(self, label: str) -> torch.Tensor:
+        """Every margin recorded for ``label``, one fp32 vector."""
+        return torch.cat(self.sites[label])
+
+    @staticmethod
+    def sparsity(margins: torch.Tensor, threshold: float) -> float:
+        """The fraction of these tiles the contract skips at λ = ``threshold`` (<= 1)."""
+        if margins.numel() == 0 or threshold <= 0:
+            return 0.0
+        return float((margins < math.log2(threshold)).float().mean())
+
+    @staticmethod
+    def threshold_for(margins: torch.Tensor, target: float) -> float:
+        """The smallest λ in [0, 1] whose sparsity on these tiles reaches ``target`` (1.0 when none does: the
+        sparsity of λ = 1 is then the most these calls allow)."""
+        finite = margins[margins < 0].sort().values  # λ <= 1: only negative margins can be skipped
+        need = math.ceil(target * margins.numel() - 1e-9)
+        if need <= 0:
+            return 0.0
+        if need > finite.numel():
+            return 1.0
+        return min(1.0, float(torch.nextafter(finite[need - 1], torch.tensor(math.inf)).exp2()))
+
+
 _ACTIVE = threading.local()
+_MARGINS = threading.local()
+
+
+def margins_collector() -> Margins | None:
+    """The innermost :func:`collect_margins` collector, or None."""
+    stack = getattr(_MARGINS, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def collect_margins() -> Iterator[Margins]:
+    """Collect the tile margins of every Skip-Softmax call of the reference kernel inside the block, per site
+    label (:func:`qattn_fx.calibrate_skip_softmax` runs the user's calls in emulation inside one)."""
+    stack = getattr(_MARGINS, "stack", None)
+    if stack is None:
+        stack = _MARGINS.stack = []
+    collector = Margins()
+    stack.append(collector)
+    try:
+        yield collector
+    finally:
+        stack.pop()
 
 
 def active() -> Measurement | None:
@@ -174,5 +248,6 @@ def record(label: str, skipped: int | torch.Tensor, tiles: int) -> None:
         measurement.add(label or "unlabeled", int(skipped), tiles)
 
 
-__all__ = ["TILE_ROWS", "TILE_KEYS", "Measurement", "SiteSparsity", "expand_mask", "log2_threshold", "measure",
-           "record", "skip_mask", "threshold_from_scale_factor", "tiles"]
+__all__ = ["TILE_ROWS", "TILE_KEYS", "Margins", "Measurement", "SiteSparsity", "collect_margins", "expand_mask",
+           "log2_threshold", "margins_collector", "measure", "record", "skip_mask", "threshold_from_scale_factor",
+           "tile_margins", "tiles"]

@@ -107,13 +107,7 @@ class AttentionSpec:
             if backend not in valid:
                 raise ValueError(f"{_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
                                  f"valid: {', '.join(valid)}")
-            if self.recipe is not None and backend != REFERENCE and not any(
-                    req.skip_softmax for row in recipes.matching_rows(backend, self.recipe)
-                    for req in row.implementations):
-                raise ValueError(f"{_at(where, 'skip_softmax')} is not served with {self.recipe.name} via "
-                                 f"{backend!r}: no kernel of it runs Skip-Softmax; valid: the recipes of the TRITON "
-                                 "rows (gluon_sage, sm_90) or of TRTLLM / TRTLLM_ATTN (trtllm-gen, sm_100), or "
-                                 "backend REFERENCE (emulation)")
+
         if self.kernel is not None:
             kernels, path = self.kernels(), _at(where, "kernel")
             _check_str(path, self.kernel, f"a kernel name ({', '.join(kernels) or 'none'})")
@@ -128,15 +122,15 @@ class AttentionSpec:
         return what + (f", {self.skip_softmax.describe()}" if self.skip_softmax else "")
 
     def kernels(self) -> tuple[str, ...]:
-        """The kernels implementing this backend and recipe (what ``kernel`` may name); with ``skip_softmax`` those
-        that run it. No kernel in qattn_fx runs bf16 + skip-softmax (``recipe=None``)."""
+        """The kernels implementing this backend and recipe (what ``kernel`` may name; whether one runs
+        ``skip_softmax`` is the policy's question, per site). No kernel in qattn_fx runs bf16 + skip-softmax
+        (``recipe=None``)."""
         if self.backend == REFERENCE:
             return ("reference",)
         if self.recipe is None:
             return ()
         return tuple(dict.fromkeys(req.kernel for row in recipes.matching_rows(self.backend, self.recipe)
-                                   for req in row.implementations
-                                   if req.kernel and (self.skip_softmax is None or req.skip_softmax)))
+                                   for req in row.implementations if req.kernel))
 
     def describe(self) -> str:
         what = self.recipe.name if self.recipe else "bf16"

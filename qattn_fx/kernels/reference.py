@@ -53,6 +53,9 @@ def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: floa
         if bias is not None:
             s = s + bias
         if skip_threshold is not None:
+            collector = skip_softmax.margins_collector()
+            if collector is not None:  # calibration: every λ's sparsity from this one pass
+                collector.add(skip_label, skip_softmax.tile_margins(s * skip_softmax.LOG2E))
             tiles = skip_softmax.skip_mask(s * skip_softmax.LOG2E, log2_thr)
             skipped += int(tiles.sum())
             s = s.masked_fill(skip_softmax.expand_mask(tiles, s.shape[-2], s.shape[-1]), float("-inf"))
