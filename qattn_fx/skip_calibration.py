@@ -93,7 +93,7 @@ def calibrate_skip_softmax(model: Callable, calls: Iterable, target_sparsity: fl
     if per not in PER:
         raise ValueError(f"per={per!r} is invalid; valid: {', '.join(PER)}")
     if target_sparsity is not None:
-        SkipSoftmax(target_sparsity=target_sparsity, where="target_sparsity")  # validates the range
+        SkipSoftmax(target_sparsity=target_sparsity, where="calibrate_skip_softmax")  # validates the range
     base = _as_spec(spec)
     owner = Backend(_probe_spec(base), emulate=True, compiler="eager", timestep=timestep,
                     timestep_scale=timestep_scale)

@@ -177,8 +177,8 @@ def _timestep_node(call: match.SdpaCall, decision: Decision, root: fx.GraphModul
         raise ValueError(
             f"skip_softmax.disabled_until_timestep={skip.disabled_until_timestep:g} at {call.node.name} needs the "
             f"denoising timestep in the compiled graph, but no graph input is the model's {source.argument!r} "
-            f"argument (inputs: {shown}); compile the transformer whose forward takes it (not its blocks alone), or "
-            "name the argument with backend(..., timestep=...)")
+            f"argument (inputs: {shown}; an argument the forward never reads is none); compile the transformer whose "
+            "forward takes and uses it (not its blocks alone), or name the argument with backend(..., timestep=...)")
     if call.graph is not root.graph:
         raise ValueError(f"skip_softmax.disabled_until_timestep at {call.node.name}: the site is in a nested "
                          "subgraph, which cannot read the timestep input; compile without the wrapper that nests it")

@@ -56,6 +56,9 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
     skipping = skip_threshold is not None
     if skipping:
+        if block_n != skip_softmax.TILE_KEYS:
+            raise ValueError(f"block_n={block_n} is invalid for Skip-Softmax; valid: {skip_softmax.TILE_KEYS} (the "
+                             "contract's key tile)")
         log2_thr = skip_softmax.log2_threshold(torch.as_tensor(skip_threshold)).to(q.device)
         n_rows = -(-sq // skip_softmax.TILE_ROWS)
         row_pad = n_rows * skip_softmax.TILE_ROWS - sq
