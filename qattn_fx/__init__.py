@@ -6,7 +6,8 @@ The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass
 :class:`Spec` / :class:`AttentionSpec` / :class:`Rule` / :class:`Match` (what to do where), :class:`Recipe`
 (numerics), :class:`Site` / :class:`Decision` / :func:`resolve` (the policy), :class:`Hardware`, and
 :func:`quantized_attention` (the eager op sequence); Skip-Softmax: :class:`SkipSoftmax`, :func:`calibrate_skip_softmax`
-(``target_sparsity`` → thresholds) and :mod:`qattn_fx.skip_softmax` (the contract, measured sparsity).
+(``target_sparsity`` → thresholds) and :mod:`qattn_fx.skip_softmax` (the contract, measured sparsity); step schedules
+for quantization in general: :class:`DenseUntil`.
 """
 
 __version__ = "0.1.0"
@@ -18,6 +19,7 @@ from .ops import quantized_attention
 from .policy import Decision, Site, resolve
 from .recipes import Recipe, SkipSoftmax
 from .report import Report
+from .schedule import DenseUntil
 from .skip_calibration import SkipCalibration, calibrate_skip_softmax
 from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
@@ -33,6 +35,7 @@ __all__ = [
     "pre_grad_pass",
     "DENSE",
     "Decision",
+    "DenseUntil",
     "Hardware",
     "Match",
     "Recipe",

@@ -314,3 +314,28 @@ def test_calibration_errors_name_the_value():
         qattn_fx.calibrate_skip_softmax(Attention(), [{}], 1.5)
     with pytest.raises(ValueError, match=r"calls is empty"):
         qattn_fx.calibrate_skip_softmax(Attention(), [], 0.5)
+
+
+@pytest.mark.slow
+def test_dense_until_switches_between_two_graphs_compiled_once():
+    """Quantization in general on a schedule: the first steps dense, the rest quantized, two graphs each compiled
+    once for a 20-step loop (CPU, emulation)."""
+    pytest.importorskip("diffusers")
+    from qattn_fx import tiny_models
+
+    model, inputs = tiny_models.wan(head_dim=64)
+    dense_backend = qattn_fx.backend(qattn_fx.spec.dense_spec(), compiler="eager")
+    quant_backend = qattn_fx.backend(Spec(default=AttentionSpec(recipe=SAGE)), emulate=True, compiler="eager")
+    switch = qattn_fx.DenseUntil(model, torch.compile(model, backend=dense_backend),
+                                 torch.compile(model, backend=quant_backend), until_timestep=0.7)
+    assert switch.config is model.config  # the model's attributes read through the wrapper
+    timesteps = torch.linspace(999, 0, 20).round().long()
+    with torch.no_grad():
+        for i, t in enumerate(timesteps):
+            out = switch(**dict(inputs, timestep=t.reshape(1)))[0]
+            if i == 0:
+                torch.testing.assert_close(out, model(**dict(inputs, timestep=t.reshape(1)))[0])
+    assert switch.calls == {"dense": 6, "quantized": 14}
+    assert len(dense_backend.graph_modules) == 1 and len(quant_backend.graph_modules) == 1
+    with pytest.raises(ValueError, match=r"timestep='t' is not an argument of WanTransformer3DModel.forward"):
+        qattn_fx.DenseUntil(model, model, model, 0.5, timestep="t")
