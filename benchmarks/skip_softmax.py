@@ -3,12 +3,12 @@ without it (``python -m benchmarks.attention_ops --skip-softmax``; ``--shapes`` 
 wan14b-720p).
 
 Inputs are structured so that attention maps concentrate: **local attention** along the token order
-(:func:`benchmarks.common.local_qkv`: Q and K share random Fourier features of the position, so each query's
-logits fall off over ``--width`` tokens from its own position; ``--sharpness`` sets the peak's height) plus an
-**attention sink** (``--sink`` keys at the start that every query attends to as strongly as to its neighbours). Per threshold λ it
-reports the fraction of tiles the kernel skipped (its own count, a separate launch), the kernel time (CUDA-graph
-replays, the config forced so every row times the same schedule), the speedup over the same config without the
-test and over the autotuned launch without it (tail split on), and cos / rel-L1 of the output against fp32 dense
+(:func:`benchmarks.common.local_qkv`: Q and K share random Fourier features of the position, so each query's logits
+fall off over ``--width`` tokens from its own position; ``--sharpness`` sets the peak's height) plus an **attention
+sink** (``--sink`` keys at the start that every query attends to as strongly as to its neighbours). Per threshold λ
+it reports the fraction of tiles the kernel skipped (its own count, a separate launch), the kernel time (CUDA-graph
+replays, the config forced so every row times the same schedule), the speedup over the same config without the test
+and over the autotuned launch without it (tail split on), and cos / rel-L1 of the output against fp32 dense
 attention and against the kernel without skipping, on ``--acc-rows`` query rows. λ = 0 runs the test and skips
 nothing: its speedup is the test's cost.
 """

@@ -13,7 +13,8 @@ what its deployment target would run), wrapped; ``report.table(columns, width=)`
 Debug dumps (``debug_dir=``, else ``qattn_fx.config.debug_dir`` / ``$QATTN_FX_DEBUG``), per compiled graph ``N``:
 ``graph_N_before.py`` and ``graph_N_after.py`` (readable code with shapes, strides and devices, the signature one
 argument a line), ``graph_N_sites.md`` / ``.json``, and ``spec.json`` (the spec as resolved, the hardware,
-versions); ``Backend.record_sparsity`` adds ``sparsity.json`` (measured Skip-Softmax sparsity per site). The same payloads are emitted as structured trace artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named
+versions); ``Backend.record_sparsity`` adds ``sparsity.json`` (measured Skip-Softmax sparsity per site). The same
+payloads are emitted as structured trace artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named
 ``qattn_fx_before_rewrite``, ``qattn_fx_after_rewrite``, ``qattn_fx_sites``.
 """
 

@@ -7,9 +7,10 @@ every λ <= 1). One pass therefore gives every λ's sparsity; λ is the smallest
 these calls reaches the target (capped at 1: a site whose tiles cannot reach it, e.g. cross-attention to one key
 tile, gets λ = 1 and says what it reaches). The result is a spec whose rules give each calibrated site its λ
 (``threshold``), ahead of the spec's own rules, so the deployment compile runs the same recipes with fixed
-thresholds (a site the calls never reached keeps the spec's own setting: a ``target_sparsity`` there still asks
-for a calibration when compiled). The sparsity reached on other prompts, lengths or steps can differ (as vLLM-Omni says of its
-calibrated curves): calibrate on calls like those served, e.g. a few denoising steps at the served resolution.
+thresholds (a site the calls never reached keeps the spec's own setting: a ``target_sparsity`` there still asks for
+a calibration when compiled). The sparsity reached on other prompts, lengths or steps can differ (as vLLM-Omni says
+of its calibrated curves): calibrate on calls like those served, e.g. a few denoising steps at the served
+resolution.
 """
 
 from __future__ import annotations
