@@ -118,11 +118,10 @@ KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(1
 #: Untuned key-order launches.
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
 #: Skip-Softmax launches run serial schedules (the skip test branches around P·V, which ``ahead`` overlaps with the
-#: next Q·Kᵀ) without the tail split, so a config's rows do not change the bits (``GluonConfig.numerics[:3]``). Those
-#: that view K through ``permk``: :data:`TUNED_CONFIGS` and the two-consumer serial configs (offline, the skip test
-#: adds spills under ``trio``'s 160 registers and none at 240).
-SKIP_TUNED_CONFIGS = (*TUNED_CONFIGS, GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig(128, 3, permk=1, tarrive=1,
-                                                                                         mmasum=1))
+#: next Q·Kᵀ) without the tail split. Those that view K through ``permk``: :data:`TUNED_CONFIGS`, serial already. The
+#: two-consumer serial ``128,3,permk,mmasum`` (no spills with the test, where ``trio`` gains some) measured 13-23 %
+#: slower than ``trio,permk,tarrive,mmasum`` at every sparsity at wan14b-720p (BENCHMARKS.md, "Skip-Softmax").
+SKIP_TUNED_CONFIGS = TUNED_CONFIGS
 #: Skip-Softmax launches that load K in key order: the serial two-consumer configs with the numerics of
 #: :data:`KEY_ORDER_TUNED_CONFIGS`.
 SKIP_KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, mmasum=1), GluonConfig(128, 3, tarrive=1, mmasum=1))

@@ -62,15 +62,14 @@ KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER
                               numerics=lambda text: GluonConfig.parse(text).numerics)
 
 
-#: The autotuners of Skip-Softmax launches (serial schedules, no tail split, so a config's rows do not change the
-#: bits): :data:`SKIP_TUNED_CONFIGS` where K is viewed through ``permk`` (untuned: :data:`DEFAULT_CONFIGS`), else
-#: :data:`SKIP_KEY_ORDER_TUNED_CONFIGS`.
+#: The autotuners of Skip-Softmax launches (serial schedules, no tail split): :data:`SKIP_TUNED_CONFIGS` where K is
+#: viewed through ``permk`` (untuned: :data:`DEFAULT_CONFIGS`), else :data:`SKIP_KEY_ORDER_TUNED_CONFIGS`.
 SKIP_TUNER = ConfigTuner("gluon_sage_skip", [str(c) for c in SKIP_TUNED_CONFIGS],
                          default=lambda key: str(DEFAULT_CONFIGS[key[0]]),
-                         numerics=lambda text: GluonConfig.parse(text).numerics[:3])
+                         numerics=lambda text: GluonConfig.parse(text).numerics)
 SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in SKIP_KEY_ORDER_TUNED_CONFIGS],
                                    default=lambda key: str(SKIP_KEY_ORDER_TUNED_CONFIGS[0]),
-                                   numerics=lambda text: GluonConfig.parse(text).numerics[:3])
+                                   numerics=lambda text: GluonConfig.parse(text).numerics)
 
 
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
