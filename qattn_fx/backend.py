@@ -278,8 +278,7 @@ def install_pre_grad_pass(spec=None, **kwargs):
 
 
 def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None, emulate: bool = False,
-            hardware: Hardware | None = None, target: Target = None, timestep: str = "timestep",
-            timestep_scale: float = 1000.0, **kwargs) -> Report:
+            hardware: Hardware | None = None, target: Target = None, **kwargs) -> Report:
     """The site report for ``model(*args, **kwargs)`` under ``spec``, without compiling anything.
 
     Dynamo traces the call once; each traced graph is rewritten (to decide every site) but the call itself runs
@@ -290,8 +289,8 @@ def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None
     those lengths would run; use the real lengths to see the real call. Shapes are traced static
     (``dynamic=False``), so the report shows this call's lengths.
     """
-    owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware, target=target, timestep=timestep,
-                    timestep_scale=timestep_scale)
+    # (the model's own ``timestep`` keyword goes to the model: step schedules read the default TimestepSource)
+    owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware, target=target)
 
     def decide_only(gm: fx.GraphModule, example_inputs, **_):
         owner.rewrite(copy.deepcopy(gm), example_inputs)
