@@ -95,12 +95,14 @@ OPCHECK_CASES = [
     (ops.key_bias.default, (torch.rand(2, 1, 1, 37) > 0.3, _X.expand(2, 2, 37, 64))),
     (ops.key_bias.default, (torch.randn(1, 37), _X)),
     (ops.as_scalar_tensor.default, (0.125,)),
+    (ops.skip_threshold.default, (_X, 0.01, 0.0, None, 0.0, 1000.0)),
+    (ops.skip_threshold.default, (_XB, 0.0, 2000.0, torch.tensor([700]), 0.9, 1000.0)),
 ]
 
 
 def test_opcheck_cases_cover_every_quantize_op():
     assert {op for op, _ in OPCHECK_CASES} == set(QUANTIZE_OPS)
-    assert len(QUANTIZE_OPS) == 9
+    assert len(QUANTIZE_OPS) == 10
 
 
 @pytest.mark.parametrize("op, args", OPCHECK_CASES, ids=lambda v: getattr(v, "__name__", None) or "")
