@@ -5,9 +5,10 @@ model's ``timestep`` input, :mod:`qattn_fx.skip_softmax`). Switching a whole sit
 attention cannot be: the quantize passes and the kernel either run or not, and data-dependent control flow in a
 graph (``torch.cond``) reads its predicate on the host, which CUDA graphs cannot capture. :class:`DenseUntil`
 therefore switches between *two compiled graphs* at the call boundary: the model compiled dense and compiled with a
-qattn_fx backend, each compiled once for the whole loop (and each replayable as a CUDA graph under
-``mode="reduce-overhead"``); per call it reads the timestep (one small device-to-host copy per transformer call)
-and runs the dense graph while ``t = max(timestep) / timestep_scale`` is above ``until_timestep``.
+qattn_fx backend, each compiled once for the whole loop (tested on the CPU; each could use
+``mode="reduce-overhead"``, not yet run on a GPU); per call it reads the timestep (one small device-to-host copy per
+transformer call) and runs the dense graph while ``t = max(timestep) / timestep_scale`` is above
+``until_timestep``.
 """
 
 from __future__ import annotations
