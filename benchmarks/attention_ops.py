@@ -422,6 +422,11 @@ COLUMNS = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--skip-softmax" in argv:  # the speed-vs-sparsity curve (benchmarks/skip_softmax.py)
+        from . import skip_softmax  # noqa: PLC0415
+
+        return skip_softmax.run([x for x in argv if x != "--skip-softmax"])
     p = argparse.ArgumentParser(prog="python -m benchmarks.attention_ops",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -169,21 +169,57 @@ KERNEL_RECIPES: dict[str, tuple[str, int, int, str]] = {
 }
 
 
+def local_qkv(b: int, h: int, sq: int, skv: int, d: int, *, sharpness: float = 4.0, width: float = 512.0,
+              noise: float = 1.0, sink: int = 0, seed: int = 0, device: str = "cuda") -> tuple:
+    """Structured attention inputs whose maps concentrate (for Skip-Softmax): **local** attention along the token
+    order. Q and K are ``sharpness · φ(position) + noise · N(0, 1)`` with ``φ`` random Fourier features of the token
+    index (frequencies ~ N(0, 1 / width²) per head, ``φ·φ`` a Gaussian kernel of the distance), so a query's
+    logits peak at its own position (at about ``sharpness²`` above the bulk, in units of the scaled logits) and
+    fall off over ``width`` tokens; V is N(0, 1). ``sink``: the first ``sink`` keys are an **attention sink**, a
+    direction shared by every query, at the same logit height as the local peak (so the running max is high from
+    the first key tile on, as with the sink tokens of trained DiTs). bf16 ``(B, H, S, D)`` views of ``(B, S, H, D)``
+    buffers (diffusers' layout), as :func:`make_inputs` gives them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    omega = torch.randn(1, 1, h, d // 2, generator=g, device=device) / width
+    phase = 2 * math.pi * torch.rand(1, 1, h, d // 2, generator=g, device=device)
+
+    def features(n: int) -> torch.Tensor:
+        angle = torch.arange(n, device=device, dtype=torch.float32)[None, :, None, None] * omega + phase
+        return torch.cat([angle.cos(), angle.sin()], -1).expand(b, n, h, d) * (2.0 / d) ** 0.5 * d ** 0.25
+
+    q = sharpness * features(sq) + noise * torch.randn(b, sq, h, d, generator=g, device=device)
+    k = sharpness * features(skv) + noise * torch.randn(b, skv, h, d, generator=g, device=device)
+    if sink:
+        u = torch.randn(1, 1, h, d, generator=g, device=device)
+        u = u / u.norm(dim=-1, keepdim=True) * d ** 0.25  # u·u / sqrt(d) = 1
+        q = q + sharpness * u
+        k[:, :sink] += sharpness * u
+    v = torch.randn(b, skv, h, d, generator=g, device=device)
+    return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
+
+
 def quantized_inputs(shape, recipe: str, seed: int = 0) -> tuple:
     """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` for ``scaled_attention(*args, sm_scale,
     out_dtype)`` of a Sage kernel: random bf16 Q/K/V of ``shape`` (``(B, H, Sq, Skv, D)``, BSHD storage) quantized
     by the recipe's ops (smoothed K, BSHD Q/K views, sequence-major V), as the compiled graph feeds the kernel."""
+    b, h, sq, skv, d = shape
+    if recipe not in KERNEL_RECIPES:
+        raise ValueError(f"recipe {recipe!r} is invalid; valid: {', '.join(KERNEL_RECIPES)}")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               for s in (sq, skv, skv))
+    return quantize_qkv(q, k, v, recipe)
+
+
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe: str) -> tuple:
+    """bf16 ``q, k, v`` as :func:`quantized_inputs` gives them (the recipe's ops: smoothed K, sequence-major V)."""
     import qattn_fx.ops  # noqa: F401,PLC0415  (registers qattn::*)
     from qattn_fx import formats  # noqa: PLC0415
 
     ops = torch.ops.qattn
-    b, h, sq, skv, d = shape
     if recipe not in KERNEL_RECIPES:
         raise ValueError(f"recipe {recipe!r} is invalid; valid: {', '.join(KERNEL_RECIPES)}")
     qk, q_block, k_block, v_scale = KERNEL_RECIPES[recipe]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-               for s in (sq, skv, skv))
     fp8 = torch.float8_e4m3fn
     if qk == "bf16":
         qd, qs, kd, ks = q, None, k, None
@@ -198,7 +234,6 @@ def quantized_inputs(shape, recipe: str, seed: int = 0) -> tuple:
             kd, ks = ops.quantize_per_tensor(k, dtype)
     quant_v = ops.quantize_per_channel if v_scale == "channel" else ops.quantize_per_tensor
     vd, vs = quant_v(v, fp8, True)
-    del q, k, v
     return qd, qs, kd, ks, vd, vs, q_block, k_block
 
 

@@ -6,7 +6,9 @@ The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass
 :class:`Spec` / :class:`AttentionSpec` / :class:`Rule` / :class:`Match` (what to do where), :class:`Recipe`
 (numerics), :class:`Site` / :class:`Decision` / :func:`resolve` (the policy), :class:`Hardware`, and
 :func:`quantized_attention` (the eager op sequence), :func:`calibrate` / :class:`Budget` / :class:`Calibration`
-(per-site errors on the user's calls and a plan that keeps a budget).
+(per-site errors on the user's calls and a plan that keeps a budget); Skip-Softmax: :class:`SkipSoftmax`,
+:func:`calibrate_skip_softmax` (``target_sparsity`` → thresholds) and :mod:`qattn_fx.skip_softmax` (the contract,
+measured sparsity); step schedules for quantization in general: :class:`DenseUntil`.
 """
 
 __version__ = "0.1.0"
@@ -19,6 +21,8 @@ from .ops import quantized_attention
 from .policy import Decision, Site, resolve
 from .recipes import Recipe, SkipSoftmax
 from .report import Report
+from .schedule import DenseUntil
+from .skip_calibration import SkipCalibration, calibrate_skip_softmax
 from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
 __all__ = [
@@ -30,16 +34,19 @@ __all__ = [
     "Backend",
     "Report",
     "backend",
+    "calibrate_skip_softmax",
     "explain",
     "install_pre_grad_pass",
     "pre_grad_pass",
     "DENSE",
     "Decision",
+    "DenseUntil",
     "Hardware",
     "Match",
     "Recipe",
     "Rule",
     "Site",
+    "SkipCalibration",
     "SkipSoftmax",
     "Spec",
     "detect",

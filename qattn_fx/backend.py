@@ -26,10 +26,10 @@ import torch.fx as fx
 
 from . import __version__
 from .fx import match
-from .fx.rewrite import is_training_graph, rewrite
+from .fx.rewrite import TimestepSource, is_training_graph, rewrite
 from .hardware import Hardware, detect
 from .policy import Site, Target, rule_usage
-from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump
+from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
 from .spec import Spec
 
 log = logging.getLogger("qattn_fx")
@@ -70,13 +70,15 @@ class Backend:
 
     def __init__(self, spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
                  compiler: str = "inductor", debug_dir: str | Path | None = None,
-                 hardware: Hardware | None = None, target: Target = None):
+                 hardware: Hardware | None = None, target: Target = None, timestep: str = "timestep",
+                 timestep_scale: float = 1000.0):
         if compiler not in COMPILERS:
             raise ValueError(f"compiler={compiler!r} is invalid; valid: {', '.join(COMPILERS)}")
         if target is not None and not emulate:
             raise ValueError("target= names where an emulated compile (emulate=True) would deploy; without "
                              "emulation use hardware= to resolve the sites for another machine")
         self.spec = _as_spec(spec)
+        self.timestep = TimestepSource(timestep, timestep_scale)
         self.emulate = emulate
         self.target = target
         self.compiler = compiler
@@ -99,7 +101,7 @@ class Backend:
         if log.isEnabledFor(logging.INFO):
             log.info("qattn_fx: rewriting graph %d: %d SDPA sites", graph, len(match.find_sdpa(gm)))
         outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate, grad_enabled=training,
-                           first_index=len(self.report.sites), target=self.target)
+                           first_index=len(self.report.sites), target=self.target, timestep=self.timestep)
         sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
         for record, outcome in zip(sites.sites, outcomes):
             log.debug("qattn_fx: graph %d site %s (%s, layer %s, %s, q %s, kv %s): %s%s%s", graph, record.site,
@@ -139,6 +141,15 @@ class Backend:
                 self._warned_rules.add(index)
                 log.warning("qattn_fx: %s", note)
         self.report.notes[:] = notes
+
+    def record_sparsity(self, measurement) -> Report:
+        """Put measured Skip-Softmax sparsity (a :func:`qattn_fx.skip_softmax.measure` block around calls of the
+        compiled model) into ``self.report`` and, with a debug directory, ``sparsity.json``; returns the report."""
+        self.report.record_sparsity(measurement)
+        dump = debug_dir(self.debug_dir)
+        if dump is not None:
+            write_sparsity(dump, self.report, measurement)
+        return self.report
 
     def context(self, gm: fx.GraphModule | None = None) -> dict:
         hw = self.hardware or _hardware_of(gm)
@@ -198,7 +209,7 @@ def _hardware_of(gm: fx.GraphModule | None) -> Hardware:
 
 def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False, compiler: str = "inductor",
             debug_dir: str | Path | None = None, hardware: Hardware | None = None,
-            target: Target = None) -> Backend:
+            target: Target = None, timestep: str = "timestep", timestep_scale: float = 1000.0) -> Backend:
     """A torch.compile backend that rewrites every SDPA per ``spec`` (default: the auto Sage INT8 spec).
 
     ``emulate=True`` runs every quantized site on the reference kernel (any device): measure a recipe's quality
@@ -208,10 +219,13 @@ def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = Fal
     them); by default the archs of the recipe's backend in the recipe table. ``compiler``: ``inductor``
     (default), ``aot_eager`` or ``eager``. ``debug_dir`` (or ``$QATTN_FX_DEBUG``) receives per-graph dumps.
     ``hardware`` is the machine the compiled sites run on (default: detected from the inputs); set it to resolve
-    for another GPU without emulation.
+    for another GPU without emulation. ``timestep`` / ``timestep_scale``: where step schedules
+    (``skip_softmax.disabled_until_timestep``) read the denoising timestep: the model's forward argument of that
+    name, divided by ``timestep_scale`` to ``t`` in [0, 1] (:class:`~qattn_fx.fx.rewrite.TimestepSource`); it
+    reaches the compiled graph as data, so a denoising loop compiles once.
     """
     return Backend(spec, emulate=emulate, compiler=compiler, debug_dir=debug_dir, hardware=hardware,
-                   target=target)
+                   target=target, timestep=timestep, timestep_scale=timestep_scale)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -220,7 +234,8 @@ def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = Fal
 
 
 def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
-                  debug_dir: str | Path | None = None, hardware: Hardware | None = None, target: Target = None):
+                  debug_dir: str | Path | None = None, hardware: Hardware | None = None, target: Target = None,
+                  timestep: str = "timestep", timestep_scale: float = 1000.0):
     """The same rewrite as an Inductor ``pre_grad_custom_pass`` (a ``CustomGraphPass`` with a cache uuid).
 
     Use it where another stack calls ``torch.compile`` itself: ``torch._inductor.config.pre_grad_custom_pass =
@@ -228,7 +243,8 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
     """
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-    owner = Backend(spec, emulate=emulate, debug_dir=debug_dir, hardware=hardware, target=target)
+    owner = Backend(spec, emulate=emulate, debug_dir=debug_dir, hardware=hardware, target=target, timestep=timestep,
+                    timestep_scale=timestep_scale)
     package = Path(__file__).parent
     files = tuple(sorted(str(p) for p in package.rglob("*.py")))
 
@@ -243,7 +259,7 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
             owner.rewrite(gm)
 
         def uuid(self) -> bytes:
-            extra = repr((owner.spec.to_json(sort_keys=True), emulate, hardware, target)).encode()
+            extra = repr((owner.spec.to_json(sort_keys=True), emulate, hardware, target, owner.timestep)).encode()
             return hashlib.sha256(get_hash_for_files(files) + extra).digest()
 
     return QattnPreGradPass()
@@ -273,6 +289,7 @@ def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None
     those lengths would run; use the real lengths to see the real call. Shapes are traced static
     (``dynamic=False``), so the report shows this call's lengths.
     """
+    # (the model's own ``timestep`` keyword goes to the model: step schedules read the default TimestepSource)
     owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware, target=target)
 
     def decide_only(gm: fx.GraphModule, example_inputs, **_):

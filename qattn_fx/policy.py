@@ -30,7 +30,7 @@ import torch
 from . import cost, recipes
 from .hardware import Hardware, detect
 from .ops.canonical import KEY_MASKS, MASK_KINDS, unservable
-from .recipes import AUTO, REFERENCE, Recipe, Requirements
+from .recipes import AUTO, REFERENCE, Recipe, Requirements, SkipSoftmax
 from .spec import DENSE, AttentionSpec, Match, Spec, layer_selected
 
 
@@ -126,6 +126,8 @@ class Decision:
     source: str = "default"
     notes: tuple[str, ...] = field(default=())
     deployment: str | None = None
+    #: Skip-Softmax on top of the recipe (quantized sites only; :mod:`qattn_fx.skip_softmax`).
+    skip_softmax: SkipSoftmax | None = None
 
 
 def module_matches(glob: str, site: Site) -> str | None:
@@ -260,6 +262,8 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
         return f"no masks ({site.mask} attn_mask)"
     if site.lse and not req.lse:
         return "returns no LSE (the call's log-sum-exp, which ring attention merges by)"
+    if site.lse and use.skip_softmax is not None:
+        return "no skip-softmax with LSE (the call's log-sum-exp, which ring attention merges by)"
     if site.lse and use.recipe is not None and use.recipe.family != "scaled":
         return (f"no LSE op for {use.recipe.qk_dtype} Q/K, {use.recipe.v_dtype} V (LSE calls are served for "
                 "int8/fp8/bf16 Q/K with fp8 V)")
@@ -278,11 +282,11 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
 
 
 def _candidates(use: AttentionSpec) -> tuple[tuple[recipes.Row, Requirements], ...]:
-    """The (row, implementation) pairs that may serve ``use``, in ``auto`` preference order."""
+    """The (row, implementation) pairs that may serve ``use``, in ``auto`` preference order (none for bf16 +
+    skip-softmax, ``recipe=None``: no kernel in qattn_fx runs it; :data:`NO_DENSE_SKIP_KERNEL`)."""
     if use.recipe is None:
-        rows = tuple(r for r in recipes.rows_for(use.backend) if r.implementations[0].skip_softmax)
-    else:
-        rows = recipes.matching_rows(use.backend, use.recipe)
+        return ()
+    rows = recipes.matching_rows(use.backend, use.recipe)
     return tuple((row, req) for row in rows for req in row.implementations
                  if use.kernel is None or req.kernel == use.kernel)  # the spec may pin one implementation
 
@@ -308,6 +312,22 @@ def _why_not(reasons: tuple[tuple[str, str], ...], *, grouped: bool) -> str:
     for backend, why in reasons:
         by_why.setdefault(why, []).append(backend)
     return "; ".join(f"{', '.join(backends)}: {why}" for why, backends in by_why.items())
+
+
+#: Why no kernel serves ``recipe=None`` (bf16 attention + Skip-Softmax).
+NO_DENSE_SKIP_KERNEL = ("no kernel in qattn_fx runs bf16 attention with skip-softmax (trtllm-gen's dense FMHA is not "
+                        "wired); give a recipe (e.g. vLLM-Omni 'quant') to run it quantized, or emulate=True to "
+                        "measure it on the reference kernel")
+
+
+def _skip_calibrated(use: AttentionSpec, source: str) -> None:
+    """``target_sparsity`` is served through a calibration only (the contract: :mod:`qattn_fx.skip_softmax`)."""
+    skip = use.skip_softmax
+    if skip is not None and skip.target_sparsity is not None:
+        raise ValueError(
+            f"{source} asks for skip_softmax.target_sparsity={skip.target_sparsity:g}, which needs a calibration: "
+            "run qattn_fx.calibrate_skip_softmax(model, calls, target_sparsity=...) and compile with the spec it "
+            "returns (a threshold per site), or give skip_softmax.threshold (λ) or threshold_scale_factor")
 
 
 #: ``auto`` keeps a site dense when the kernel it would pick is predicted to be less than this many times as fast as
@@ -389,6 +409,8 @@ def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
     ``auto``, ``on sm_100: error (...)`` for an explicit backend (which raises where it cannot run). A float32
     site (a CPU model) is judged as bf16, as GPUs run it, and the text starts with ``(as bf16)``.
     """
+    if use.recipe is None:
+        return "no kernel in qattn_fx runs bf16 + skip-softmax (trtllm-gen's dense FMHA, sm_100, is not wired)"
     as_bf16 = site.dtype == torch.float32
     if as_bf16:
         site = dataclasses.replace(site, dtype=torch.bfloat16,
@@ -433,16 +455,16 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
             raise ValueError(f"{source} asks for {use.describe()} but site {site.name!r} "
                              f"({site.module or 'no module'}) cannot run it: {why}")
         return Decision(False, f"dense: {why}", source=source, notes=notes)
+    _skip_calibrated(use, source)
+    skip = use.skip_softmax
     if emulate or use.backend == REFERENCE:
-        if use.skip_softmax is not None or recipe is None:
-            raise ValueError(f"{source}: skip_softmax has no reference emulation; remove it or run on sm_100")
         how = "emulated" if emulate else "backend REFERENCE"
         why = unmet(recipes.REFERENCE_REQUIREMENTS, site, hardware, use)
         if why is not None:
             return Decision(False, f"dense: reference: {why}", recipe, None, None, source, notes)
         deploy = deployment(site, use, target) if emulate and use.backend != REFERENCE else None
-        return Decision(True, f"quantized ({how}): {recipe.name} on reference ({hardware.arch})", recipe,
-                        "reference", REFERENCE, source, notes, deploy)
+        return Decision(True, f"quantized ({how}): {use.describe_recipe()} on reference ({hardware.arch})", recipe,
+                        "reference", REFERENCE, source, notes, deploy, skip)
     found, reasons = _first_serving(_candidates(use), site, hardware, use)
     if found is not None:
         row, req = found
@@ -450,8 +472,9 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
         if dense:
             return Decision(False, f"dense: {said}", recipe, None, None, source, notes)
         return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"
-                        + (f"; {said}" if said else ""), recipe, req.kernel, row.backend, source, notes)
-    summary = _why_not(reasons, grouped=False)
+                        + (f"; {said}" if said else ""), recipe, req.kernel, row.backend, source, notes,
+                        skip_softmax=skip)
+    summary = _why_not(reasons, grouped=False) if recipe is not None else NO_DENSE_SKIP_KERNEL
     what = use.describe()
     if _auto(use):
         return Decision(False, f"dense: no kernel serves {what} here ({summary})", recipe, None, None, source, notes)

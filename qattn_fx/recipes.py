@@ -204,10 +204,6 @@ _HOPPER_SAGE = (*kernels.requirements("gluon_sage"), *kernels.requirements("trit
 (REFERENCE_REQUIREMENTS,) = kernels.requirements("reference")
 
 
-def _without_skip_softmax(reqs: tuple[Requirements, ...]) -> tuple[Requirements, ...]:
-    """The trtllm-gen kernels skip softmax tiles, but VisualGen's ``attention_config`` has no such setting: its
-    rows do not offer it (vLLM-Omni's TRTLLM_ATTN rows do)."""
-    return tuple(dataclasses.replace(r, skip_softmax=False) for r in reqs)
 
 #: Every accepted (backend, recipe) combination. Order matters for ``backend="auto"``: the first row whose
 #: implementation runs on the hardware and serves the site wins, so faster/more accurate rows come first.
@@ -223,9 +219,9 @@ TABLE: tuple[Row, ...] = (
         _HOPPER_SAGE),
     # ---- TensorRT-LLM VisualGen table ---------------------------------------------------------------------------
     Row("TRTLLM", "int8", "fp8", _blocks((1, 1, 1), (1, 4, 1), (1, 16, 1)), "SageAttention (INT8 QK)", VG,
-        _without_skip_softmax(kernels.requirements("flashinfer_trtllm_sage", "int8"))),
+        kernels.requirements("flashinfer_trtllm_sage", "int8")),
     Row("TRTLLM", "fp8", "fp8", _blocks((1, 1, 1), (1, 4, 1)), "SageAttention (FP8 QK)", VG,
-        _without_skip_softmax(kernels.requirements("flashinfer_trtllm_sage", "fp8"))),
+        kernels.requirements("flashinfer_trtllm_sage", "fp8")),
     Row("CUDNN", "fp8", "fp8", _blocks((0, 0, 0)), "cuDNN FP8", VG,
         kernels.requirements("cudnn_fp8")),
     Row("CUDNN", "mxfp8", "mxfp8", _blocks((0, 0, 0)), "cuDNN MXFP8", VG,
@@ -261,6 +257,13 @@ BACKENDS: tuple[str, ...] = tuple(dict.fromkeys(row.backend for row in TABLE))
 AUTO = "auto"
 REFERENCE = "REFERENCE"
 ALL_BACKENDS: tuple[str, ...] = (AUTO, *BACKENDS, REFERENCE)
+
+
+def skip_softmax_backends() -> tuple[str, ...]:
+    """Backends with a row whose implementations run Skip-Softmax (TRITON: gluon_sage; TRTLLM, TRTLLM_ATTN:
+    trtllm-gen), then ``auto`` and ``REFERENCE`` (the reference kernel runs it for every recipe)."""
+    return (*dict.fromkeys(r.backend for r in TABLE if any(i.skip_softmax for i in r.implementations)), AUTO,
+            REFERENCE)
 
 
 def rows_for(backend: str) -> tuple[Row, ...]:
@@ -320,13 +323,18 @@ def _describe(rows: Iterable[Row]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Skip-softmax (vLLM-Omni TRTLLM_ATTN): validated here, served only by trtllm-gen kernels.
+# Skip-Softmax (the contract: qattn_fx/skip_softmax.py)
 # ------------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SkipSoftmax:
-    """vLLM-Omni ``skip_softmax``: ``target_sparsity`` xor ``threshold``, optionally dense until a timestep.
+    """Skip-Softmax (BLASST) on top of a recipe: exactly one of ``threshold`` (λ of the tile test
+    ``exp(tile max - running max) < λ``, vLLM-Omni's meaning), ``threshold_scale_factor`` (TensorRT-LLM's
+    ``SkipSoftmaxAttentionConfig``: λ = factor / Skv) or ``target_sparsity`` (the fraction of tiles to skip:
+    served after a calibration on the user's calls, :func:`qattn_fx.calibrate_skip_softmax`, which turns it into
+    thresholds), and optionally ``disabled_until_timestep`` D (nothing skipped while the normalized timestep is
+    above D; 0: off). The test, the tile and the timestep: :mod:`qattn_fx.skip_softmax`.
 
     ``where`` (keyword only, not a field): its place in a spec, for error messages.
     """
@@ -334,18 +342,51 @@ class SkipSoftmax:
     target_sparsity: float | None = None
     threshold: float | None = None
     disabled_until_timestep: float | None = None
+    threshold_scale_factor: float | None = None
     _: KW_ONLY
     where: InitVar[str] = "skip_softmax"
 
+    CONTROLS = ("target_sparsity", "threshold", "threshold_scale_factor")
+
     def __post_init__(self, where: str) -> None:
-        if (self.target_sparsity is None) == (self.threshold is None):
-            raise ValueError(
-                f"{where} needs exactly one of target_sparsity / threshold (they are mutually exclusive); "
-                f"got target_sparsity={_show(self.target_sparsity)}, threshold={_show(self.threshold)}"
-            )
+        given = [name for name in self.CONTROLS if getattr(self, name) is not None]
+        if len(given) != 1:
+            got = ", ".join(f"{name}={_show(getattr(self, name))}" for name in self.CONTROLS)
+            raise ValueError(f"{where} needs exactly one of {' / '.join(self.CONTROLS)} (they are mutually "
+                             f"exclusive); got {got}")
         _check_range(_at(where, "target_sparsity"), self.target_sparsity, 0.0, 1.0)
         _check_range(_at(where, "threshold"), self.threshold, 0.0, math.inf)
+        _check_range(_at(where, "threshold_scale_factor"), self.threshold_scale_factor, 0.0, math.inf)
         _check_range(_at(where, "disabled_until_timestep"), self.disabled_until_timestep, 0.0, 1.0)
+
+    @property
+    def gated(self) -> bool:
+        """Whether a timestep gate applies (``disabled_until_timestep`` > 0; 0 is vLLM-Omni's "off")."""
+        return bool(self.disabled_until_timestep)
+
+    def describe(self) -> str:
+        """``skip-softmax λ=0.01``, ``skip-softmax λ=1000/Skv``, ``skip-softmax target 0.5``; ``, dense while
+        t > 0.9`` with a gate."""
+        if self.threshold is not None:
+            what = f"λ={self.threshold:g}"
+        elif self.threshold_scale_factor is not None:
+            what = f"λ={self.threshold_scale_factor:g}/Skv"
+        else:
+            what = f"target {self.target_sparsity:g}"
+        gate = f", dense while t > {self.disabled_until_timestep:g}" if self.gated else ""
+        return f"skip-softmax {what}{gate}"
+
+    @property
+    def short_name(self) -> str:
+        """The name in a table cell: ``skip 0.01``, ``skip 1000/Skv``, ``skip target 0.5``; `` t<=0.9`` with a
+        gate."""
+        if self.threshold is not None:
+            what = f"{self.threshold:g}"
+        elif self.threshold_scale_factor is not None:
+            what = f"{self.threshold_scale_factor:g}/Skv"
+        else:
+            what = f"target {self.target_sparsity:g}"
+        return f"skip {what}" + (f" t<={self.disabled_until_timestep:g}" if self.gated else "")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

@@ -1,7 +1,9 @@
 """Why each attention site ended up as it did: the site table, its summary line, and debug dumps.
 
 ``Report.to_dict()`` → ``{"sites": [{"site", "module", "layer", "role", "q_shape", "kv_shape", "dtype",
-"rewritten", "recipe", "kernel", "reason", "deployment", "source", "graph", "notes"}, ...], "notes": [...]}``
+"rewritten", "recipe", "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity", "graph", "notes"},
+...], "notes": [...]}`` (``skip_softmax``: the site's Skip-Softmax setting, ``sparsity``: the fraction of tiles it
+skipped, once measured: :meth:`Report.record_sparsity`)
 (report-wide notes: rules of the spec that decided no site); ``report.markdown()`` has the same full detail.
 ``str(report)`` is a table that fits 120 columns: module and layer first, the recipe's short name, and a reason
 that does not repeat the recipe and kernel of a quantized site (the rule that chose it and, for an emulated site,
@@ -11,12 +13,14 @@ what its deployment target would run), wrapped; ``report.table(columns, width=)`
 Debug dumps (``debug_dir=``, else ``qattn_fx.config.debug_dir`` / ``$QATTN_FX_DEBUG``), per compiled graph ``N``:
 ``graph_N_before.py`` and ``graph_N_after.py`` (readable code with shapes, strides and devices, the signature one
 argument a line), ``graph_N_sites.md`` / ``.json``, and ``spec.json`` (the spec as resolved, the hardware,
-versions). The same payloads are emitted as structured trace artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named
+versions); ``Backend.record_sparsity`` adds ``sparsity.json`` (measured Skip-Softmax sparsity per site). The same
+payloads are emitted as structured trace artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named
 ``qattn_fx_before_rewrite``, ``qattn_fx_after_rewrite``, ``qattn_fx_sites``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,7 +36,7 @@ from .fx.rewrite import SiteOutcome
 
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe",
-            "kernel", "reason", "deployment", "source")
+            "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity")
 #: The columns of ``str(report)`` (``graph`` is put first when the report spans several graphs). ``q/kv``: the
 #: query and key lengths; ``d``: head_dim; ``recipe``: its short name; ``reason``: for a quantized site the rule
 #: (or default) that chose it plus the deployment note of an emulated site, for a dense one why.
@@ -86,6 +90,13 @@ class SiteRecord:
     source: str = "default"
     #: ``Recipe.short_name`` of a quantized site.
     recipe_short: str | None = None
+    #: The site's Skip-Softmax setting (``SkipSoftmax.describe()``), if any, and its short name (the table's).
+    skip_softmax: str | None = None
+    skip_short: str | None = None
+    #: The fraction of tiles its Skip-Softmax skipped, once measured (:meth:`Report.record_sparsity`).
+    sparsity: float | None = None
+    #: The label of its measured sparsity (the inserted nodes' prefix, ``blocks_0_attn1``).
+    label_prefix: str = ""
 
     @classmethod
     def from_outcome(cls, graph: int, outcome: SiteOutcome) -> "SiteRecord":
@@ -107,7 +118,10 @@ class SiteRecord:
             notes=decision.notes + _site_notes(site),
             deployment=decision.deployment,
             source=decision.source,
-            recipe_short=recipe.short_name if recipe else None,
+            recipe_short=(recipe.short_name if recipe else "bf16" if decision.skip_softmax else None),
+            skip_softmax=decision.skip_softmax.describe() if decision.quantized and decision.skip_softmax else None,
+            skip_short=decision.skip_softmax.short_name if decision.quantized and decision.skip_softmax else None,
+            label_prefix=outcome.prefix,
         )
 
     @property
@@ -120,7 +134,8 @@ class SiteRecord:
         (and the deployment note of an emulated one), for a dense one the whole reason."""
         if not self.rewritten:
             return self.reason
-        return self.source + (f"; {self.deployment}" if self.deployment else "")
+        skipped = f"; skipped {100 * self.sparsity:.1f}% of tiles" if self.sparsity is not None else ""
+        return self.source + skipped + (f"; {self.deployment}" if self.deployment else "")
 
     def cell(self, column: str) -> str:
         """One cell of ``Report.table``."""
@@ -131,7 +146,7 @@ class SiteRecord:
         if column == "d":
             return _cell(_dim(self.q_shape, -1))
         if column == "recipe":
-            return _cell(self.recipe_short)
+            return _cell(self.recipe_short) + (f", {self.skip_short}" if self.skip_short else "")
         if column == "reason":
             return self.compact_reason()
         if column not in _COLUMNS:
@@ -158,6 +173,14 @@ class Report:
     @property
     def quantized(self) -> int:
         return sum(s.rewritten for s in self.sites)
+
+    def record_sparsity(self, measurement) -> "Report":
+        """Put the sparsity of a :func:`qattn_fx.skip_softmax.measure` block (calls of the compiled model inside
+        it) into the sites it measured (by their label, the inserted nodes' prefix); returns ``self``."""
+        measured = measurement.sparsity()
+        self.sites[:] = [dataclasses.replace(s, sparsity=measured[s.label_prefix])
+                         if s.skip_softmax and s.label_prefix in measured else s for s in self.sites]
+        return self
 
     def summary(self) -> str:
         total, quantized = len(self.sites), self.quantized
@@ -299,3 +322,14 @@ def write_dump(directory: Path, graph: int, before: str, after: str, sites: Repo
     (directory / f"graph_{graph}_sites.md").write_text(sites.markdown() + "\n\n" + sites.summary() + "\n")
     (directory / f"graph_{graph}_sites.json").write_text(json.dumps(sites.to_dict(), indent=1))
     (directory / "spec.json").write_text(json.dumps(context, indent=1, default=str))
+
+
+def write_sparsity(directory: Path, report: Report, measurement) -> None:
+    """``sparsity.json``: per measured site label, its module, the Skip-Softmax setting and the tiles skipped."""
+    directory.mkdir(parents=True, exist_ok=True)
+    modules = {s.label_prefix: s for s in report.sites if s.label_prefix}
+    payload = {label: {"module": modules[label].module if label in modules else None,
+                       "skip_softmax": modules[label].skip_softmax if label in modules else None,
+                       "skipped": m.skipped, "tiles": m.tiles, "calls": m.calls, "sparsity": m.sparsity}
+               for label, m in measurement.sites.items()}
+    (directory / "sparsity.json").write_text(json.dumps(payload, indent=1))

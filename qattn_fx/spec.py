@@ -14,8 +14,10 @@ Canonical form (what :meth:`Spec.to_dict` returns)::
 
 :meth:`Spec.from_dict` also accepts, unchanged, the two seed formats:
 
-* TensorRT-LLM VisualGen ``attention_config`` — ``{"backend": "TRTLLM", "quant_attention_config": {...}}``
-  (optionally wrapped in ``{"attention_config": ...}``); no ``quant_attention_config`` means dense.
+* TensorRT-LLM VisualGen ``attention_config`` — ``{"backend": "TRTLLM", "quant_attention_config": {...},
+  "sparse_attention_config": {"algorithm": "skip_softmax", "threshold_scale_factor" | "target_sparsity": x}}``
+  (optionally wrapped in ``{"attention_config": ...}``); neither config means dense, a sparse config alone dense
+  BF16 + Skip-Softmax (``recipe=None``).
 * vLLM-Omni ``--diffusion-attention-config`` — ``{"default": {...}, "per_role": {"cross": {...}}}`` whose entries
   are a backend name or ``{"backend", "quant": {"dtype_qk", "q_block_size", "k_block_size"}, "skip_softmax"}``;
   per-role entries become role rules. Dense vLLM backends (TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN, FLASHINFER_ATTN)
@@ -45,6 +47,9 @@ from .recipes import (ALL_BACKENDS, AUTO, REFERENCE, Recipe, SkipSoftmax, _at, _
 
 ROLES = ("self", "cross", "joint")
 DENSE = "dense"
+#: Backends that take ``recipe=None`` with ``skip_softmax`` (dense BF16 attention + Skip-Softmax: trtllm-gen's, or
+#: the reference's emulation).
+DENSE_SKIP_BACKENDS = ("TRTLLM_ATTN", "TRTLLM", AUTO, REFERENCE)
 
 class SpecWarning(UserWarning):
     """A spec was read in one of two plausible ways; the message says which and how to write the other."""
@@ -58,7 +63,11 @@ DEFAULT_RECIPE = Recipe("int8", "fp8", 1, 16, 1, smooth_k=True)
 class AttentionSpec:
     """Which recipe to run and through which backend (``auto``: the best kernel available for the site).
 
-    ``recipe=None`` is only meaningful with ``skip_softmax`` (vLLM-Omni TRTLLM_ATTN dense BF16 + Skip-Softmax).
+    ``recipe=None`` is only meaningful with ``skip_softmax`` (vLLM-Omni TRTLLM_ATTN / TensorRT-LLM VisualGen TRTLLM:
+    dense BF16 attention + Skip-Softmax; no kernel in qattn_fx runs it, the reference emulates it).
+    ``skip_softmax`` (:class:`~qattn_fx.recipes.SkipSoftmax`, :mod:`qattn_fx.skip_softmax`) runs on top of the
+    recipe where a kernel of the backend implements it (TRITON: gluon_sage on sm_90; TRTLLM, TRTLLM_ATTN:
+    trtllm-gen on sm_100) and in emulation.
     ``kernel`` pins one implementation of the recipe (e.g. ``triton_sage`` where ``auto`` would take
     ``gluon_sage``); like an explicit backend it never falls back: a site it cannot serve raises.
     ``recipe`` and ``skip_softmax`` may be given as mappings. ``where`` (keyword only, not a field): the spec's
@@ -87,15 +96,18 @@ class AttentionSpec:
             if self.skip_softmax is None:
                 raise ValueError(f"{_at(where, 'recipe')}=None is invalid without skip_softmax; valid: a recipe, or "
                                  "null with skip_softmax on TRTLLM_ATTN (use \"dense\" for dense attention)")
-            if backend != "TRTLLM_ATTN":
+            if backend not in DENSE_SKIP_BACKENDS:
                 raise ValueError(f"{_at(where, 'backend')}={_show(backend)} is invalid with "
-                                 f"{_at(where, 'recipe')}=None; valid: TRTLLM_ATTN (the only backend running "
-                                 "bf16 + skip_softmax without a recipe)")
+                                 f"{_at(where, 'recipe')}=None; valid: {', '.join(DENSE_SKIP_BACKENDS)} (the "
+                                 "backends running bf16 + skip_softmax without a recipe)")
         else:
             recipes.validate(backend, self.recipe, where=_at(where, "recipe"))
-        if self.skip_softmax is not None and backend not in ("TRTLLM_ATTN", AUTO):
-            raise ValueError(f"{_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
-                             "valid: TRTLLM_ATTN, auto")
+        if self.skip_softmax is not None:
+            valid = recipes.skip_softmax_backends()
+            if backend not in valid:
+                raise ValueError(f"{_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
+                                 f"valid: {', '.join(valid)}")
+
         if self.kernel is not None:
             kernels, path = self.kernels(), _at(where, "kernel")
             _check_str(path, self.kernel, f"a kernel name ({', '.join(kernels) or 'none'})")
@@ -105,19 +117,24 @@ class AttentionSpec:
                                  "and recipe)")
 
     def describe_recipe(self) -> str:
-        return self.recipe.name if self.recipe else "bf16 + skip-softmax"
+        """The recipe's name, with the skip-softmax setting: ``int8 Q/K 1/16, ..., skip-softmax λ=0.01``."""
+        what = self.recipe.name if self.recipe else "bf16"
+        return what + (f", {self.skip_softmax.describe()}" if self.skip_softmax else "")
 
     def kernels(self) -> tuple[str, ...]:
-        """The kernels implementing this backend and recipe (what ``kernel`` may name)."""
+        """The kernels implementing this backend and recipe (what ``kernel`` may name; whether one runs
+        ``skip_softmax`` is the policy's question, per site). No kernel in qattn_fx runs bf16 + skip-softmax
+        (``recipe=None``)."""
         if self.backend == REFERENCE:
             return ("reference",)
-        rows = (recipes.matching_rows(self.backend, self.recipe) if self.recipe is not None else
-                tuple(r for r in recipes.rows_for(self.backend) if r.implementations[0].skip_softmax))
-        return tuple(dict.fromkeys(req.kernel for row in rows for req in row.implementations if req.kernel))
+        if self.recipe is None:
+            return ()
+        return tuple(dict.fromkeys(req.kernel for row in recipes.matching_rows(self.backend, self.recipe)
+                                   for req in row.implementations if req.kernel))
 
     def describe(self) -> str:
         what = self.recipe.name if self.recipe else "bf16"
-        extra = ", skip-softmax" if self.skip_softmax else ""
+        extra = f", {self.skip_softmax.describe()}" if self.skip_softmax else ""
         kernel = f" (kernel {self.kernel})" if self.kernel else ""
         return f"{what}{extra} via {self.backend}{kernel}"
 
@@ -355,23 +372,45 @@ def dense_spec() -> Spec:
 # ------------------------------------------------------------------------------------------------------------------
 
 _TRTLLM_BACKENDS = ("TRTLLM", "CUDNN", "CUTEDSL", "FLASHINFER")
+_SPARSE_KEYS = ("algorithm", "threshold_scale_factor", "target_sparsity")
 _VLLM_DENSE = ("TORCH_SDPA", "FLASH_ATTN", "CUDNN_ATTN", "FLASHINFER_ATTN")
 _VLLM_QUANT = ("TRTLLM_ATTN",)
 
 
+def _sparse_attention(data: Any, where: str) -> SkipSoftmax:
+    """VisualGen ``sparse_attention_config`` (``algorithm: skip_softmax``, ``threshold_scale_factor`` xor
+    ``target_sparsity``; a ``{"prefill": x}`` mapping as TensorRT-LLM's LLM API allows is read as ``x``) as
+    :class:`SkipSoftmax`."""
+    _reject_unknown(data, set(_SPARSE_KEYS), where)
+    _check_choice(f"{where}.algorithm", data.get("algorithm"), ("skip_softmax",))
+    values = {}
+    for name in _SPARSE_KEYS[1:]:
+        value = data.get(name)
+        if isinstance(value, dict):
+            _reject_unknown(value, {"prefill"}, f"{where}.{name}")
+            value = value.get("prefill")
+        if value is not None:
+            values[name] = value
+    return SkipSoftmax(**values, where=where)
+
+
 def _from_tensorrt_llm(data: dict) -> Spec:
     where = "attention_config"
-    _reject_unknown(data, {"backend", "quant_attention_config"}, where)
+    _reject_unknown(data, {"backend", "quant_attention_config", "sparse_attention_config"}, where)
     backend = _check_choice(f"{where}.backend", data.get("backend"), _TRTLLM_BACKENDS)
     quant = data.get("quant_attention_config")
+    sparse = data.get("sparse_attention_config")
+    skip = None if sparse is None else _sparse_attention(sparse, f"{where}.sparse_attention_config")
     if quant is None:
-        return Spec(default=DENSE)
+        if skip is None:
+            return Spec(default=DENSE)
+        return Spec(default=AttentionSpec(backend=backend, recipe=None, skip_softmax=skip, where=where))
     fields = ("qk_dtype", "v_dtype", "q_block_size", "k_block_size", "v_block_size")
     quant_where = f"{where}.quant_attention_config"
     _reject_unknown(quant, set(fields), quant_where)
     recipe = Recipe(**{"qk_dtype": "bf16", "v_dtype": "fp8", **quant}, where=quant_where)
     recipes.validate(backend, recipe, where=quant_where)  # named as written, not as the canonical recipe
-    return Spec(default=AttentionSpec(backend=backend, recipe=recipe, where=where))
+    return Spec(default=AttentionSpec(backend=backend, recipe=recipe, skip_softmax=skip, where=where))
 
 
 def _looks_like_vllm(data: dict) -> bool:

@@ -349,3 +349,53 @@ def test_key_bias_launches_compile_in_key_order_without_loop_spills(config, d):
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] <= 80, report
     assert gs.tuner_for(k, ks, kb, bias) is gs.KEY_ORDER_TUNER
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Skip-Softmax (the tile test in the serial consumer loop)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_skip_launches_have_tuners_of_their_own_whose_bits_agree():
+    """Each Skip-Softmax tuner's candidates share their numerics and are serial (the test needs it)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    assert gs.tuner_for(k, ks, kb, None, skip=True) is gs.SKIP_TUNER
+    bias = torch.empty(1, k.shape[2], device="meta")
+    assert gs.tuner_for(k, ks, kb, bias, skip=True) is gs.SKIP_KEY_ORDER_TUNER
+    for tuner in (gs.SKIP_TUNER, gs.SKIP_KEY_ORDER_TUNER):
+        configs = [gs.GluonConfig.parse(c) for c in tuner.candidates]
+        assert len({c.numerics for c in configs}) == 1 and not any(c.ahead for c in configs)
+    assert gs.tuning_key(q, k, 1, 16, False, skip=True)[-1] == "skip"
+
+
+@pytest.mark.parametrize("config", ["128,3,ahead,mmasum", "64,3,mmasum"])
+def test_skip_refuses_configs_without_its_schedule_or_tile(config):
+    with pytest.raises(ValueError, match=rf"gluon_sage config {gs.GluonConfig.parse(config)} cannot run "
+                                         r"Skip-Softmax; valid: serial schedules with 128-key tiles"):
+        gs.check_skip_config(gs.GluonConfig.parse(config))
+
+
+@pytest.mark.parametrize("config,qk,blocks", [("128,3,permk,mmasum", torch.int8, (1, 16)),
+                                              ("128,3,mmasum", torch.int8, (1, 4)),
+                                              ("128,3,tarrive,mmasum", torch.bfloat16, (0, 0))])
+def test_skip_compiles_without_spills_in_two_consumer_configs(config, qk, blocks):
+    """The test adds a warpgroup-wide min (shared memory, a named barrier of 128 threads) and a branch around the
+    step; the two-consumer serial configs keep 0 spills with it, counting included."""
+    q, qs, k, ks, v, vs, _, _ = _meta_inputs(qk=qk, q_block=max(blocks[0], 1), k_block=max(blocks[1], 1))
+    if qk == torch.bfloat16:
+        qs = ks = None
+    for skip in (1, 2):
+        compiled = gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, *blocks, skip=skip)
+        ptx = compiled.asm["ptx"]
+        assert re.search(r"bar\.sync\s+\d+,\s*128;", ptx) and ("atom.global" in ptx) == (skip == 2)
+        report = ts.ptxas_report(compiled, (9, 0))
+        assert report["ptxas_ok"] and report["spill_stores"] == 0, report
+
+
+def test_skip_launches_refuse_the_tail_split():
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    tail = gs.tail_split.TailPlan(main=1, ctas=2, splits=2, kv_split=2048)
+    skip = (torch.empty(1, device="meta"), None)
+    with pytest.raises(ValueError, match="Skip-Softmax launches run without the tail split"):
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, gs.DEFAULT_CONFIGS[128], tail, None,
+                       None, skip)

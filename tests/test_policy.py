@@ -297,28 +297,48 @@ def test_emulate_also_overrides_a_real_kernel():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_skip_softmax_only_on_trtllm_gen():
-    skip = SkipSoftmax(target_sparsity=0.65, disabled_until_timestep=0.86)
-    bf16 = resolve(site(), SM100, spec("TRTLLM_ATTN", None, skip_softmax=skip))
-    quantized(bf16, "flashinfer_trtllm_sage", "TRTLLM_ATTN")
-    assert bf16.recipe is None
-    assert bf16.reason == "quantized: bf16 + skip-softmax on flashinfer_trtllm_sage (sm_100)"
-    # auto + Sage + skip-softmax: the TRTLLM (VisualGen) row has no skip-softmax, TRTLLM_ATTN has
-    quantized(resolve(site(), SM100, spec("auto", SAGE_INT8, skip_softmax=skip)), "flashinfer_trtllm_sage",
-              "TRTLLM_ATTN")
+def test_skip_softmax_on_gluon_sage_and_trtllm_gen():
+    skip = SkipSoftmax(threshold=0.01, disabled_until_timestep=0.86)
     hopper = resolve(site(), SM90, spec("auto", SAGE_INT8, skip_softmax=skip))
-    assert not hopper.quantized
-    assert "TRITON: no skip-softmax" in hopper.reason
-    with pytest.raises(ValueError, match=r"TRTLLM_ATTN: needs sm_100, have sm_90"):
-        resolve(site(), SM90, spec("TRTLLM_ATTN", None, skip_softmax=skip))
+    quantized(hopper, "gluon_sage", "TRITON")
+    assert hopper.skip_softmax == skip
+    assert hopper.reason == ("quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K, skip-softmax λ=0.01, dense while "
+                             "t > 0.86 on gluon_sage (sm_90)")
+    blackwell = resolve(site(), SM100, spec("auto", SAGE_INT8, skip_softmax=skip))
+    quantized(blackwell, "flashinfer_trtllm_sage", "TRTLLM")
+    assert blackwell.skip_softmax == skip
+    # a pinned kernel without Skip-Softmax raises, naming why
+    with pytest.raises(ValueError, match=r"kernel 'triton_sage' cannot serve .* TRITON: no skip-softmax"):
+        resolve(site(), SM90, spec("TRITON", SAGE_INT8, skip_softmax=skip, kernel="triton_sage"))
+    # without Gluon (triton < 3.6) auto keeps the site dense rather than drop the skip
+    old = resolve(site(), SM90_TRITON_3_5, spec("auto", SAGE_INT8, skip_softmax=skip))
+    assert not old.quantized and "TRITON: no skip-softmax" in old.reason
+
+
+def test_bf16_skip_softmax_has_no_kernel_and_says_so():
+    skip = SkipSoftmax(threshold=0.05)
+    with pytest.raises(ValueError, match="no kernel in qattn_fx runs bf16 attention with skip-softmax"):
+        resolve(site(), SM100, spec("TRTLLM_ATTN", None, skip_softmax=skip))
+    auto = resolve(site(), SM90, spec("auto", None, skip_softmax=skip))
+    assert not auto.quantized and "no kernel in qattn_fx runs bf16 attention with skip-softmax" in auto.reason
 
 
 @pytest.mark.parametrize("recipe", [None, SAGE_INT8])
-def test_skip_softmax_cannot_be_emulated(recipe):
+def test_skip_softmax_is_emulated_on_the_reference(recipe):
     s = spec("TRTLLM_ATTN", recipe, skip_softmax=SkipSoftmax(threshold=0.5))
+    d = resolve(site(), CPU, s, emulate=True)
+    assert d.quantized and d.kernel == "reference" and d.skip_softmax == SkipSoftmax(threshold=0.5)
+    assert "skip-softmax λ=0.5" in d.reason
+
+
+def test_target_sparsity_needs_a_calibration():
+    s = spec("auto", SAGE_INT8, skip_softmax=SkipSoftmax(target_sparsity=0.6))
     with pytest.raises(ValueError) as e:
-        resolve(site(), CPU, s, emulate=True)
-    assert str(e.value) == "default: skip_softmax has no reference emulation; remove it or run on sm_100"
+        resolve(site(), SM90, s)
+    assert str(e.value) == (
+        "default asks for skip_softmax.target_sparsity=0.6, which needs a calibration: run "
+        "qattn_fx.calibrate_skip_softmax(model, calls, target_sparsity=...) and compile with the spec it returns (a "
+        "threshold per site), or give skip_softmax.threshold (λ) or threshold_scale_factor")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -97,6 +97,8 @@ OPCHECK_CASES = [
     (ops.as_scalar_tensor.default, (0.125,)),
     (ops.lse_shift.default, (_X, _X[:, :1], 0.125)),
     (ops.lse_shift.default, (_XB, _XB, 0.125, torch.scalar_tensor(0.5, dtype=torch.float64))),
+    (ops.skip_threshold.default, (_X, 0.01, 0.0, None, 0.0, 1000.0)),
+    (ops.skip_threshold.default, (_XB, 0.0, 2000.0, torch.tensor([700]), 0.9, 1000.0)),
 ]
 
 

@@ -417,7 +417,8 @@ def test_skip_softmax_target_sparsity_and_threshold_are_mutually_exclusive(kwarg
     with pytest.raises(ValueError) as e:
         SkipSoftmax(**kwargs)
     assert str(e.value).startswith(
-        "skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); got "
+        "skip_softmax needs exactly one of target_sparsity / threshold / threshold_scale_factor (they are mutually "
+        "exclusive); got "
     )
 
 
@@ -426,7 +427,7 @@ def test_skip_softmax_unknown_keys():
         SkipSoftmax.from_dict({"target_sparsity": 0.5, "sparsity": 0.5})
     assert str(e.value) == (
         "unknown key(s) ['sparsity'] in skip_softmax; valid: ['disabled_until_timestep', 'target_sparsity', "
-        "'threshold']"
+        "'threshold', 'threshold_scale_factor']"
     )
 
 
@@ -449,7 +450,7 @@ def test_requirements_trtllm_sage():
         assert req.kernel == "flashinfer_trtllm_sage"
         assert req.library == ("flashinfer-python", "0.6.16rc1")
         assert req.head_dims.accepts(128) and not req.head_dims.accepts(64)
-        assert not req.skip_softmax
+        assert req.skip_softmax  # VisualGen's sparse_attention_config: trtllm-gen's Skip-Softmax
     for qk in ("int8", "fp8"):
         (req,) = _row("TRTLLM_ATTN", qk, "fp8").implementations
         assert req.skip_softmax and req.library == ("flashinfer-python", "0.6.16rc1")

@@ -273,7 +273,8 @@ def test_visualgen_without_quant_config_is_dense(backend):
         ({"attention_config": {"backend": "TRTLLM"}, "model": "x"},
          "unknown key(s) ['model'] in spec; valid: ['attention_config']"),
         ({"attention_config": {"backend": "TRTLLM", "sparse": True}},
-         "unknown key(s) ['sparse'] in attention_config; valid: ['backend', 'quant_attention_config']"),
+         "unknown key(s) ['sparse'] in attention_config; valid: ['backend', 'quant_attention_config', "
+         "'sparse_attention_config']"),
         ({"backend": "TRTLLM", "quant_attention_config": {"qk_dtype": "int8", "smooth_k": True}},
          "unknown key(s) ['smooth_k'] in attention_config.quant_attention_config; valid: ['k_block_size', "
          "'q_block_size', 'qk_dtype', 'v_block_size', 'v_dtype']"),
@@ -320,7 +321,7 @@ def test_vllm_skip_softmax_example():
         "rules": [],
     }
     assert Spec.from_dict(spec.to_dict()) == spec
-    assert spec.default.describe() == "bf16, skip-softmax via TRTLLM_ATTN"
+    assert spec.default.describe() == "bf16, skip-softmax target 0.65, dense while t > 0.86 via TRTLLM_ATTN"
 
 
 def test_vllm_sage_example():
@@ -393,7 +394,7 @@ def test_vllm_per_role_strings_and_dicts():
          "unknown key(s) ['v_block_size'] in default.quant; valid: ['dtype_qk', 'k_block_size', 'q_block_size']"),
         ({"default": {"backend": "TRTLLM_ATTN", "skip_softmax": {"target_sparsity": 0.6, "sparsity": 1}}},
          "unknown key(s) ['sparsity'] in default.skip_softmax; valid: ['disabled_until_timestep', "
-         "'target_sparsity', 'threshold']"),
+         "'target_sparsity', 'threshold', 'threshold_scale_factor']"),
         ({"per_role": {"cross": {"backend": "TRTLLM_ATTN", "quant": {"dtype_qk": "int8"}, "extra": 1}}},
          "unknown key(s) ['extra'] in per_role['cross']; valid: ['backend', 'quant', 'skip_softmax']"),
         ({"per_role": {"text": "TORCH_SDPA"}}, "per_role role='text' is invalid; valid: self, cross, joint"),
@@ -410,8 +411,8 @@ def test_vllm_per_role_strings_and_dicts():
         ({"default": {"backend": "TRTLLM_ATTN", "skip_softmax": {"target_sparsity": 1.5}}},
          "default.skip_softmax.target_sparsity=1.5 is out of range; valid: finite, [0.0, 1.0]"),
         ({"default": {"backend": "TRTLLM_ATTN", "skip_softmax": {"target_sparsity": 0.5, "threshold": 1}}},
-         "default.skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); got "
-         "target_sparsity=0.5, threshold=1"),
+         "default.skip_softmax needs exactly one of target_sparsity / threshold / threshold_scale_factor (they are "
+         "mutually exclusive); got target_sparsity=0.5, threshold=1, threshold_scale_factor=None"),
         ({"default": "XFORMERS"},
          "default.backend='XFORMERS' is invalid; valid: TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN, FLASHINFER_ATTN, "
          "TRTLLM_ATTN"),
@@ -438,7 +439,7 @@ def test_vllm_errors(data, message):
          f"unknown key(s) ['kblock'] in spec.default.recipe; valid: {RECIPE_KEYS}"),
         ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"thresh": 1}}},
          "unknown key(s) ['thresh'] in spec.default.skip_softmax; valid: ['disabled_until_timestep', "
-         "'target_sparsity', 'threshold']"),
+         "'target_sparsity', 'threshold', 'threshold_scale_factor']"),
         ({"rules": [{"match": {}, "use": "dense", "when": 1}]},
          "unknown key(s) ['when'] in spec.rules[0]; valid: ['match', 'use']"),
         ({"rules": [{"match": {"role": "cross"}, "use": "dense"}, {"match": {"layer": 1}, "use": "dense"}]},
@@ -458,10 +459,11 @@ def test_vllm_errors(data, message):
          "spec.default.recipe=None is invalid without skip_softmax; valid: a recipe, or null with skip_softmax on "
          "TRTLLM_ATTN (use \"dense\" for dense attention)"),
         ({"default": {"backend": "CUDNN", "recipe": {"qk_dtype": "fp8"}, "skip_softmax": {"threshold": 1}}},
-         "spec.default.skip_softmax is not accepted for backend='CUDNN'; valid: TRTLLM_ATTN, auto"),
-        ({"default": {"backend": "auto", "recipe": None, "skip_softmax": {"threshold": 1}}},
-         "spec.default.backend='auto' is invalid with spec.default.recipe=None; valid: TRTLLM_ATTN (the only "
-         "backend running bf16 + skip_softmax without a recipe)"),
+         "spec.default.skip_softmax is not accepted for backend='CUDNN'; valid: TRITON, TRTLLM, TRTLLM_ATTN, auto, "
+         "REFERENCE"),
+        ({"default": {"backend": "CUDNN", "recipe": None, "skip_softmax": {"threshold": 1}}},
+         "spec.default.backend='CUDNN' is invalid with spec.default.recipe=None; valid: TRTLLM_ATTN, TRTLLM, auto, "
+         "REFERENCE (the backends running bf16 + skip_softmax without a recipe)"),
     ],
 )
 def test_canonical_errors(data, message):
@@ -530,8 +532,8 @@ def _rule(**match):
         ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"threshold": "1"}}},
          "spec.default.skip_softmax.threshold='1' is invalid; valid: a finite number, >= 0.0"),
         ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"target_sparsity": None}}},
-         "spec.default.skip_softmax needs exactly one of target_sparsity / threshold (they are mutually exclusive); "
-         "got target_sparsity=None, threshold=None"),
+         "spec.default.skip_softmax needs exactly one of target_sparsity / threshold / threshold_scale_factor (they "
+         "are mutually exclusive); got target_sparsity=None, threshold=None, threshold_scale_factor=None"),
         ({"default": {"backend": "TRTLLM_ATTN", "recipe": None,
                       "skip_softmax": {"threshold": 1, "disabled_until_timestep": [0.5]}}},
          "spec.default.skip_softmax.disabled_until_timestep=[0.5] is invalid; valid: a finite number, [0.0, 1.0]"),

@@ -11,6 +11,8 @@
 #                                GPU_TESTS: files; GPU_K: -k filter): after a kernel refactor, in one step
 #   tune-gluon, tune             python -m benchmarks.tune --kernel gluon_sage / triton_sage (TUNE_GLUON_ARGS, TUNE_ARGS)
 #   ops                          python -m benchmarks.attention_ops (OPS_ARGS)
+#   skip-tests                   Skip-Softmax GPU tests in parallel workers (GPU_N; SKIP_K: -k filter)
+#   skip-bench                   python -m benchmarks.attention_ops --skip-softmax (SKIP_ARGS)
 #   dit                          python -m benchmarks.dit_step (DIT_ARGS, split on spaces: --only takes substrings
 #                                without spaces, e.g. DIT_ARGS="--model flux --compile whole --steps 4 --only auto")
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
@@ -43,6 +45,8 @@ for s in "$@"; do
     shapes-tests) TAIL=45 step shapes-tests ${SHAPES_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=8 -k "${SHAPES_K:-}" tests/gpu/test_shapes_and_masks.py ;;
     tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 -m benchmarks.tune --kernel gluon_sage --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     tune) TAIL=30 step tune ${TUNE_S:-240} python3 -m benchmarks.tune --kernel triton_sage --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
+    skip-tests) TAIL=45 step skip-tests ${SKIP_TESTS_S:-300} python3 -m pytest -q -rfEs -p no:cacheprovider -n ${GPU_N:-6} --durations=8 -k "${SKIP_K:-}" tests/gpu/test_skip_softmax.py ;;
+    skip-bench) TAIL=60 step skip-bench ${SKIP_BENCH_S:-420} python3 -m benchmarks.attention_ops --skip-softmax --out "$OUT/skip_softmax.json" ${SKIP_ARGS:-} ;;
     ops) TAIL=70 step ops 560 python3 -m benchmarks.attention_ops --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
     dit) TAIL=20 step dit ${DIT_S:-560} python3 -m benchmarks.dit_step --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
     ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \

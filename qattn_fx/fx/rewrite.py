@@ -41,6 +41,8 @@ class SiteOutcome:
     site: Site
     decision: Decision
     inserted: tuple[str, ...] = ()
+    #: The inserted nodes' name prefix (``blocks_0_attn1``): also the site's label in measured Skip-Softmax sparsity.
+    prefix: str = ""
 
 
 class FxEmitter:
@@ -136,7 +138,60 @@ def _layer_counts(calls: list[match.SdpaCall]) -> dict[str, int]:
     return counts
 
 
-def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class TimestepSource:
+    """Where a step schedule (``disabled_until_timestep``) reads the denoising timestep: the graph input of the
+    model's forward argument ``argument`` (diffusers transformers: ``timestep``), divided by ``scale`` to the
+    normalized ``t`` in [0, 1] (1000: diffusers' ``num_train_timesteps`` as Wan, HunyuanVideo, CogVideoX and SD3
+    pipelines pass it; 1: pipelines that pass ``t`` itself, as Flux's does)."""
+
+    argument: str = "timestep"
+    scale: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.argument, str) or not self.argument.isidentifier():
+            raise ValueError(f"timestep={self.argument!r} is invalid; valid: the name of the model's forward argument "
+                             "holding the denoising timestep (e.g. 'timestep')")
+        if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not self.scale > 0:
+            raise ValueError(f"timestep_scale={self.scale!r} is invalid; valid: a number > 0 (1000 for diffusers' "
+                             "num_train_timesteps, 1 when the pipeline passes t in [0, 1])")
+
+    def find(self, graph: fx.Graph) -> fx.Node | None:
+        """The graph input holding the argument (Dynamo's source ``L['timestep']`` or ``L['kwargs']['timestep']``),
+        or None."""
+        for node in graph.nodes:
+            if node.op != "placeholder":
+                continue
+            source = getattr(node.meta.get("grapharg"), "source", None)
+            name = source.name if isinstance(getattr(source, "name", None), str) else str(node.target)
+            if name in (f"L['{self.argument}']", f"L['kwargs']['{self.argument}']") or node.target in (
+                    f"L_{self.argument}_", f"L_kwargs_{self.argument}_"):
+                return node
+        return None
+
+
+def _timestep_node(call: match.SdpaCall, decision: Decision, root: fx.GraphModule, source: TimestepSource):
+    """The timestep graph input a gated site reads (None when the site's skip-softmax is not gated)."""
+    skip = decision.skip_softmax
+    if skip is None or not skip.gated:
+        return None
+    node = source.find(root.graph)
+    inputs = [str(n.target) for n in root.graph.nodes if n.op == "placeholder"]
+    if node is None:
+        shown = ", ".join(i for i in inputs if "parameters" not in i and "buffers" not in i) or "none"
+        raise ValueError(
+            f"skip_softmax.disabled_until_timestep={skip.disabled_until_timestep:g} at {call.node.name} needs the "
+            f"denoising timestep in the compiled graph, but no graph input is the model's {source.argument!r} "
+            f"argument (inputs: {shown}; an argument the forward never reads is none); compile the transformer whose "
+            "forward takes and uses it (not its blocks alone), or name the argument with backend(..., timestep=...)")
+    if call.graph is not root.graph:
+        raise ValueError(f"skip_softmax.disabled_until_timestep at {call.node.name}: the site is in a nested "
+                         "subgraph, which cannot read the timestep input; compile without the wrapper that nests it")
+    return node
+
+
+def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep=None,
+                 timestep_scale: float = 1000.0) -> tuple[str, ...]:
     q = match.example_value(call.q)
     # kernels are specialised per head_dim: a symbolic one (dynamic=True) is fixed here by a guard on the graph
     head_dim = guard_int(q.shape[-1])
@@ -146,7 +201,9 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str) -> tuple
     with call.graph.inserting_before(call.node):
         out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
                                   out_dtype=q.dtype, head_dim=head_dim, attn_mask=call.args["attn_mask"],
-                                  enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit)
+                                  enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit,
+                                  skip_softmax=decision.skip_softmax, timestep=timestep,
+                                  timestep_scale=timestep_scale, skip_label=prefix)
         if call.lse:
             _replace_lse_outputs(call, *out, emit)
         else:
@@ -184,12 +241,16 @@ def node_prefix(module_path: str, taken: dict[str, int]) -> str:
 
 
 def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = None, emulate: bool = False,
-            grad_enabled: bool = False, first_index: int = 0, target=None) -> list[SiteOutcome]:
+            grad_enabled: bool = False, first_index: int = 0, target=None,
+            timestep: TimestepSource | None = None) -> list[SiteOutcome]:
     """Resolve and rewrite every SDPA site under ``root`` (nested subgraphs included); returns one outcome per site.
 
     ``hardware`` defaults to the machine the site's tensors live on; ``target`` (with ``emulate``) is where the
-    emulated sites are meant to deploy (:func:`qattn_fx.policy.deployment`). Graph modules are recompiled.
+    emulated sites are meant to deploy (:func:`qattn_fx.policy.deployment`); ``timestep``: where gated sites
+    (``disabled_until_timestep``) read the timestep (default :class:`TimestepSource`). Graph modules are
+    recompiled.
     """
+    timestep = timestep or TimestepSource()
     calls = match.find_sdpa(root)
     layers = _layer_counts(calls)
     uses = match.subgraph_uses(root)
@@ -203,10 +264,13 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
         decision = resolve(site, hw, spec, emulate=emulate, target=target)
         inserted: tuple[str, ...] = ()
+        prefix = ""
         if decision.quantized:
-            inserted = rewrite_site(call, decision, node_prefix(site.module, taken))
+            prefix = node_prefix(site.module, taken)
+            inserted = rewrite_site(call, decision, prefix, _timestep_node(call, decision, root, timestep),
+                                    timestep.scale)
             touched[id(call.module)] = call.module
-        outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted))
+        outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted, prefix))
     for gm in touched.values():
         gm.graph.lint()
         gm.recompile()

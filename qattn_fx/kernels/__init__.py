@@ -49,6 +49,7 @@ class KernelInfo:
     scaled: str | None = None
     block_scaled: str | None = None
     v_seq_major: bool = False
+    dense_skip: str | None = None
     requirements: tuple[Requirements, ...] = ()
     description: str = ""
 
@@ -62,12 +63,18 @@ class KernelInfo:
         """Its ``scaled`` function takes ``return_lse=True`` and then returns ``(out, lse)``."""
         return any(r.lse for r in self.requirements)
 
+    @property
+    def skip_softmax(self) -> bool:
+        """Its functions take ``skip_threshold=`` and ``skip_label=`` (Skip-Softmax, :mod:`qattn_fx.skip_softmax`)."""
+        return any(r.skip_softmax for r in self.requirements)
+
 
 KERNELS: dict[str, KernelInfo] = {
     info.name: info
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
-                   requirements=(Requirements("reference", None, key_bias=True, lse=True,
+                   dense_skip="dense_attention",
+                   requirements=(Requirements("reference", None, key_bias=True, lse=True, skip_softmax=True,
                                               dtypes=(torch.bfloat16, torch.float16, torch.float32)),),
                    description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested "
                                "against"),
@@ -77,7 +84,7 @@ KERNELS: dict[str, KernelInfo] = {
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
-                                              key_bias=True, lse=True,
+                                              key_bias=True, lse=True, skip_softmax=True,
                                               note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes "
                                                    "write them so"),),
                    description="qattn_fx warp-specialized Gluon SageAttention (TMA producer warp, two or three "
@@ -107,7 +114,7 @@ KERNELS: dict[str, KernelInfo] = {
     )
 }
 
-FAMILIES = ("scaled", "block_scaled")
+FAMILIES = ("scaled", "block_scaled", "dense_skip")
 
 
 def info(name: str) -> KernelInfo:
@@ -124,7 +131,8 @@ def requirements(name: str, qk_dtype: str | None = None) -> tuple[Requirements, 
 
 
 def load(name: str, family: str) -> Callable:
-    """The function implementing op ``family`` (``scaled`` / ``block_scaled``) in kernel ``name``."""
+    """The function implementing op ``family`` (``scaled`` / ``block_scaled`` / ``dense_skip``: unquantized attention
+    with Skip-Softmax) in kernel ``name``."""
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is invalid; valid: {', '.join(FAMILIES)}")
     entry = info(name)

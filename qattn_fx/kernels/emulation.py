@@ -15,14 +15,14 @@ import math
 
 import torch
 
-from .. import formats
+from .. import formats, skip_softmax
 from ._sage_common import LOG2_448, LOG2E
 
 FP8 = torch.float8_e4m3fn
 
 
 def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False,
-            key_bias=None):
+            key_bias=None, skip_threshold=None, skip_counts=None):
     """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
 
     Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
@@ -32,6 +32,11 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     ``(m + log2 l - log2 448) · ln 2``. ``key_bias`` ``(B|1, Skv)``: logits are ``z = t·rs + bias·log2 e`` and the
     max is taken over ``z``; a running max of ``-inf`` (every key so far masked) is used as 0, and a row with
     ``l = 0`` gives 0.
+
+    ``skip_threshold`` (λ, a float or 0-d tensor): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) on
+    every tile of 64 rows and ``block_n`` (128) keys: ``max z - m < log2 λ`` for every row of the tile (``m``: the
+    running max before it) leaves ``m``, ``l`` and ``acc`` unchanged for those rows. ``skip_counts``: a list that
+    receives the number of tiles skipped.
     """
     b, hq, sq, _ = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -49,6 +54,15 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         if k_block == 0:
             rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
     per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
+    skipping = skip_threshold is not None
+    if skipping:
+        if block_n != skip_softmax.TILE_KEYS:
+            raise ValueError(f"block_n={block_n} is invalid for Skip-Softmax; valid: {skip_softmax.TILE_KEYS} (the "
+                             "contract's key tile)")
+        log2_thr = skip_softmax.log2_threshold(torch.as_tensor(skip_threshold)).to(q.device)
+        n_rows = -(-sq // skip_softmax.TILE_ROWS)
+        row_pad = n_rows * skip_softmax.TILE_ROWS - sq
+        skipped = 0
     m = torch.full((b, hq, sq), -math.inf, device=q.device)
     l = torch.zeros(b, hq, sq, device=q.device)
     acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64, device=q.device)
@@ -67,23 +81,34 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             t = s * ks[:, :, None, :] if per_col else s
         r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
         if key_bias is None:
-            m_new = torch.maximum(m, t.amax(-1) * r)
+            tile_max = t.amax(-1) * r
+            m_new = torch.maximum(m, tile_max)
             p = torch.exp2(t * r[..., None] - (m_new - LOG2_448)[..., None])
             alpha = torch.exp2(m - m_new)
         else:
             kb = (key_bias.float()[:, None, None, :] * torch.tensor(LOG2E, dtype=torch.float32))[..., n]
             z = t * r[..., None] + kb
-            m_new = torch.maximum(m, z.amax(-1))
+            tile_max = z.amax(-1)
+            m_new = torch.maximum(m, tile_max)
             m_use = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
             p = torch.exp2(z - (m_use - LOG2_448)[..., None])
             alpha = torch.exp2(m - m_use)
-        l = l * alpha + (p.to(FP8).float().sum(-1) if mmasum else p.sum(-1))
-        acc = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
-        m = m_new
+        l_new = l * alpha + (p.to(FP8).float().sum(-1) if mmasum else p.sum(-1))
+        acc_new = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
+        if skipping:  # every row of a 64-row tile below the threshold: the tile leaves m, l, acc as they were
+            vote = torch.nn.functional.pad((tile_max - m) < log2_thr, (0, row_pad), value=True)
+            tile_skip = vote.reshape(b, hq, n_rows, skip_softmax.TILE_ROWS).all(-1)
+            skipped += int(tile_skip.sum())
+            keep = ~tile_skip.repeat_interleave(skip_softmax.TILE_ROWS, -1)[..., :sq]
+            l_new, m_new = torch.where(keep, l_new, l), torch.where(keep, m_new, m)
+            acc_new = torch.where(keep[..., None], acc_new, acc)
+        l, acc, m = l_new, acc_new, m_new
     vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
     out = acc / l[..., None].double() * vs
     if key_bias is not None:
         out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)
+    if skipping and skip_counts is not None:
+        skip_counts.append(skipped)
     if return_lse:
         return out, (m + torch.log2(l) - LOG2_448) * math.log(2.0)
     return out

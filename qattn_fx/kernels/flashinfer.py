@@ -323,7 +323,8 @@ def _ragged_meta(device: torch.device, b: int, sq: int, skv: int) -> dict:
     return _RAGGED_META.get_or_build((device_index(device), b, sq, skv), build)
 
 
-def trtllm_sage_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype):
+def trtllm_sage_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *,
+                          skip_threshold=None, skip_label=""):
     """``qattn::scaled_attention`` as SageAttention on FlashInfer's trtllm-gen FMHA (``flashinfer_trtllm_sage``).
 
     **Blackwell only**: INT8 Q/K needs compute capability 10.0 (sm_100); FP8 Q/K 10.0 or 10.3 (the trtllm-gen cubins
@@ -348,6 +349,12 @@ def trtllm_sage_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
     (B > 1 and ``v_scale.shape[0] == B``) the kernel runs once per sequence (B launches; diffusion batches are 1-2),
     and when V's scale is batch-shared it runs the whole batch as one ragged call. Either way the numbers are those of
     the recipe: ``S = (q·k) · q_sf · k_sf · sm_scale``, P in FP8, ``O = P·v · v_sf / l``.
+
+    ``skip_threshold`` (Skip-Softmax's λ, :mod:`qattn_fx.skip_softmax`) goes to trtllm-gen as
+    ``skip_softmax_threshold_scale_factor = λ · Skv`` (its kernels divide by the key length), a Python float: read
+    from the tensor on the host (a synchronization; not capturable in a CUDA graph), omitted when λ is 0. A
+    FlashInfer without that argument raises. trtllm-gen's tiles need not be qattn_fx's 64 x 128, and it counts no
+    skipped tiles (nothing is recorded under ``skip_label``). Not run on hardware.
     """
     kernel = "flashinfer_trtllm_sage"
     _check_sage_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype)
@@ -364,6 +371,13 @@ def trtllm_sage_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
     from flashinfer.prefill import trtllm_ragged_attention_deepseek  # noqa: PLC0415
 
     accepts_row_check = _accepts(trtllm_ragged_attention_deepseek, "skip_all_rows_active_check")
+    skip_factor = None
+    if skip_threshold is not None:
+        if not _accepts(trtllm_ragged_attention_deepseek, "skip_softmax_threshold_scale_factor"):
+            raise RuntimeError(f"{kernel}: this FlashInfer's trtllm_ragged_attention_deepseek takes no "
+                               "skip_softmax_threshold_scale_factor; Skip-Softmax needs a FlashInfer that does")
+        lam = float(skip_threshold.reshape(-1)[0])
+        skip_factor = lam * skv if lam > 0 else None
     v = _v_nhd(v)
     out = empty_bshd(b, hq, sq, dv, out_dtype, device)
     workspace = _WORKSPACES.get(device)
@@ -389,6 +403,8 @@ def trtllm_sage_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
         )
         if accepts_row_check:
             kwargs["skip_all_rows_active_check"] = True  # every sequence has Sq, Skv > 0: no device-side check
+        if skip_factor is not None:
+            kwargs["skip_softmax_threshold_scale_factor"] = skip_factor
         trtllm_ragged_attention_deepseek(**kwargs)
     return out
 

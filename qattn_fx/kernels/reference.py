@@ -12,6 +12,11 @@ This is the *definition* every fast kernel is tested against:
 5. with ``return_lse`` (scaled family) also the natural-log ``LSE = rowmax(S) + log(l)``, fp32 ``(B, Hq, Sq)``
    (``-inf`` for a row whose keys are all masked), what the Sage kernels return for a merge of partial results.
 
+With ``skip_threshold`` (λ), Skip-Softmax (:mod:`qattn_fx.skip_softmax`): the tiles of 64 rows x 128 keys its
+test skips are left out (their logits set to ``-inf`` before step 2), the exact tile test on the fp32 logits in
+log2 units; the skipped and tested tile counts are recorded under ``skip_label`` inside
+:func:`qattn_fx.skip_softmax.measure`.
+
 Work is chunked over query rows so that memory stays bounded for video-length sequences. GQA (``Hq = g · Hkv``)
 repeats K/V heads. Inputs are never modified.
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats
+from .. import formats, skip_softmax
 
 #: Upper bound on fp32 elements of one chunk of the score matrix.
 _CHUNK_ELEMENTS = 1 << 26
@@ -36,16 +41,27 @@ def _repeat_heads(x: torch.Tensor, hq: int) -> torch.Tensor:
 
 
 def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, round_p, out: torch.Tensor,
-            key_bias: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+            key_bias: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+            skip_threshold: torch.Tensor | None = None, skip_label: str = ""):
     b, h, sq, _ = qf.shape
     kf = _repeat_heads(kf, h)
     vf = _repeat_heads(vf[:, :, : kf.shape[-2]], h)  # V may carry padding rows past Skv
     bias = None if key_bias is None else key_bias.float()[:, None, None, :]
     rows = max(1, _CHUNK_ELEMENTS // max(1, b * h * kf.shape[-2]))
+    if skip_threshold is not None:  # whole 64-row skip tiles per chunk
+        rows = -(-rows // skip_softmax.TILE_ROWS) * skip_softmax.TILE_ROWS
+        log2_thr, skipped = skip_softmax.log2_threshold(skip_threshold).to(qf.device), 0
     for start in range(0, sq, rows):
         s = torch.matmul(qf[:, :, start : start + rows], kf.transpose(-1, -2)) * sm_scale
         if bias is not None:
             s = s + bias
+        if skip_threshold is not None:
+            collector = skip_softmax.margins_collector()
+            if collector is not None:  # calibration: every λ's sparsity from this one pass
+                collector.add(skip_label, skip_softmax.tile_margins(s * skip_softmax.LOG2E))
+            tiles = skip_softmax.skip_mask(s * skip_softmax.LOG2E, log2_thr)
+            skipped += int(tiles.sum())
+            s = s.masked_fill(skip_softmax.expand_mask(tiles, s.shape[-2], s.shape[-1]), float("-inf"))
         m = s.amax(dim=-1, keepdim=True)
         p = torch.exp(s - torch.where(m == float("-inf"), torch.zeros_like(m), m))  # all -inf rows: P = 0
         denom = p.sum(dim=-1, keepdim=True)
@@ -53,11 +69,14 @@ def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: floa
         out[:, :, start : start + rows] = o.to(out.dtype)
         if lse is not None:
             lse[:, :, start : start + rows] = (m + torch.log(denom)).squeeze(-1)
+    if skip_threshold is not None:
+        n_rows, n_keys = skip_softmax.tiles(sq, kf.shape[-2])
+        skip_softmax.record(skip_label, skipped, b * h * n_rows * n_keys)
     return out
 
 
 def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
-                     return_lse=False):
+                     return_lse=False, skip_threshold=None, skip_label=""):
     """Reference for ``qattn::scaled_attention`` (see :mod:`qattn_fx.ops.attention` for the layouts); with
     ``return_lse`` it returns ``(out, lse)`` (``qattn::scaled_attention_lse``), ``lse`` fp32 ``(B, Hq, Sq)``."""
     qf = formats.dequantize_scaled(q, q_scale, q_block)
@@ -65,8 +84,16 @@ def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
     vf = formats.dequantize_v(v, v_scale)
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-    out = _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias, lse)
+    out = _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias, lse, skip_threshold, skip_label)
     return (out, lse) if return_lse else out
+
+
+def dense_attention(q, k, v, sm_scale, out_dtype, *, key_bias=None, skip_threshold=None, skip_label=""):
+    """Reference for ``qattn::skip_softmax_attention``: fp32 attention of float ``q``, ``k``, ``v`` (P not rounded),
+    with Skip-Softmax's tile test when ``skip_threshold`` is given."""
+    out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
+    return _attend(q.float(), k.float(), v.float(), sm_scale, lambda p: p, out, key_bias, None, skip_threshold,
+                   skip_label)
 
 
 def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.Tensor:
@@ -82,7 +109,7 @@ def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.
 
 
 def block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, *,
-                           key_bias=None):
+                           key_bias=None, skip_threshold=None, skip_label=""):
     """Reference for ``qattn::block_scaled_attention``."""
     head_dim = q.shape[-1] * (2 if qk_format == "nvfp4" else 1)
     qf = dequantize_block_scaled(q, q_sf, q_gs, qk_format, "qk", head_dim)
@@ -90,4 +117,4 @@ def block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_forma
     vf = dequantize_block_scaled(v, v_sf, v_gs, v_format, "v", k.shape[2])
     round_p = formats.round_p_nvfp4 if v_format == "nvfp4" else formats.round_p_fp8
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], vf.shape[-1], out_dtype, q.device)
-    return _attend(qf, kf, vf, sm_scale, round_p, out, key_bias)
+    return _attend(qf, kf, vf, sm_scale, round_p, out, key_bias, skip_threshold, skip_label)

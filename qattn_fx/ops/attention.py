@@ -1,7 +1,7 @@
 """Attention custom ops over quantized tensors. Opaque to the compiler; the ``kernel`` argument picks the kernel.
 
 ``qattn::scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel,
-key_bias=None, runtime_scale=None)``
+key_bias=None, runtime_scale=None, skip_threshold=None, skip_label="")``
 
 * ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, any strides with a unit stride on D: int8 or float8_e4m3fn with fp32
   scales of shape ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB >= ceil(S/block)``;
@@ -16,6 +16,11 @@ key_bias=None, runtime_scale=None)``
   :class:`~qattn_fx.kernels.KernelInfo` says ``key_bias`` take it.
 * ``runtime_scale``: optional 0-d float tensor on the CPU holding SDPA's ``scale`` when it is a value of the
   compiled graph (a Python float that changes between calls) rather than a constant; it replaces ``sm_scale``.
+* ``skip_threshold``: optional one-element float tensor, Skip-Softmax's λ (:mod:`qattn_fx.skip_softmax`: tiles of
+  64 query rows x 128 keys whose every row has ``exp(tile max - running max) < λ`` are skipped; 0 skips nothing).
+  A tensor, so a step schedule can change it without recompiling; ``skip_label`` names the site in measured
+  sparsity (:func:`qattn_fx.skip_softmax.measure`). Only kernels whose :class:`~qattn_fx.kernels.KernelInfo` says
+  ``skip_softmax`` take it.
 * Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype``, stored BSHD (stride ``(Sq·Hq·Dv, Dv, Hq·Dv, 1)``).
 
 ``qattn::scaled_attention_lse(...)``, the same arguments, returns ``(out, lse)``: ``out`` as above and ``lse`` the
@@ -32,7 +37,11 @@ out_dtype, kernel, key_bias=None, runtime_scale=None)``
   ``nvfp4``: packed e2m1 ``(B, H, S, D/2)`` uint8, E4M3 scales ``(B, H, S, D/16)``, fp32 tensor scale ``()``.
 * ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, ceil(Skv/32), Dv)``;
   ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, Skv16/16)``, tensor scale.
-* ``key_bias`` and ``runtime_scale`` as above.
+* ``key_bias``, ``runtime_scale``, ``skip_threshold`` and ``skip_label`` as above.
+
+``qattn::skip_softmax_attention(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None,
+skip_threshold=None, skip_label="")``: dense attention of bf16/fp16/fp32 ``q``, ``k``, ``v`` (``(B, H, S, D)``, any
+strides) with Skip-Softmax (a spec's ``recipe: null`` with ``skip_softmax``); the reference kernel only.
 
 Inputs are never mutated. Bad shapes or dtypes raise ``ValueError`` naming the argument.
 """
@@ -107,15 +116,26 @@ def _scale_value(sm_scale: float, runtime_scale: Optional[torch.Tensor]) -> floa
     return float(runtime_scale)
 
 
-def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor]):
-    """The kernel function; ``key_bias`` is passed (as a keyword) only to kernels that declare they take it."""
+def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
+                 skip_threshold: Optional[torch.Tensor] = None, skip_label: str = ""):
+    """The kernel function; ``key_bias`` and ``skip_threshold`` are passed (as keywords) only to kernels that declare
+    they take them."""
     fn = kernels.load(kernel, family)
-    if key_bias is None:
-        return fn
-    if not kernels.info(kernel).key_bias:
-        _fail(f"kernel {kernel!r} takes no key_bias (masks); kernels that do: "
-              f"{', '.join(k for k, i in kernels.KERNELS.items() if i.key_bias)}")
-    return functools.partial(fn, key_bias=key_bias)
+    extra = {}
+    if key_bias is not None:
+        if not kernels.info(kernel).key_bias:
+            _fail(f"kernel {kernel!r} takes no key_bias (masks); kernels that do: "
+                  f"{', '.join(k for k, i in kernels.KERNELS.items() if i.key_bias)}")
+        extra["key_bias"] = key_bias
+    if skip_threshold is not None:
+        if not kernels.info(kernel).skip_softmax:
+            _fail(f"kernel {kernel!r} takes no skip_threshold (Skip-Softmax); kernels that do: "
+                  f"{', '.join(k for k, i in kernels.KERNELS.items() if i.skip_softmax)}")
+        if skip_threshold.numel() != 1 or not skip_threshold.dtype.is_floating_point:
+            _fail(f"skip_threshold must be a one-element float tensor; got {skip_threshold.dtype} of shape "
+                  f"{tuple(skip_threshold.shape)}")
+        extra.update(skip_threshold=skip_threshold, skip_label=skip_label)
+    return functools.partial(fn, **extra) if extra else fn
 
 
 def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias=None) -> None:
@@ -171,15 +191,17 @@ def scaled_attention(
     kernel: str,
     key_bias: Optional[torch.Tensor] = None,
     runtime_scale: Optional[torch.Tensor] = None,
+    skip_threshold: Optional[torch.Tensor] = None,
+    skip_label: str = "",
 ) -> torch.Tensor:
     check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
-    fn = _kernel_call(kernel, "scaled", key_bias)
+    fn = _kernel_call(kernel, "scaled", key_bias, skip_threshold, skip_label)
     return fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale), out_dtype)
 
 
 @scaled_attention.register_fake
 def _(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel, key_bias=None,
-      runtime_scale=None):
+      runtime_scale=None, skip_threshold=None, skip_label=""):
     return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
 
 
@@ -308,19 +330,49 @@ def block_scaled_attention(
     kernel: str,
     key_bias: Optional[torch.Tensor] = None,
     runtime_scale: Optional[torch.Tensor] = None,
+    skip_threshold: Optional[torch.Tensor] = None,
+    skip_label: str = "",
 ) -> torch.Tensor:
     check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
     check_key_bias(key_bias, k)
-    fn = _kernel_call(kernel, "block_scaled", key_bias)
+    fn = _kernel_call(kernel, "block_scaled", key_bias, skip_threshold, skip_label)
     return fn(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, _scale_value(sm_scale, runtime_scale),
               out_dtype)
 
 
 @block_scaled_attention.register_fake
 def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel, key_bias=None,
-      runtime_scale=None):
+      runtime_scale=None, skip_threshold=None, skip_label=""):
     return _fake_out(q, q.shape[2], _v_dims(v, v_format)[1], out_dtype)
 
 
+@torch.library.custom_op("qattn::skip_softmax_attention", mutates_args=())
+def skip_softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    out_dtype: torch.dtype,
+    kernel: str,
+    key_bias: Optional[torch.Tensor] = None,
+    runtime_scale: Optional[torch.Tensor] = None,
+    skip_threshold: Optional[torch.Tensor] = None,
+    skip_label: str = "",
+) -> torch.Tensor:
+    _check_4d(q, k, v)
+    _check_heads(q, k, v, v.shape[2])
+    check_key_bias(key_bias, k)
+    _check_out_dtype(out_dtype)
+    if q.dtype not in _FLOAT or k.dtype != q.dtype or v.dtype != q.dtype:
+        _fail(f"q, k, v must share a float dtype in {_FLOAT}; got {q.dtype}, {k.dtype}, {v.dtype}")
+    fn = _kernel_call(kernel, "dense_skip", key_bias, skip_threshold, skip_label)
+    return fn(q, k, v, _scale_value(sm_scale, runtime_scale), out_dtype)
+
+
+@skip_softmax_attention.register_fake
+def _(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None, skip_threshold=None, skip_label=""):
+    return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
+
+
 ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default,
-                 torch.ops.qattn.scaled_attention_lse.default)
+                 torch.ops.qattn.scaled_attention_lse.default, torch.ops.qattn.skip_softmax_attention.default)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from .. import kernels
-from ..recipes import Recipe
+from ..recipes import Recipe, SkipSoftmax
 from . import attention as _attention  # noqa: F401  (registers qattn::*_attention)
 from .. import formats
 from . import canonical
@@ -143,11 +143,27 @@ def _check_lse(recipe: Recipe, kernel: str, entry: kernels.KernelInfo, plan: can
         raise ValueError(f"return_lse=True needs 4-D (B, H, S, D) operands; got {plan.ndim}-D")
 
 
+def _skip_threshold(emit: Emitter, k: Any, skip: SkipSoftmax | None, timestep: Any, timestep_scale: float) -> Any:
+    """The ``qattn::skip_threshold`` node of a site (None without Skip-Softmax)."""
+    if skip is None:
+        return None
+    if skip.target_sparsity is not None:
+        raise ValueError(f"skip_softmax.target_sparsity={skip.target_sparsity:g} needs a calibration "
+                         "(qattn_fx.calibrate_skip_softmax) that turns it into thresholds; valid here: threshold, "
+                         "threshold_scale_factor")
+    if skip.gated and timestep is None:
+        raise ValueError(f"skip_softmax.disabled_until_timestep={skip.disabled_until_timestep:g} needs the denoising "
+                         "timestep (timestep=): the model's timestep tensor, or its graph input")
+    args = (k, float(skip.threshold or 0.0), float(skip.threshold_scale_factor or 0.0),
+            timestep if skip.gated else None, float(skip.disabled_until_timestep or 0.0), float(timestep_scale))
+    return emit(ops.skip_threshold.default, args, "skip_threshold")
+
+
 def quantized_attention(
     q: Any,
     k: Any,
     v: Any,
-    recipe: Recipe,
+    recipe: Recipe | None,
     *,
     kernel: str = "reference",
     sm_scale: Any = None,
@@ -157,6 +173,10 @@ def quantized_attention(
     enable_gqa: bool = True,
     return_lse: bool = False,
     emit: Emitter = eager,
+    skip_softmax: SkipSoftmax | None = None,
+    timestep: Any = None,
+    timestep_scale: float = 1000.0,
+    skip_label: str = "",
 ) -> Any:
     """Non-causal attention of ``q``, ``k``, ``v`` under ``recipe`` on ``kernel``, as ``F.scaled_dot_product_attention``
     computes it (same shapes, broadcasting, masks).
@@ -174,6 +194,12 @@ def quantized_attention(
     ``(B, Hq, Sq)`` (``qattn::scaled_attention_lse``; with ``smooth_k`` the shift smoothing takes off is added back
     by ``qattn::lse_shift``), for 4-D operands and recipes of the ``scaled`` family on kernels that return it
     (``KernelInfo.lse``); anything else raises ``ValueError``.
+    ``skip_softmax`` (:class:`~qattn_fx.recipes.SkipSoftmax` with ``threshold`` or ``threshold_scale_factor``):
+    Skip-Softmax on top of the recipe (:mod:`qattn_fx.skip_softmax`); λ reaches the op as a tensor computed by a
+    ``skip_threshold`` node, gated by ``timestep`` (a tensor or node: the model's timestep, divided by
+    ``timestep_scale`` to the normalized ``t``) when ``disabled_until_timestep`` is set; ``skip_label`` names the
+    site in measured sparsity. ``recipe=None`` (with ``skip_softmax``): unquantized attention with Skip-Softmax
+    (``qattn::skip_softmax_attention``, the reference kernel).
     """
     q_shape = _shape(q)
     if head_dim is None:
@@ -187,11 +213,16 @@ def quantized_attention(
         runtime_scale = emit(ops.as_scalar_tensor.default, (sm_scale,), "scale")
         sm_scale = 1.0  # unused: the op takes runtime_scale
     entry = kernels.info(kernel)
-    if recipe.qk_dtype == "nvfp4" and head_dim % formats.NVFP4_BLOCK:
+    if recipe is None and skip_softmax is None:
+        raise ValueError("recipe=None is only valid with skip_softmax (unquantized attention with Skip-Softmax)")
+    if recipe is not None and recipe.qk_dtype == "nvfp4" and head_dim % formats.NVFP4_BLOCK:
         raise ValueError(f"nvfp4 Q/K needs head_dim % 16 == 0; got head_dim={head_dim}")
     mask_shape = _shape(attn_mask) if attn_mask is not None else None
     plan = canonical.plan(q_shape, _shape(k), _shape(v), mask_shape, enable_gqa)
     if return_lse:
+        if skip_softmax is not None:
+            raise ValueError("return_lse=True with skip_softmax is not served (the LSE op runs no tile test); "
+                             "give one of them")
         _check_lse(recipe, kernel, entry, plan)
     if mask_shape is not None:
         kind = canonical.mask_kind(mask_shape, value_of(attn_mask).dtype == torch.bool, len(q_shape))
@@ -205,12 +236,17 @@ def quantized_attention(
     q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan)
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
     k_call = k
+    skip = _skip_threshold(emit, k, skip_softmax, timestep, timestep_scale)
+    if recipe is None:
+        args = (q, k, v, float(sm_scale), out_dtype, kernel, key_bias, runtime_scale, skip, skip_label)
+        return _from_canonical(emit, emit(ops.skip_softmax_attention.default, args, "attention"), q_call, plan)
     if recipe.smooth_k:
         k = emit(ops.smooth_k.default, (k,), "k_smooth")
     q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
     k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
     v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
-    extra = () if key_bias is None and runtime_scale is None else (key_bias, runtime_scale)
+    extra = (() if key_bias is None and runtime_scale is None and skip is None else (key_bias, runtime_scale)) + (
+        () if skip is None else (skip, skip_label))
     if return_lse:
         args = (q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe.q_block_size, recipe.k_block_size,
                 float(sm_scale), out_dtype, kernel, *extra)

@@ -20,6 +20,10 @@ op                                                     returns
 ``as_scalar_tensor(value)``                            a graph's float value as a 0-d float64 CPU tensor
 ``lse_shift(q, k, sm_scale, runtime_scale)``           ``sm_scale · q·mean_S(k)`` fp32 ``(B, Hq, Sq)``: what
                                                        smoothing K takes off each row's log-sum-exp
+``skip_threshold(k, threshold, per_key, timestep,      Skip-Softmax's λ as an fp32 ``(1,)`` tensor on k's device:
+until, timestep_scale)``                               ``threshold + per_key / Skv``, times ``t <= until`` for
+                                                       ``t = max(timestep) / timestep_scale`` when a timestep is
+                                                       given (:mod:`qattn_fx.skip_softmax`)
 ``quantize_nvfp4(x, transpose)``                       packed e2m1 ``(..., N/2)`` uint8, E4M3 scales ``(..., N/16)``,
                                                        fp32 tensor scale ``()``; ``transpose`` quantizes
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
@@ -170,7 +174,24 @@ def as_scalar_tensor(value) -> torch.Tensor:
     return torch.scalar_tensor(value, dtype=torch.float64)
 
 
+def skip_threshold(k: torch.Tensor, threshold: float, per_key: float, timestep: torch.Tensor | None, until: float,
+                   timestep_scale: float) -> torch.Tensor:
+    """Skip-Softmax's λ for one call, as data (a schedule changes it without recompiling): ``threshold`` (λ) plus
+    ``per_key / Skv`` (TensorRT-LLM's ``threshold_scale_factor``), fp32 ``(1,)`` on ``k``'s device; with a
+    ``timestep`` (the model's own, any shape: its max is taken), 0 while ``t = timestep / timestep_scale`` is above
+    ``until`` (vLLM-Omni's ``disabled_until_timestep``: nothing skipped on the early, noisy steps)."""
+    lam = torch.full((1,), float(threshold), dtype=torch.float32, device=k.device)
+    if per_key:
+        lam = lam + float(per_key) / k.shape[-2]
+    if timestep is not None:
+        t = timestep.to(device=k.device, dtype=torch.float32).reshape(-1).amax() / timestep_scale
+        lam = lam * (t <= until).to(torch.float32)
+    return lam
+
+
 _define("smooth_k(Tensor k) -> Tensor", smooth_k)
+_define("skip_threshold(Tensor k, float threshold, float per_key, Tensor? timestep, float until, "
+        "float timestep_scale) -> Tensor", skip_threshold)
 _define("key_bias(Tensor mask, Tensor k) -> Tensor", key_bias)
 _define("as_scalar_tensor(Scalar value) -> Tensor", as_scalar_tensor)
 _define("lse_shift(Tensor q, Tensor k, float sm_scale, Tensor? runtime_scale=None) -> Tensor", lse_shift)
@@ -190,6 +211,7 @@ QUANTIZE_OPS = (
     torch.ops.qattn.key_bias.default,
     torch.ops.qattn.as_scalar_tensor.default,
     torch.ops.qattn.lse_shift.default,
+    torch.ops.qattn.skip_threshold.default,
     torch.ops.qattn.quantize_per_block.default,
     torch.ops.qattn.quantize_per_head.default,
     torch.ops.qattn.quantize_per_tensor.default,

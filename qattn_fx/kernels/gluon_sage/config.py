@@ -117,6 +117,24 @@ DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1
 KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1))
 #: Untuned key-order launches.
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
+#: Skip-Softmax launches run serial schedules (the skip test branches around P·V, which ``ahead`` overlaps with the
+#: next Q·Kᵀ) without the tail split. Those that view K through ``permk``: :data:`TUNED_CONFIGS`, serial already. The
+#: two-consumer serial ``128,3,permk,mmasum`` (no spills with the test, where ``trio`` gains some) measured 13-23 %
+#: slower than ``trio,permk,tarrive,mmasum`` at every sparsity at wan14b-720p (BENCHMARKS.md, "Skip-Softmax").
+SKIP_TUNED_CONFIGS = TUNED_CONFIGS
+#: Skip-Softmax launches that load K in key order: the serial two-consumer configs with the numerics of
+#: :data:`KEY_ORDER_TUNED_CONFIGS`.
+SKIP_KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, mmasum=1), GluonConfig(128, 3, tarrive=1, mmasum=1))
+
+
+def check_skip_config(config: GluonConfig) -> None:
+    """Skip-Softmax runs serial schedules (``trio`` or two/one consumers without ``ahead``) with 128-key tiles (the
+    contract's tile, :data:`qattn_fx.skip_softmax.TILE_KEYS`); ``ValueError`` naming the config otherwise."""
+    if config.ahead or config.block_n != 128:
+        raise ValueError(f"gluon_sage config {config} cannot run Skip-Softmax; valid: serial schedules with 128-key "
+                         "tiles, e.g. '128,3,trio,permk,mmasum' or '128,3,mmasum' (no 'ahead')")
+
+
 #: Every config the GPU tests run (and ``python -m benchmarks.tune --kernel gluon_sage`` sweeps by default).
 CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2),

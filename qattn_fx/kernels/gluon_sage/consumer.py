@@ -159,18 +159,24 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
 
 
 @jit
-def _running_max(t, rs, kb, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-                 HAS_BIAS: gl.constexpr = 0):
-    """The new running max ``m`` (log2 units) after the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV``
-    ignored). ``HAS_BIAS``: the max of ``t · rs + kb`` (``kb``: :func:`_key_bias`, ``-inf`` past ``SEQ_KV``)."""
+def _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
+    """Each row's largest logit (log2 units) in the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV`` ignored).
+    ``HAS_BIAS``: the max of ``t · rs + kb`` (``kb``: :func:`_key_bias`, ``-inf`` past ``SEQ_KV``)."""
     if HAS_BIAS:
-        return gl.maximum(m_i, _row_reduce(t * rs[:, None] + kb[None, :], True))
+        return _row_reduce(t * rs[:, None] + kb[None, :], True)
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
         t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), True)
     else:
         t_max = _row_reduce(t, True)
-    return gl.maximum(m_i, t_max * rs)  # scales are >= 0, so max(t · rs) = max(t) · rs
+    return t_max * rs  # scales are >= 0, so max(t · rs) = max(t) · rs
+
+
+@jit
+def _running_max(t, rs, kb, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+                 HAS_BIAS: gl.constexpr = 0):
+    """The new running max ``m`` (log2 units) after the scaled tile ``t``: :func:`_tile_max`'s, then the max."""
+    return gl.maximum(m_i, _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS))
 
 
 @jit
@@ -331,6 +337,44 @@ def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_read
 
 
 @jit
+def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, skip,
+                     p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, LAST: gl.constexpr,
+                     PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0,
+                     HAS_BIAS: gl.constexpr = 0, SKIP: gl.constexpr = 1):
+    """:func:`_softmax_pv` behind Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`): when every valid row of
+    this warpgroup has ``max z - m < log2 λ`` (``m``: the running max before the tile), the exponentials and P·V
+    are not run and ``m``, ``l``, ``acc`` stay as they were; only V's ready barrier is waited (the ring's protocol:
+    a slot is released once its load has landed). ``skip``: ``(log2 λ, row_out, count_ptrs, count_mask)``:
+    ``row_out`` marks rows past ``SEQ_Q`` (they do not vote); ``SKIP == 2`` also adds 1 per skipped tile at
+    ``count_ptrs`` (one lane: ``count_mask``). The test is one compare per row and a warpgroup-wide min."""
+    log2_thr, row_out, count_ptrs, count_mask = skip
+    t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
+    tile_max = _tile_max(t, rs_t, kb, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
+    vote = ((tile_max - m_i) < log2_thr) | row_out  # NaN (a row with every key so far masked) votes no
+    if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
+        m_new = gl.maximum(m_i, tile_max)
+        p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, MMASUM,
+                                  HAS_BIAS)
+        pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1],
+                           MMASUM)
+        if MMASUM:
+            pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
+        else:
+            pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
+        m_i = m_new
+    else:
+        mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+        if SKIP == 2:
+            gl.atomic_add(count_ptrs, gl.full(count_ptrs.type.shape, 1, gl.int32, count_mask.type.layout),
+                          mask=count_mask)
+    if LAST:
+        _release(j + 1, kv_free, STAGES, TARRIVE)
+    return m_i, l_i, acc
+
+
+@jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
                 v_ready, ksrc, kbsrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
                 grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -372,9 +416,11 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
              KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
-             SPLIT_TAIL: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue."""
-    descs, smem, bars, ptrs, ints, qk_scale = args
+             SPLIT_TAIL: gl.constexpr, HAS_BIAS: gl.constexpr, SKIP: gl.constexpr = 0):
+    """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue.
+    ``SKIP`` (serial schedule only): every tile behind Skip-Softmax's test (:func:`_softmax_pv_skip`); 2: counting
+    skipped tiles."""
+    descs, smem, bars, ptrs, ints, qk_scale, skip_src = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free = bars
@@ -440,6 +486,12 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
+    if SKIP:  # (log2 λ, rows past SEQ_Q, the skip counter per lane, the one lane that counts)
+        thr_ptr, count_ptr = skip_src
+        count_lane = (offs_m == row0) & (row0 < SEQ_Q)
+        skip = (gl.load(thr_ptr), offs_m >= SEQ_Q, count_ptr + offs_m * 0, count_lane)
+    else:
+        skip = (0.0, 0.0, 0.0, 0.0)  # unused
     mbarrier.wait(q_bar, 0)
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
@@ -460,18 +512,28 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
             s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
-            m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                                        p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False, PERMK,
-                                        TARRIVE, sums, MMASUM, HAS_BIAS)
+            if SKIP:
+                m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                                 kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
+                                                 False, False, PERMK, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
+            else:
+                m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                            kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False,
+                                            PERMK, TARRIVE, sums, MMASUM, HAS_BIAS)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
         ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
-    m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0, TARRIVE,
-                                sums, MMASUM, HAS_BIAS)
+    if SKIP:
+        m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
+                                         v_ready, kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
+                                         True, True, 0, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
+    else:
+        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                    kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0,
+                                    TARRIVE, sums, MMASUM, HAS_BIAS)
 
     # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
     offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))

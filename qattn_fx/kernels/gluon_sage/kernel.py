@@ -16,11 +16,12 @@ def _sage_fwd_ws(
     stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
-    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs,
+    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
+    SKIP: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -38,6 +39,10 @@ def _sage_fwd_ws(
     V ``(B, Hkv, Dv, Skv)`` (the sequence-major storage) block ``(1, 1, Dv, BLOCK_N)``; with ``KS_TMA`` the K
     scales flattened to 1-D (unit stride on tokens), block ``BLOCK_N / k_block`` (at least 32: 128 bytes), else
     ``None`` (scales by pointer ``KS``).
+
+    ``SKIP`` (serial schedules, no tail split): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) with
+    ``log2 λ`` read from ``SkipThr`` (fp32, one element, on the device: a schedule may change it between calls
+    without a new launch configuration); ``SKIP == 2`` also counts the skipped tiles into ``SkipCount`` (int32).
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
     if SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
@@ -93,33 +98,33 @@ def _sage_fwd_ws(
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
              kp_gh, kv0, piece, stride_kbb),
-            qk_scale)
+            qk_scale, (SkipThr, SkipCount))
     # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
     # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
                          TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [1], [PRODUCER_NREG])
     elif CONSUMERS == 3:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
             (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
                          TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
         gl.warp_specialize([
             (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
             (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS)),
+                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
             (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
                          TARRIVE, MMASUM, SPLIT_TAIL)),
         ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])

@@ -10,14 +10,16 @@ from typing import Optional
 import torch
 
 from ... import config as qattn_config
+from ... import skip_softmax
 from .. import _sage_common as common
 from .._config_tuner import ConfigTuner
 from .._cuda_utils import empty_bshd
 from . import tail_split
 from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
 from .config import (CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS,
-                     LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS,
-                     TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig, forced_config)
+                     LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS,
+                     SKIP_TUNED_CONFIGS, SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS,
+                     GluonConfig, check_skip_config, forced_config)
 from .kernel import _sage_fwd_ws
 
 KERNEL = "gluon_sage"
@@ -38,14 +40,14 @@ def last_tail_plan() -> Optional[tail_split.TailPlan]:
 
 
 def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, return_lse: bool,
-                key_bias: bool = False) -> tuple:
-    """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket[, "bias"])``: lengths in
-    powers of 4 from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2; key-bias calls
-    (masks) are tuned apart."""
+                key_bias: bool = False, skip: bool = False) -> tuple:
+    """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket[, "bias"][, "skip"])``:
+    lengths in powers of 4 from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2; key-bias
+    calls (masks) and Skip-Softmax calls are tuned apart."""
     bsz, hq, sq, d = q.shape
     key = (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), common.seq_bucket(sq),
            common.seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
-    return key + ("bias",) if key_bias else key
+    return key + (("bias",) if key_bias else ()) + (("skip",) if skip else ())
 
 
 #: The autotuner of launches that view K through ``permk``: one timing of :data:`TUNED_CONFIGS` per
@@ -60,15 +62,26 @@ KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER
                               numerics=lambda text: GluonConfig.parse(text).numerics)
 
 
+#: The autotuners of Skip-Softmax launches (serial schedules, no tail split): :data:`SKIP_TUNED_CONFIGS` where K is
+#: viewed through ``permk`` (untuned: :data:`DEFAULT_CONFIGS`), else :data:`SKIP_KEY_ORDER_TUNED_CONFIGS`.
+SKIP_TUNER = ConfigTuner("gluon_sage_skip", [str(c) for c in SKIP_TUNED_CONFIGS],
+                         default=lambda key: str(DEFAULT_CONFIGS[key[0]]),
+                         numerics=lambda text: GluonConfig.parse(text).numerics)
+SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in SKIP_KEY_ORDER_TUNED_CONFIGS],
+                                   default=lambda key: str(SKIP_KEY_ORDER_TUNED_CONFIGS[0]),
+                                   numerics=lambda text: GluonConfig.parse(text).numerics)
+
+
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
-              key_bias: Optional[torch.Tensor] = None) -> ConfigTuner:
+              key_bias: Optional[torch.Tensor] = None, skip: bool = False) -> ConfigTuner:
     """The autotuner of this launch's class, decided by the inputs alone: :data:`TUNER` where K can be viewed
     through ``permk`` at the class's key tile (:func:`permuted_k`) and there is no key bias, else
-    :data:`KEY_ORDER_TUNER`. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
+    :data:`KEY_ORDER_TUNER`; Skip-Softmax launches (``skip``): :data:`SKIP_TUNER` / :data:`SKIP_KEY_ORDER_TUNER`,
+    whose serial schedules it needs. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
     block_n = TUNED_CONFIGS[0].block_n
     if key_bias is None and permuted_k(k, k_block if k_scale is not None else 0, block_n) is not None:
-        return TUNER
-    return KEY_ORDER_TUNER
+        return SKIP_TUNER if skip else TUNER
+    return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
 
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
@@ -178,10 +191,17 @@ class LaunchPlan:
 
 def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
                 config: GluonConfig, tail: Optional[tail_split.TailPlan] = None, workspace=None,
-                key_bias=None) -> LaunchPlan:
+                key_bias=None, skip: Optional[tuple] = None) -> LaunchPlan:
     """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
     last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
-    ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view)."""
+    ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view). ``skip``: ``(log2_threshold,
+    count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of skipped tiles
+    or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split)."""
+    if skip is not None:
+        check_skip_config(config)
+        if tail is not None:
+            raise ValueError("gluon_sage: Skip-Softmax launches run without the tail split (its pieces would test "
+                             "tiles against their own running max, not the row's); got a tail plan")
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
@@ -202,6 +222,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
         n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
         *(workspace if tail else (out, lse)),
+        *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
     ]
     meta = dict(QK_KIND=common.QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
@@ -210,7 +231,8 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
-                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None))
+                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
+                SKIP=0 if skip is None else (2 if skip[1] is not None else 1))
     grid = (tail.grid,) if tail else (n_m, bsz * hq)
     return LaunchPlan(config, grid, args, meta, ks_box, permuted is not None, tail, n_m)
 
@@ -250,7 +272,8 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
-              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
+              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None,
+              skip_threshold: Optional[torch.Tensor] = None, skip_count: Optional[torch.Tensor] = None):
     """``qattn::scaled_attention`` on the warp-specialized sm_90 kernel (layouts/dtypes: the package docstring).
 
     Raises ``ValueError`` for bad inputs (triton_sage's checks) and ``RuntimeError`` naming what
@@ -263,8 +286,14 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     merges it (:mod:`.tail_split`). ``key_bias``: fp32 ``(B|1, Skv)`` added to the logits (masked keys
     ``-inf``; a row with every key masked gives 0 and LSE ``-inf``). Calls of more than 65,535 (batch, head) pairs
     run in batch chunks (the grid limit).
+
+    ``skip_threshold``: Skip-Softmax's λ (:mod:`qattn_fx.skip_softmax`), a one-element float tensor on the device
+    (0: nothing skipped, the bits of the launch without it and without the tail split); such launches run serial
+    configs without the tail split. ``skip_count``: an int32 one-element tensor on the device to which the number
+    of skipped tiles is added.
     """
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
+    skip = _skip_args(q, skip_threshold, skip_count)
     q, k = _aligned(q), _aligned(k)
     reason = ineligible(q, k, v)
     if reason is not None:
@@ -277,13 +306,14 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         return (out, lse) if return_lse else out
     chunks = common.batch_chunks(bsz, hq)
 
-    def launch(config: GluonConfig) -> None:
+    def launch(config: GluonConfig, skip=skip) -> None:
         for lo, hi in chunks:
             part = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
             o, ls = out[lo:hi], lse[lo:hi] if return_lse else out[lo:hi]
-            tail = tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
+            tail = None if skip else tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
             ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
-            plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6])
+            plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
+                               skip)
             _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=_launch_maxnreg(plan.meta))
             if tail:
                 tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)
@@ -292,27 +322,55 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     with torch.cuda.device(q.device):
         config = forced_config()
         if config is None:
-            tuner = tuner_for(k, k_scale, k_block, key_bias)
-            name = tuner.choose(tuning_key(q, k, q_block, k_block, return_lse, key_bias is not None),
-                                lambda text: launch(GluonConfig.parse(text)))
+            tuner = tuner_for(k, k_scale, k_block, key_bias, skip is not None)
+            timing_skip = None if skip is None else (skip[0], None)  # the tuner's launches count nothing
+            name = tuner.choose(tuning_key(q, k, q_block, k_block, return_lse, key_bias is not None, skip is not None),
+                                lambda text: launch(GluonConfig.parse(text), timing_skip))
             config = GluonConfig.parse(name)
         launch(config)
     LAST.config = config
     return (out, lse) if return_lse else out
 
 
+def _skip_args(q, skip_threshold, skip_count) -> Optional[tuple]:
+    """``(log2 λ, count)`` for the kernel, or ``None`` without Skip-Softmax."""
+    if skip_threshold is None:
+        if skip_count is not None:
+            raise ValueError("gluon_sage: skip_count without skip_threshold; give both or neither")
+        return None
+    if skip_threshold.numel() != 1 or not skip_threshold.dtype.is_floating_point:
+        raise ValueError(f"gluon_sage: skip_threshold must be a one-element float tensor; got {skip_threshold.dtype} "
+                         f"of shape {tuple(skip_threshold.shape)}")
+    if skip_count is not None and (skip_count.dtype != torch.int32 or skip_count.numel() != 1
+                                   or skip_count.device != q.device):
+        raise ValueError(f"gluon_sage: skip_count must be a one-element int32 tensor on {q.device}; got "
+                         f"{skip_count.dtype} of shape {tuple(skip_count.shape)} on {skip_count.device}")
+    return skip_softmax.log2_threshold(skip_threshold.to(q.device)).reshape(1), skip_count
+
+
 def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
-                     return_lse=False):
-    """Kernel entry for ``qattn::scaled_attention``; ``return_lse``: also the LSE (``qattn::scaled_attention_lse``)."""
-    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
-                     return_lse=return_lse)
+                     return_lse=False, skip_threshold=None, skip_label=""):
+    """Kernel entry for ``qattn::scaled_attention``; ``return_lse``: also the LSE (``qattn::scaled_attention_lse``).
+    With ``skip_threshold`` inside :func:`qattn_fx.skip_softmax.measure`, the skipped tiles are counted and recorded
+    under ``skip_label`` (a synchronization per call)."""
+    count = None
+    if skip_threshold is not None and skip_softmax.active() is not None:
+        count = torch.zeros(1, dtype=torch.int32, device=q.device)
+    out = attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
+                    return_lse=return_lse, skip_threshold=skip_threshold, skip_count=count)
+    if count is not None:
+        rows, keys = skip_softmax.tiles(q.shape[2], k.shape[2])
+        skip_softmax.record(skip_label, int(count.item()), q.shape[0] * q.shape[1] * rows * keys)
+    return out
 
 
 def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,
                 sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16, *, return_lse: bool = False,
-                tail: Optional[tail_split.TailPlan] = None, key_bias: Optional[torch.Tensor] = None):
+                tail: Optional[tail_split.TailPlan] = None, key_bias: Optional[torch.Tensor] = None,
+                skip: int = 0):
     """Compile (not run) the kernel for sm_90 with these inputs' dtypes, shapes and strides (``meta`` tensors are
-    fine: data pointers are taken as 16-byte aligned), with the tail split ``tail`` if given. Returns Triton's
+    fine: data pointers are taken as 16-byte aligned), with the tail split ``tail`` if given, with Skip-Softmax's
+    test if ``skip`` (2: counting skipped tiles). Returns Triton's
     compiled kernel (``.asm["ptx"|"cubin"]``); needs only Triton's bundled ptxas, no GPU."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -324,8 +382,10 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     out = empty_bshd(bsz, hq, sq, v.shape[-1], out_dtype, q.device)
     lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device) if return_lse else out
     ws = tail_split.workspace(tail, config.rows, v.shape[-1], q.device) if tail else None
+    count = torch.empty(1, dtype=torch.int32, device=q.device) if skip == 2 else None
+    skip_args = (torch.empty(1, device=q.device), count) if skip else None
     plan = plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
-                       tail, ws, key_bias)
+                       tail, ws, key_bias, skip_args)
     kernel = _sage_fwd_ws
     meta = plan.meta
     signature, constexprs, attrs = launch_signature(kernel, plan.args, meta)

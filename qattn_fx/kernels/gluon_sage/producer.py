@@ -41,7 +41,7 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
               SPLIT_TAIL: gl.constexpr):
     """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
-    descs, smem, bars, ptrs, ints, qk_scale = args
+    descs, smem, bars, ptrs, ints, qk_scale, _ = args
     q_desc = descs[0]
     q_smem = smem[0]
     q_bar = bars[0]
