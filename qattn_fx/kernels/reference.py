@@ -41,8 +41,8 @@ def _repeat_heads(x: torch.Tensor, hq: int) -> torch.Tensor:
 
 
 def _attend(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, round_p, out: torch.Tensor,
-            key_bias: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-            skip_threshold: torch.Tensor | None = None, skip_label: str = ""):
+            key_bias: torch.Tensor | None = None, skip_threshold: torch.Tensor | None = None, skip_label: str = "",
+            lse: torch.Tensor | None = None):
     b, h, sq, _ = qf.shape
     kf = _repeat_heads(kf, h)
     vf = _repeat_heads(vf[:, :, : kf.shape[-2]], h)  # V may carry padding rows past Skv
@@ -84,7 +84,7 @@ def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
     vf = formats.dequantize_v(v, v_scale)
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-    out = _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias, lse, skip_threshold, skip_label)
+    out = _attend(qf, kf, vf, sm_scale, formats.round_p_fp8, out, key_bias, skip_threshold, skip_label, lse=lse)
     return (out, lse) if return_lse else out
 
 
@@ -92,8 +92,7 @@ def dense_attention(q, k, v, sm_scale, out_dtype, *, key_bias=None, skip_thresho
     """Reference for ``qattn::skip_softmax_attention``: fp32 attention of float ``q``, ``k``, ``v`` (P not rounded),
     with Skip-Softmax's tile test when ``skip_threshold`` is given."""
     out = _empty_out(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], out_dtype, q.device)
-    return _attend(q.float(), k.float(), v.float(), sm_scale, lambda p: p, out, key_bias, None, skip_threshold,
-                   skip_label)
+    return _attend(q.float(), k.float(), v.float(), sm_scale, lambda p: p, out, key_bias, skip_threshold, skip_label)
 
 
 def dequantize_block_scaled(data, sf, gs, fmt: str, role: str, n: int) -> torch.Tensor:
