@@ -1,7 +1,7 @@
 """Ring attention's local call on the H200: the aten attention ops that return the LSE, rewritten by the pass to
 ``qattn::scaled_attention_lse`` on gluon_sage and triton_sage, against the ops themselves and the reference.
 
-Run: ``pytest -m gpu tests/gpu/test_lse_calls.py -v -s``.
+Run: ``pytest -m gpu tests/gpu/test_lse_calls_on_kernels.py -v -s``.
 """
 
 from __future__ import annotations
