@@ -297,8 +297,9 @@ def test_bad_inputs_are_named():
         calibrate(model, [calls[0][1]], budget="cos=0.99", emulate=True)
     with pytest.raises(ValueError, match="labels has 2 names for 1 calls"):
         calibrate(model, calls, budget="cos=0.99", emulate=True, labels=["a", "b"])
-    with pytest.raises(ValueError, match=r"hardware='sm_100' but the model runs on cpu \(cpu\), where the candidates "
-                       r"run without emulation; valid: hardware=None \(this machine\), hardware='cpu', or emulate=True"):
+    with pytest.raises(ValueError, match=r"hardware='sm_100' but the model runs on cpu \(cpu\), where the "
+                       r"candidates run without emulation; valid: hardware=None \(this machine\), hardware='cpu', "
+                       r"or emulate=True"):
         torch._dynamo.reset()
         calibrate(model, calls, budget="cos=0.99", hardware="sm_100")
     if not torch.cuda.is_available():  # no kernel runs here: measuring needs the emulation

@@ -85,9 +85,10 @@ class _Sites:
         emulation, since the candidates then run on its kernels)."""
         here = detect(sc.q.device)
         if not self.emulate and self.target is not None and self.target.arch != here.arch:
-            raise ValueError(f"hardware={self.target.arch!r} but the model runs on {sc.q.device} ({here.arch}), where "
-                             "the candidates run without emulation; valid: hardware=None (this machine), "
-                             f"hardware={here.arch!r}, or emulate=True to predict {self.target.arch} from the emulation")
+            raise ValueError(f"hardware={self.target.arch!r} but the model runs on {sc.q.device} ({here.arch}), "
+                             "where the candidates run without emulation; valid: hardware=None (this machine), "
+                             f"hardware={here.arch!r}, or emulate=True to predict {self.target.arch} from the "
+                             "emulation")
         return self.target if not self.emulate and self.target is not None else here
 
     def decide(self, sc: SiteCall, spec: Spec) -> Decision:
