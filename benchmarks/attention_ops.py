@@ -78,6 +78,7 @@ from typing import Any, Callable
 
 import torch
 
+from qattn_fx import config as qattn_config
 from qattn_fx.ops import attention as _attention_ops
 from qattn_fx.ops import quantized_attention
 from qattn_fx.recipes import Recipe
@@ -97,6 +98,9 @@ class Method:
     recipe: Recipe | None = None
     sdpa_backend: str | None = None
     note: str = ""
+    #: ``qattn_fx.config.triton_quantize`` for the compiled path (None: the setting as it is): which operands the
+    #: fused Triton quantize kernels take on CUDA, the others Inductor's kernels
+    triton_quantize: str | None = None
 
 
 METHODS: tuple[Method, ...] = (
@@ -108,6 +112,8 @@ METHODS: tuple[Method, ...] = (
     Method("triton_sage/fp8-1-16-1", "qattn", "triton_sage", Recipe("fp8", "fp8", 1, 16, 1)),
     Method("triton_sage/bf16qk-fp8v", "qattn", "triton_sage", Recipe("bf16", "fp8", 0, 0, 1)),
     Method("gluon_sage/int8-1-16-1", "qattn", "gluon_sage", Recipe("int8", "fp8", 1, 16, 1)),
+    Method("gluon_sage/int8-1-16-1/inductor-quantize", "qattn", "gluon_sage", Recipe("int8", "fp8", 1, 16, 1),
+           note="quantize by Inductor's kernels (triton_quantize='')", triton_quantize=""),
     Method("gluon_sage/fp8-1-16-1", "qattn", "gluon_sage", Recipe("fp8", "fp8", 1, 16, 1)),
     Method("gluon_sage/bf16qk-fp8v", "qattn", "gluon_sage", Recipe("bf16", "fp8", 0, 0, 1)),
     Method("sageattention_1.0.6", "sageattn"),
@@ -213,14 +219,23 @@ def capture_attention_call(q, k, v, recipe: Recipe, kernel: str) -> tuple[Callab
     return box["call"]
 
 
-def compiled_recipe(recipe: Recipe, kernel: str) -> Callable:
-    """``torch.compile(fullgraph=True)`` of ``quantized_attention`` for one recipe and kernel (static shapes)."""
+def compiled_recipe(recipe: Recipe, kernel: str, triton_quantize: str | None = None) -> Callable:
+    """``torch.compile(fullgraph=True)`` of ``quantized_attention`` for one recipe and kernel (static shapes), compiled
+    and run with ``qattn_fx.config.triton_quantize`` set to ``triton_quantize`` (None: as it is)."""
     torch._dynamo.reset()  # a fresh cache per (method, shape): no recompile-limit surprises
 
     def attend(q, k, v):
         return quantized_attention(q, k, v, recipe, kernel=kernel)
 
-    return torch.compile(attend, fullgraph=True, dynamic=False)
+    compiled = torch.compile(attend, fullgraph=True, dynamic=False)
+    if triton_quantize is None:
+        return compiled
+
+    def run(q, k, v):
+        with qattn_config.patch(triton_quantize=triton_quantize):
+            return compiled(q, k, v)
+
+    return run
 
 
 def sdpa_callable(q, k, v, backend_name: str) -> Callable:
@@ -297,7 +312,7 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> tuple[dict, di
         row["note"] = "eager accuracy; --no-compile"
         return row, timers
     try:
-        fn = compiled_recipe(m.recipe, m.kernel)
+        fn = compiled_recipe(m.recipe, m.kernel, m.triton_quantize)
         t0 = time.perf_counter()
         out_b = fn(q, k, v)
         torch.cuda.synchronize()

@@ -18,6 +18,7 @@ from ..recipes import Recipe
 from . import attention as _attention  # noqa: F401  (registers qattn::*_attention)
 from .. import formats
 from . import canonical
+from . import fused_quantize
 from . import quantize as _quantize  # noqa: F401  (registers qattn::quantize_*)
 
 ops = torch.ops.qattn
@@ -35,9 +36,15 @@ def _unpack(emit: Emitter, value: Any, names: tuple[str, ...]) -> tuple:
     return tuple(emit(operator.getitem, (value, i), name) for i, name in enumerate(names))
 
 
-def _quantize_qk(emit: Emitter, x: Any, recipe: Recipe, block: int, role: str) -> tuple[Any, Any, Any]:
-    """(data, scale, tensor_scale) of Q or K for the recipe."""
+def _quantize_qk(emit: Emitter, x: Any, recipe: Recipe, block: int, role: str, fused: bool,
+                 smooth: bool) -> tuple[Any, Any, Any]:
+    """(data, scale, tensor_scale) of Q or K for the recipe; ``fused``: by the fused op (:func:`fused_quantize.plan`
+    said it serves this operand), which smooths ``x`` first when ``smooth`` (otherwise ``x`` is already smoothed)."""
     fmt = recipe.qk_dtype
+    if fused:
+        res = emit(ops.fused_quantize_per_block.default, (x, block, formats.torch_dtype(fmt), smooth),
+                   f"{role}_quant")
+        return (*_unpack(emit, res, (f"{role}_data", f"{role}_scale")), None)
     if fmt == "bf16":
         return x, None, None
     if fmt in ("int8", "fp8"):
@@ -56,8 +63,11 @@ def _quantize_qk(emit: Emitter, x: Any, recipe: Recipe, block: int, role: str) -
     return _unpack(emit, res, (f"{role}_data", f"{role}_scale", f"{role}_tensor_scale"))
 
 
-def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool) -> tuple[Any, Any, Any]:
+def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool, fused: bool) -> tuple[Any, Any, Any]:
     fmt = recipe.v_dtype
+    if fused:
+        res = emit(ops.fused_quantize_per_channel.default, (v, torch.float8_e4m3fn, seq_major), "v_quant")
+        return (*_unpack(emit, res, ("v_data", "v_scale")), None)
     if fmt == "fp8":
         fp8 = torch.float8_e4m3fn
         if recipe.v_block_size == 1:
@@ -184,11 +194,12 @@ def quantized_attention(
     q_call = q
     q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan)
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
-    if recipe.smooth_k:
+    fused = fused_quantize.plan(recipe, *(value_of(x) for x in (q, k, v)))
+    if recipe.smooth_k and not fused.k:
         k = emit(ops.smooth_k.default, (k,), "k_smooth")
-    q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
-    k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
-    v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
+    q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q", fused.q, False)
+    k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k", fused.k, recipe.smooth_k)
+    v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major, fused.v)
     extra = () if key_bias is None and runtime_scale is None else (key_bias, runtime_scale)
     if recipe.family == "scaled":
         args = (q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe.q_block_size, recipe.k_block_size,
