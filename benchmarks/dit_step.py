@@ -25,7 +25,8 @@ graphs), for every variant.
 
 Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SDPA returns its query: the step time
 without attention, giving attention's share; ``--skip-no-attention`` leaves it out), qattn_fx's default spec (backend
-``auto``: what ``qattn_fx.backend()`` does, including its cost rule), and qattn_fx with each kernel that runs here.
+``auto``: what ``qattn_fx.backend()`` does, including its cost rule), and qattn_fx with each kernel that runs here;
+gluon_sage also with Q's, or all, quantization left to Inductor (``SETTINGS``: ``qattn_fx.config.triton_quantize``).
 
 Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
 denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
@@ -70,12 +71,20 @@ VARIANTS = {
     "qattn gluon_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
     "qattn gluon_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage"),
                                           rules=(Rule(Match(role=("cross",)), "dense"),)),
+    "qattn gluon_sage, Inductor quantize": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
+    "qattn gluon_sage, Inductor Q quantize": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
     "qattn triton_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage")),
     "qattn triton_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage"),
                                            rules=(Rule(Match(role=("cross",)), "dense"),)),
     "qattn cudnn_fp8 per-tensor": Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8"))),
     "qattn flashinfer_fa3_fp8 per-head": Spec(default=AttentionSpec("FLASHINFER", Recipe("fp8", "fp8",
                                                                                          scale_scope="head"))),
+}
+#: ``qattn_fx.config`` settings a variant compiles and runs under (others: the settings as they are): which operands
+#: the fused Triton quantize kernels take, the others left to Inductor (which may fuse them with RoPE / norms).
+SETTINGS = {
+    "qattn gluon_sage, Inductor quantize": dict(triton_quantize=""),
+    "qattn gluon_sage, Inductor Q quantize": dict(triton_quantize="kv"),
 }
 MODES = ("default", "reduce-overhead")
 
@@ -376,7 +385,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.only and not any(s in name for s in args.only):
                 continue
             try:
-                row, _ = run_variant(name, case, qattn_fx.backend(spec), dense_out, args)
+                with qattn_fx.config.patch(**SETTINGS.get(name, {})):
+                    row, _ = run_variant(name, case, qattn_fx.backend(spec), dense_out, args)
             except Exception as e:  # noqa: BLE001 - report and go on to the next kernel
                 row = {"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             rows.append(row)

@@ -11,7 +11,8 @@ from torch._dynamo.utils import counters
 import qattn_fx
 from benchmarks import common, shapes
 
-COMMANDS = ["benchmarks.attention_ops", "benchmarks.cost_table", "benchmarks.dit_step", "benchmarks.tune",
+COMMANDS = ["benchmarks.attention_ops", "benchmarks.cost_table", "benchmarks.dit_step", "benchmarks.quantize",
+            "benchmarks.tune",
             "tools.ab_tail_split",
             "tools.gluon_probe", "tools.profile_gluon", "tools.profile_quantize"]
 

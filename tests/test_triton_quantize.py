@@ -230,3 +230,27 @@ def test_lowering_on_cuda_emits_the_plan(qattn_config, setting):
     else:
         assert quant == {"k_smooth": ops.smooth_k.default, "q_quant": ops.quantize_per_block.default,
                          "k_quant": ops.quantize_per_block.default, "v_quant": ops.quantize_per_channel.default}
+
+
+# ---- offline compile for sm_90 (Triton's bundled ptxas, no GPU) -----------------------------------------------------
+
+@pytest.mark.parametrize("op,kwargs", [
+    ("quantize_per_block", dict(block=1, dtype=torch.int8)),
+    ("quantize_per_block", dict(block=16, dtype=torch.int8, smooth=True)),
+    ("quantize_per_block", dict(block=128, dtype=FP8)),
+    ("quantize_per_channel", dict(dtype=FP8, seq_major=True)),
+])
+def test_compiles_for_sm90_without_spills(monkeypatch, op, kwargs):
+    """The compiled kernels of a flux-1024 BSHD launch: 16-byte loads, IEEE divisions, no spills."""
+    from qattn_fx.kernels import _offline
+    from qattn_fx.kernels.triton_quantize import launch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.empty(1, 4608, 24, 128, device="meta", dtype=torch.bfloat16).transpose(1, 2)
+    for compiled in launch.compile_for((9, 0), x, op, **kwargs):
+        report = _offline.ptxas_report(compiled, (9, 0))
+        assert report["ptxas_ok"] and report["spill_stores"] == 0, report
+        ptx = compiled.asm["ptx"]
+        assert "ld.global.v4" in ptx and "div.full" not in ptx
+        if compiled.name != "_column_pass":
+            assert "div.rn.f32" in ptx

@@ -16,6 +16,7 @@
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
+#   quantize-bench               python -m benchmarks.quantize (QBENCH_ARGS): fused vs Inductor quantize per operand
 #   save-jit                     FlashInfer's JIT cache as $OUT/flashinfer.tgz (restored from .fi-cache/ next time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,7 @@ for s in "$@"; do
         python3 -m tools.profile_gluon ${PROFILE_ARGS:-} ;;
     ab-tail-split) TAIL=20 step ab-tail-split ${AB_S:-240} python3 -m tools.ab_tail_split ${AB_ARGS:-} ;;
     quantize-profile) TAIL=40 step quantize-profile ${QUANT_S:-240} python3 -m tools.profile_quantize ${QUANT_ARGS:-} ;;
+    quantize-bench) TAIL=30 step quantize-bench ${QBENCH_S:-240} python3 -m benchmarks.quantize --out "$OUT/quantize.json" ${QBENCH_ARGS:-} ;;
     save-jit) tar -C ~/.cache -czf "$OUT/flashinfer.tgz" flashinfer 2>/dev/null; ls -la "$OUT/flashinfer.tgz" ;;
     *) echo "unknown step $s" ;;
   esac

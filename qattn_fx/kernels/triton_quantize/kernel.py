@@ -32,8 +32,8 @@ def _to_8bit(y, INT8: tl.constexpr, QMAX: tl.constexpr, INTERPRET: tl.constexpr)
     y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
     if INT8:
         # |y| <= 127 < 2^22: adding and removing 1.5·2^23 rounds to an integer, ties to even (torch.round)
-        return ((y + 12582912.0) - 12582912.0).to(tl.int8)
-    if INTERPRET:  # the e4m3 bits from |y| rounded onto the e4m3 grid in fp32 (exact), and y's sign bit
+        out = ((y + 12582912.0) - 12582912.0).to(tl.int8)
+    elif INTERPRET:  # the e4m3 bits from |y| rounded onto the e4m3 grid in fp32 (exact), and y's sign bit
         a = tl.abs(y)
         e = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)  # biased exponent, floor 2^-6 (subnormals)
         ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)  # e4m3 spacing: 2^(e-127-3)
@@ -43,8 +43,10 @@ def _to_8bit(y, INT8: tl.constexpr, QMAX: tl.constexpr, INTERPRET: tl.constexpr)
         re = (rb >> 23) & 0xFF
         code = tl.where(re >= 121, ((re - 120) << 3) | ((rb >> 20) & 7), (r * 512.0).to(tl.int32))
         code = code | (((y.to(tl.int32, bitcast=True) >> 31) & 1) << 7)
-        return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-    return y.to(tl.float8e4nv)
+        out = code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    else:
+        out = y.to(tl.float8e4nv)
+    return out
 
 
 @triton.jit
