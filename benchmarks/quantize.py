@@ -1,7 +1,7 @@
 """The quantize passes per operand: the fused Triton kernels against Inductor's kernels of the aten definitions.
 
     python -m benchmarks.quantize --shapes flux-1024,wan1.3b-480p [--timer graph] [--out bench_out/quantize.json]
-    python -m benchmarks.quantize --shapes flux-1024 --sweep "BLOCK_ROWS=32,64,128;SMOOTH_TILES=1,2,4"
+    python -m benchmarks.quantize --shapes flux-1024 --sweep "BLOCK_ROWS=32,64;SMOOTH_TILES=1,2,4"
 
 Per shape and operand of the default recipe (Q: int8 per token; K: smoothed, int8 per 16 tokens; V: e4m3 per
 channel, sequence-major), on bf16 ``(B, H, S, D)`` views of ``(B, S, H, D)`` buffers, times
@@ -30,7 +30,7 @@ from . import common
 from .shapes import select as select_shapes
 
 FP8 = torch.float8_e4m3fn
-SWEEPABLE = ("BLOCK_ROWS", "SMOOTH_TILES", "CHANNEL_ROWS", "TARGET_PROGRAMS", "MAX_PARTIALS", "WARP_ELEMENTS")
+SWEEPABLE = ("BLOCK_ROWS", "SMOOTH_ROWS", "SMOOTH_TILES", "CHANNEL_ROWS", "TARGET_PROGRAMS", "MAX_PARTIALS", "WARP_ELEMENTS")
 
 
 def operands(q, k, v) -> dict[str, tuple[Callable, Callable]]:

@@ -75,13 +75,18 @@ def test_per_channel(name, seq_major):
 
 
 def test_against_inductor_compiled_aten():
-    """Q and V equal what Inductor compiles from the aten ops (the quantize graphs ran before these kernels)."""
+    """What Inductor compiles from the aten ops (the graphs' quantization before these kernels, and with
+    ``triton_quantize=""``): the same scales; data one unit off at a few elements in 10^4, where Inductor's fp32
+    division (not IEEE) lands on the other side of a rounding boundary (2026-12-01, H200: 4488 of 14.2 M for Q)."""
     x = make(SHAPES["flux-1024"])
     torch._dynamo.reset()
     q_ref = torch.compile(lambda t: ops.quantize_per_block(t, 1, torch.int8), fullgraph=True)(x)
     v_ref = torch.compile(lambda t: ops.quantize_per_channel(t, FP8, True), fullgraph=True)(x)
-    assert_same(tq.quantize_per_block(x, 1, torch.int8), q_ref)
-    assert_same(tq.quantize_per_channel(x, FP8, True), v_ref)
+    for (data, scale), (ref_data, ref_scale) in ((tq.quantize_per_block(x, 1, torch.int8), q_ref),
+                                                 (tq.quantize_per_channel(x, FP8, True), v_ref)):
+        assert torch.equal(scale, ref_scale)
+        diff = (bits(data).int() - bits(ref_data).int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
 
 
 @pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])

@@ -1,8 +1,10 @@
 """triton_quantize's device code: a per-channel column pass and the two quantize passes (layouts: the package
 docstring).
 
-Loaded by :mod:`.launch` once per Triton mode (compiled or interpreted), like triton_sage's kernel source. Every
-division is IEEE round-to-nearest (``div_rn``) as torch's ``/``; ``QMAX`` is 127 (int8) or 448 (e4m3).
+Loaded by :mod:`.launch` once per Triton mode (compiled or interpreted), like triton_sage's kernel source. A scale
+is ``amax · INV_QMAX`` (``INV_QMAX`` = ``fp32(1/qmax)``, qmax 127 for int8, 448 for e4m3, as
+:func:`qattn_fx.formats.amax_to_scale`); every division is IEEE round-to-nearest (``div_rn``), as torch's ``/``
+between tensors.
 """
 
 import triton
@@ -88,12 +90,12 @@ def _quantize_blocks(x_ptr, part_ptr, data_ptr, scale_ptr, H, S, D, NB, NB4, NC,
                      sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d,
                      BLOCK: tl.constexpr, ROWS: tl.constexpr, TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                      NC_PAD: tl.constexpr, SMOOTH: tl.constexpr, MEAN_GIVEN: tl.constexpr, INT8: tl.constexpr,
-                     QMAX: tl.constexpr, INTERPRET: tl.constexpr):
+                     QMAX: tl.constexpr, INV_QMAX: tl.constexpr, INTERPRET: tl.constexpr):
     """Per-``BLOCK``-token scales and 8-bit data of ``TILES`` tiles of ``ROWS`` tokens of one (b, h).
 
     ``SMOOTH``: ``x - mean`` first, in fp32, the mean the sum of ``part[b, h, :NC, :]`` divided by ``S`` (or
     ``part[b, h, :]`` itself when ``MEAN_GIVEN``). Writes
-    ``scale[b, h, blk] = amax_blk / QMAX`` (contiguous ``(B, H, NB4)``, entries ``NB..NB4`` zero) and
+    ``scale[b, h, blk] = amax_blk · INV_QMAX`` (contiguous ``(B, H, NB4)``, entries ``NB..NB4`` zero) and
     ``data = x / scale`` (0 where the scale is 0) in the 8-bit format at the output strides. Grid
     ``(B·H, ceil(S / (ROWS·TILES)))``.
     """
@@ -106,6 +108,10 @@ def _quantize_blocks(x_ptr, part_ptr, data_ptr, scale_ptr, H, S, D, NB, NB4, NC,
     scales = scale_ptr + pid_bh.to(tl.int64) * NB4
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
+    # the first tile's load is issued before the mean's reduction, so the two latencies overlap
+    rows0 = pid_t * TILES * ROWS + tl.arange(0, ROWS)
+    ok0 = (rows0 < S)[:, None] & d_ok[None, :]
+    x0 = tl.load(base + rows0.to(tl.int64)[:, None] * sx_s + d[None, :] * sx_d, mask=ok0, other=0.0)
     if SMOOTH and MEAN_GIVEN:
         mean = tl.load(part_ptr + pid_bh.to(tl.int64) * D + d, mask=d_ok, other=0.0)
     elif SMOOTH:
@@ -116,12 +122,15 @@ def _quantize_blocks(x_ptr, part_ptr, data_ptr, scale_ptr, H, S, D, NB, NB4, NC,
     for i in tl.static_range(TILES):
         rows = (pid_t * TILES + i) * ROWS + tl.arange(0, ROWS)
         ok = (rows < S)[:, None] & d_ok[None, :]
-        x = tl.load(base + rows.to(tl.int64)[:, None] * sx_s + d[None, :] * sx_d, mask=ok, other=0.0)
+        if i == 0:
+            x = x0
+        else:
+            x = tl.load(base + rows.to(tl.int64)[:, None] * sx_s + d[None, :] * sx_d, mask=ok, other=0.0)
         x = x.to(tl.float32)
         if SMOOTH:
             x = tl.where(ok, x - mean[None, :], 0.0)
         amax = _max(tl.reshape(tl.abs(x), (ROWS // BLOCK, BLOCK * BLOCK_D)), 1, INTERPRET)
-        scale = tl.math.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32))
+        scale = amax * INV_QMAX
         blk = (pid_t * TILES + i) * (ROWS // BLOCK) + tl.arange(0, ROWS // BLOCK)
         tl.store(scales + blk, scale, mask=blk < NB)
         safe = tl.where(scale == 0.0, 1.0, scale)
@@ -139,10 +148,10 @@ def _quantize_blocks(x_ptr, part_ptr, data_ptr, scale_ptr, H, S, D, NB, NB4, NC,
 def _quantize_channels(x_ptr, part_ptr, data_ptr, scale_ptr, H, S, S_OUT, D, NC,
                        sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d,
                        ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NC_PAD: tl.constexpr, QMAX: tl.constexpr,
-                       INTERPRET: tl.constexpr):
+                       INV_QMAX: tl.constexpr, INTERPRET: tl.constexpr):
     """Per-channel e4m3 data of ``ROWS`` tokens of one (b, h), the channel amax the max of ``part[b, h, :NC, :]``.
 
-    Writes ``scale[b, h, :] = amax / QMAX`` (contiguous ``(B, H, D)``, by the first tile's program) and
+    Writes ``scale[b, h, :] = amax · INV_QMAX`` (contiguous ``(B, H, D)``, by the first tile's program) and
     ``data = x / scale`` at the output strides for tokens ``< S_OUT`` (tokens ``S..S_OUT``, the sequence-major
     padding, are zeros). Grid ``(B·H, ceil(S_OUT / ROWS))``.
     """
@@ -154,16 +163,16 @@ def _quantize_channels(x_ptr, part_ptr, data_ptr, scale_ptr, H, S, S_OUT, D, NC,
     out = data_ptr + b.to(tl.int64) * so_b + h.to(tl.int64) * so_h
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    c = tl.arange(0, NC_PAD)
+    rows = pid_t * ROWS + tl.arange(0, ROWS)
+    ok = (rows < S)[:, None] & d_ok[None, :]
+    x = tl.load(base + rows.to(tl.int64)[:, None] * sx_s + d[None, :] * sx_d, mask=ok, other=0.0)  # before the
+    c = tl.arange(0, NC_PAD)  # scales' reduction, so the two latencies overlap
     part = tl.load(part_ptr + (pid_bh.to(tl.int64) * NC + c[:, None]) * D + d[None, :],
                    mask=(c < NC)[:, None] & d_ok[None, :], other=0.0)
     amax = _max(part, 0, INTERPRET)
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32))
+    scale = amax * INV_QMAX
     tl.store(scale_ptr + pid_bh.to(tl.int64) * D + d, scale, mask=d_ok & (pid_t == 0))
     safe = tl.where(scale == 0.0, 1.0, scale)
-    rows = pid_t * ROWS + tl.arange(0, ROWS)
-    ok = (rows < S)[:, None] & d_ok[None, :]
-    x = tl.load(base + rows.to(tl.int64)[:, None] * sx_s + d[None, :] * sx_d, mask=ok, other=0.0)
     y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(safe[None, :], (ROWS, BLOCK_D)))
     tl.store(out + rows.to(tl.int64)[:, None] * so_s + d[None, :] * so_d, _to_8bit(y, False, QMAX, INTERPRET),
              mask=(rows < S_OUT)[:, None] & d_ok[None, :])

@@ -29,10 +29,14 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: every program of the quantize pass reads back.
 TARGET_PROGRAMS = 528
 MAX_PARTIALS = 32
-#: Quantize passes: tokens per tile (per-block: at least one block) and tiles per program when a mean is read.
-BLOCK_ROWS = 64
+#: Quantize passes: tokens per tile (at least one block), Q's and K's (with the mean to read, two tiles per
+#: program), and V's (at head_dim 128). H200, flux-1024 / wan1.3b-480p (``benchmarks.quantize --sweep``, 2026-12-01):
+#: Q 18.5 / 55.8 µs at 32 rows against 19.7 / 59.7 at 64; K 34.2 / 109.2 at 64 rows, two tiles, slower at 32 or
+#: 128 rows and at one or four tiles; V 30.8 / 96.2 at 64 rows against 39.8 / 124.0 at 128.
+BLOCK_ROWS = 32
+SMOOTH_ROWS = 64
 SMOOTH_TILES = 2
-CHANNEL_ROWS = 128
+CHANNEL_ROWS = 64
 #: Warps per program: one per this many tile elements, 4 to 8.
 WARP_ELEMENTS = 2048
 
@@ -118,11 +122,11 @@ def _per_block_calls(x, block, dtype, smooth, mean, interpret) -> tuple[torch.Te
                              f"{mean.dtype} {tuple(mean.shape)}")
         part, chunks = mean, 1
     block_d = triton.next_power_of_2(dim)
-    rows = max(BLOCK_ROWS, block)
+    rows = max(SMOOTH_ROWS if smooth else BLOCK_ROWS, block)
     tiles = SMOOTH_TILES if smooth else 1
     meta = dict(BLOCK=block, ROWS=rows, TILES=tiles, BLOCK_D=block_d, NC_PAD=triton.next_power_of_2(chunks),
                 SMOOTH=smooth, MEAN_GIVEN=mean is not None, INT8=dtype == torch.int8, QMAX=qmax,
-                INTERPRET=interpret, num_warps=_warps(rows * block_d))
+                INV_QMAX=formats.inv_qmax(dtype), INTERPRET=interpret, num_warps=_warps(rows * block_d))
     args = [x, part, data, scale, heads, seq, dim, layout.blocks(seq, block), scale.shape[-1], chunks,
             *x.stride(), *data.stride()]
     calls.append(("_quantize_blocks", (batch * heads, layout.blocks(seq, rows * tiles)), args, meta))
@@ -140,7 +144,7 @@ def _per_channel_calls(x, dtype, seq_major, interpret) -> tuple[torch.Tensor, to
     rows = max(16, CHANNEL_ROWS * 128 // block_d)
     seq_out = data.shape[-2]
     meta = dict(ROWS=rows, BLOCK_D=block_d, NC_PAD=triton.next_power_of_2(chunks), QMAX=formats.FP8_E4M3_MAX,
-                INTERPRET=interpret, num_warps=_warps(rows * block_d))
+                INV_QMAX=formats.inv_qmax(dtype), INTERPRET=interpret, num_warps=_warps(rows * block_d))
     args = [x, part, data, scale, heads, seq, seq_out, dim, chunks, *x.stride(), *data.stride()]
     return data, scale, [column, ("_quantize_channels", (batch * heads, layout.blocks(seq_out, rows)), args, meta)]
 
