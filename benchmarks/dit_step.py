@@ -26,7 +26,8 @@ graphs), for every variant.
 Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SDPA returns its query: the step time
 without attention, giving attention's share; ``--skip-no-attention`` leaves it out), qattn_fx's default spec (backend
 ``auto``: what ``qattn_fx.backend()`` does, including its cost rule), and qattn_fx with each kernel that runs here;
-gluon_sage also with Q's, or all, quantization left to Inductor (``SETTINGS``: ``qattn_fx.config.triton_quantize``).
+gluon_sage also with all, or K's and V's, quantization by the fused Triton kernels (``SETTINGS``:
+``qattn_fx.config.triton_quantize``).
 
 Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
 denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
@@ -71,8 +72,8 @@ VARIANTS = {
     "qattn gluon_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
     "qattn gluon_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage"),
                                           rules=(Rule(Match(role=("cross",)), "dense"),)),
-    "qattn gluon_sage, Inductor quantize": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
-    "qattn gluon_sage, Inductor Q quantize": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
+    "qattn gluon_sage, Triton quantize": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
+    "qattn gluon_sage, Triton K/V quantize": Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")),
     "qattn triton_sage int8 1/16/1": Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage")),
     "qattn triton_sage, cross dense": Spec(default=AttentionSpec("TRITON", SAGE, kernel="triton_sage"),
                                            rules=(Rule(Match(role=("cross",)), "dense"),)),
@@ -83,8 +84,8 @@ VARIANTS = {
 #: ``qattn_fx.config`` settings a variant compiles and runs under (others: the settings as they are): which operands
 #: the fused Triton quantize kernels take, the others left to Inductor (which may fuse them with RoPE / norms).
 SETTINGS = {
-    "qattn gluon_sage, Inductor quantize": dict(triton_quantize=""),
-    "qattn gluon_sage, Inductor Q quantize": dict(triton_quantize="kv"),
+    "qattn gluon_sage, Triton quantize": dict(triton_quantize="qkv"),
+    "qattn gluon_sage, Triton K/V quantize": dict(triton_quantize="kv"),
 }
 MODES = ("default", "reduce-overhead")
 

@@ -30,7 +30,8 @@ from . import common
 from .shapes import select as select_shapes
 
 FP8 = torch.float8_e4m3fn
-SWEEPABLE = ("BLOCK_ROWS", "SMOOTH_ROWS", "SMOOTH_TILES", "CHANNEL_ROWS", "TARGET_PROGRAMS", "MAX_PARTIALS", "WARP_ELEMENTS")
+SWEEPABLE = ("BLOCK_ROWS", "SMOOTH_ROWS", "SMOOTH_TILES", "CHANNEL_ROWS", "TARGET_PROGRAMS", "MAX_PARTIALS",
+             "WARP_ELEMENTS")
 
 
 def operands(q, k, v) -> dict[str, tuple[Callable, Callable]]:

@@ -20,10 +20,10 @@ setting                      environment variable             meaning
                                                               (``"BLOCK_N,STAGES[,flags]"``)
 ``gluon_tail_split``         ``QATTN_GLUON_TAIL_SPLIT``       split gluon_sage's partial last wave over the keys
                                                               (``0``: never)
-``triton_quantize``          ``QATTN_TRITON_QUANTIZE``        the operands (letters of ``qkv``) whose Sage
-                                                              quantize runs as fused Triton kernels on CUDA
-                                                              (:mod:`qattn_fx.ops.fused_quantize`); the others,
-                                                              and all on CPU, as aten ops Inductor fuses
+``triton_quantize``          ``QATTN_TRITON_QUANTIZE``        the operands (letters of ``qkv``; default none)
+                                                              whose Sage quantize runs as fused Triton kernels
+                                                              on CUDA (:mod:`qattn_fx.ops.fused_quantize`); the
+                                                              others, and all on CPU, as aten ops Inductor fuses
 ===========================  ===============================  ================================================
 """
 
@@ -40,7 +40,7 @@ triton_sage_config: Optional[str] = Config(default=None, env_name_default="QATTN
 gluon_sage_config: Optional[str] = Config(default=None, env_name_default="QATTN_GLUON_SAGE_CONFIG",
                                           value_type=Optional[str])
 gluon_tail_split: bool = Config(default=True, env_name_default="QATTN_GLUON_TAIL_SPLIT")
-triton_quantize: str = Config(default="qkv", env_name_default="QATTN_TRITON_QUANTIZE")
+triton_quantize: str = Config(default="", env_name_default="QATTN_TRITON_QUANTIZE")
 
 def flag(name: str) -> bool:
     """A boolean setting, validated where it is used (an environment variable may hold anything)."""

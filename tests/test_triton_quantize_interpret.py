@@ -191,7 +191,13 @@ def test_plan_follows_the_setting_on_cuda(qattn_config, setting, want):
     assert fused_quantize.plan(SAGE, q, k, v) == fused_quantize.Plan(*want)
 
 
-def test_plan_keeps_aten_ops_where_the_kernels_do_not_serve():
+def test_plan_keeps_aten_ops_by_default():
+    _, q, k, v = fake_operands("cuda")
+    assert fused_quantize.plan(SAGE, q, k, v) == fused_quantize.Plan()
+
+
+def test_plan_keeps_aten_ops_where_the_kernels_do_not_serve(qattn_config):
+    qattn_config(triton_quantize="qkv")
     _, q, k, v = fake_operands("cpu")
     assert fused_quantize.plan(SAGE, q, k, v) == fused_quantize.Plan()  # CPU graphs: the aten definitions
     _, q, k, v = fake_operands("cuda")

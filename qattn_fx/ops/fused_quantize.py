@@ -2,8 +2,8 @@
 
 The aten definitions (:mod:`qattn_fx.ops.quantize`) leave Inductor several passes over K and V (K's mean, block
 amax and cast; V's amax and cast). On CUDA, the operands named by ``qattn_fx.config.triton_quantize``
-(``$QATTN_TRITON_QUANTIZE``, letters of ``qkv``, default all three; ``""``: none) are quantized instead by these
-opaque ops, backed by :mod:`qattn_fx.kernels.triton_quantize` (one pass for Q, two for K and V):
+(``$QATTN_TRITON_QUANTIZE``, letters of ``qkv``; default ``""``, none) are quantized instead by these opaque ops,
+backed by :mod:`qattn_fx.kernels.triton_quantize` (one pass for Q, two for K and V):
 
 =========================================================  =====================================================
 op                                                         is
@@ -16,8 +16,13 @@ op                                                         is
 Same outputs, layouts and bits as the aten ops (K's smoothing mean is an fp32 sum in another order: see
 :mod:`qattn_fx.kernels.triton_quantize`); their fake implementations allocate the same layouts under symbolic
 sizes. Which operand takes which path is decided once, by :func:`plan`: the setting, the device (CUDA; CPU graphs
-keep the aten ops, which are also the reference) and what the kernels serve. Opaque ops cost what Inductor's
-fusion of a cast into the producer (RoPE, norm) would save; the setting exists to measure that in a real block.
+keep the aten ops, which are also the reference) and what the kernels serve.
+
+Why none by default: standalone the fused passes are faster (H200, flux-1024: Q 18.5 µs against Inductor's 37.2,
+K 34.2 against 40.0, V 30.8 against 28.9; BENCHMARKS.md, "Quantize nodes"), but inside a compiled Flux.1-dev step
+with all three fused the step took 38.9 ms against 28.6 with Inductor's kernels, which fuse Q's and K's casts into
+the RoPE and norm producers; with K and V fused (``"kv"``) 28.2 ms, within that run's spread
+(docs/kernel-design.md, "Tried and rejected").
 """
 
 from __future__ import annotations

@@ -91,8 +91,9 @@ def test_against_inductor_compiled_aten():
 
 @pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
 def test_compiled_attention_with_fused_quantize(qattn_config, kernel):
-    """The compiled recipe with the fused ops gives the output of the one with Inductor's quantize kernels (K's
-    mean aside: rare one-unit differences), at lengths that are not multiples of 16, with one graph for all."""
+    """The compiled recipe with the fused ops (``triton_quantize="qkv"``) gives the output of the one with Inductor's
+    quantize kernels (K's mean aside: rare one-unit differences), at lengths that are not multiples of 16, with one
+    graph for all."""
     qattn_config(autotune=False)
     recipe = Recipe("int8", "fp8", 1, 16, 1, smooth_k=True)
     torch._dynamo.reset()
@@ -112,7 +113,8 @@ def test_compiled_attention_with_fused_quantize(qattn_config, kernel):
         q, k, v = (make((2, 4, s, 128), seed=i) for i in range(3))
         with qattn_fx.config.patch(triton_quantize=""):
             want = attend(q, k, v)
-        got = fused(q, k, v)
+        with qattn_fx.config.patch(triton_quantize="qkv"):
+            got = fused(q, k, v)
         cos = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)
         assert cos > 0.99999
     assert counts["graphs"] == 1
