@@ -1,8 +1,8 @@
 """triton_quantize: the quantize ops of the Sage recipes as fused Triton passes, exact against their aten definitions.
 
-The aten definitions in :mod:`qattn_fx.ops.quantize` (what CPU graphs and ``qattn_fx.config.quantize_impl =
-"inductor"`` run) leave Inductor several passes per tensor: K's mean, block amax and cast read K three times, V's
-amax and cast read V twice. These kernels make:
+The aten definitions in :mod:`qattn_fx.ops.quantize` (what graphs run unless ``qattn_fx.config.triton_quantize``
+names an operand, and always on CPU) leave Inductor several passes per tensor: K's mean, block amax and cast read K
+three times, V's amax and cast read V twice. These kernels make:
 
 * Q (``quantize_per_block``, no smoothing): **one pass**: each program loads a tile of tokens × channels, takes the
   per-block amax in registers, writes the block scales and the 8-bit data;
@@ -13,8 +13,9 @@ amax and cast read V twice. These kernels make:
   sequence-major (``(B, H, D, S16)``, zero-padded) or like ``x``.
 
 Inputs are logical ``(B, H, S, D)`` bf16/fp16/fp32 with any strides (diffusers' BSHD views read in place); outputs
-are those of :mod:`.layout`, the same as the aten ops'. Numerics: every division is IEEE round-to-nearest as torch's
-``/``, int8 rounds half to even, e4m3 rounds to nearest even and saturates. So scales and data are bit-identical to
+are those of :mod:`.layout`, the same as the aten ops'. Numerics: scales are ``amax · fp32(1/qmax)``
+(:func:`qattn_fx.formats.amax_to_scale`), every other division is IEEE round-to-nearest as torch's ``/``, int8 rounds
+half to even, e4m3 rounds to nearest even and saturates. So scales and data are bit-identical to
 the aten definitions given the same mean; the mean itself is an fp32 sum whose order is implementation-defined (it
 already differs between CPU, CUDA and Inductor), so K's data can differ from another implementation's by one unit
 where ``(k - mean) / scale`` lies within an ulp of a rounding boundary.
