@@ -18,8 +18,8 @@ Same outputs, layouts and bits as the aten ops (K's smoothing mean is an fp32 su
 sizes. Which operand takes which path is decided once, by :func:`plan`: the setting, the device (CUDA; CPU graphs
 keep the aten ops, which are also the reference) and what the kernels serve.
 
-Why none by default: standalone the fused passes are faster (H200, flux-1024: Q 18.5 µs against Inductor's 37.2,
-K 34.2 against 40.0, V 30.8 against 28.9; BENCHMARKS.md, "Quantize nodes"), but inside a compiled Flux.1-dev step
+Why none by default: standalone the fused passes of Q and K are faster and V's level (H200, flux-1024: Q 18.5 µs
+against Inductor's 37.2, K 34.2 against 40.0, V 30.8 against 28.9; BENCHMARKS.md, "Quantize nodes"), but inside a compiled Flux.1-dev step
 with all three fused the step took 38.9 ms against 28.6 with Inductor's kernels, which fuse Q's and K's casts into
 the RoPE and norm producers; with K and V fused (``"kv"``) 28.2 ms, within that run's spread
 (docs/kernel-design.md, "Tried and rejected").
