@@ -124,6 +124,12 @@ def info(name: str) -> KernelInfo:
         raise ValueError(f"kernel={name!r} is unknown; valid: {', '.join(KERNELS)}") from None
 
 
+def names_with(ability: str) -> str:
+    """The kernels whose :class:`KernelInfo` has ``ability`` (``key_bias``, ``lse``, ``skip_softmax``), comma-joined:
+    the valid choices an error names when a kernel lacks it."""
+    return ", ".join(n for n, i in KERNELS.items() if getattr(i, ability))
+
+
 def requirements(name: str, qk_dtype: str | None = None) -> tuple[Requirements, ...]:
     """Kernel ``name``'s targets (those that run Q/K format ``qk_dtype``, when given)."""
     return tuple(r for r in info(name).requirements if qk_dtype is None or r.qk_dtypes is None

@@ -125,12 +125,12 @@ def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
     if key_bias is not None:
         if not kernels.info(kernel).key_bias:
             _fail(f"kernel {kernel!r} takes no key_bias (masks); kernels that do: "
-                  f"{', '.join(k for k, i in kernels.KERNELS.items() if i.key_bias)}")
+                  f"{kernels.names_with('key_bias')}")
         extra["key_bias"] = key_bias
     if skip_threshold is not None:
         if not kernels.info(kernel).skip_softmax:
             _fail(f"kernel {kernel!r} takes no skip_threshold (Skip-Softmax); kernels that do: "
-                  f"{', '.join(k for k, i in kernels.KERNELS.items() if i.skip_softmax)}")
+                  f"{kernels.names_with('skip_softmax')}")
         if skip_threshold.numel() != 1 or not skip_threshold.dtype.is_floating_point:
             _fail(f"skip_threshold must be a one-element float tensor; got {skip_threshold.dtype} of shape "
                   f"{tuple(skip_threshold.shape)}")
@@ -224,7 +224,7 @@ def scaled_attention_lse(
     check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
     if not kernels.info(kernel).lse:
         _fail(f"kernel {kernel!r} returns no LSE; kernels that do: "
-              f"{', '.join(k for k, i in kernels.KERNELS.items() if i.lse)}")
+              f"{kernels.names_with('lse')}")
     fn = _kernel_call(kernel, "scaled", key_bias)
     out, lse = fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale),
                   out_dtype, return_lse=True)

@@ -138,7 +138,7 @@ def _check_lse(recipe: Recipe, kernel: str, entry: kernels.KernelInfo, plan: can
                          f"got {recipe.name}")
     if not entry.lse:
         raise ValueError(f"kernel {kernel!r} returns no LSE; kernels that do: "
-                         f"{', '.join(n for n, i in kernels.KERNELS.items() if i.lse)}")
+                         f"{kernels.names_with('lse')}")
     if plan.add_head_dim or plan.flatten_batch:
         raise ValueError(f"return_lse=True needs 4-D (B, H, S, D) operands; got {plan.ndim}-D")
 
@@ -231,7 +231,7 @@ def quantized_attention(
                              f"({', '.join(canonical.KEY_MASKS)})")
         if not entry.key_bias:
             raise ValueError(f"kernel {kernel!r} takes no masks; kernels that do: "
-                             f"{', '.join(n for n, i in kernels.KERNELS.items() if i.key_bias)}")
+                             f"{kernels.names_with('key_bias')}")
     q_call = q
     q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan)
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
