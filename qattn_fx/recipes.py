@@ -364,29 +364,27 @@ class SkipSoftmax:
         """Whether a timestep gate applies (``disabled_until_timestep`` > 0; 0 is vLLM-Omni's "off")."""
         return bool(self.disabled_until_timestep)
 
+    def _setting(self) -> tuple[str, str]:
+        """``("λ=", "0.01")``, ``("λ=", "1000/Skv")`` or ``("", "target 0.5")``: what is set, and its prefix in
+        :meth:`describe`."""
+        if self.threshold is not None:
+            return "λ=", f"{self.threshold:g}"
+        if self.threshold_scale_factor is not None:
+            return "λ=", f"{self.threshold_scale_factor:g}/Skv"
+        return "", f"target {self.target_sparsity:g}"
+
     def describe(self) -> str:
         """``skip-softmax λ=0.01``, ``skip-softmax λ=1000/Skv``, ``skip-softmax target 0.5``; ``, dense while
         t > 0.9`` with a gate."""
-        if self.threshold is not None:
-            what = f"λ={self.threshold:g}"
-        elif self.threshold_scale_factor is not None:
-            what = f"λ={self.threshold_scale_factor:g}/Skv"
-        else:
-            what = f"target {self.target_sparsity:g}"
+        prefix, what = self._setting()
         gate = f", dense while t > {self.disabled_until_timestep:g}" if self.gated else ""
-        return f"skip-softmax {what}{gate}"
+        return f"skip-softmax {prefix}{what}{gate}"
 
     @property
     def short_name(self) -> str:
         """The name in a table cell: ``skip 0.01``, ``skip 1000/Skv``, ``skip target 0.5``; `` t<=0.9`` with a
         gate."""
-        if self.threshold is not None:
-            what = f"{self.threshold:g}"
-        elif self.threshold_scale_factor is not None:
-            what = f"{self.threshold_scale_factor:g}/Skv"
-        else:
-            what = f"target {self.target_sparsity:g}"
-        return f"skip {what}" + (f" t<={self.disabled_until_timestep:g}" if self.gated else "")
+        return f"skip {self._setting()[1]}" + (f" t<={self.disabled_until_timestep:g}" if self.gated else "")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
