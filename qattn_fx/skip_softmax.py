@@ -196,31 +196,41 @@ _ACTIVE = threading.local()
 _MARGINS = threading.local()
 
 
+def _innermost(local: threading.local):
+    """The top of ``local``'s stack (:func:`_pushed`), or None."""
+    stack = getattr(local, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def _pushed(local: threading.local, item):
+    """``item`` on top of this thread's stack in ``local`` for the block; yields it."""
+    stack = getattr(local, "stack", None)
+    if stack is None:
+        stack = local.stack = []
+    stack.append(item)
+    try:
+        yield item
+    finally:
+        stack.pop()
+
+
 def margins_collector() -> Margins | None:
     """The innermost :func:`collect_margins` collector, or None."""
-    stack = getattr(_MARGINS, "stack", None)
-    return stack[-1] if stack else None
+    return _innermost(_MARGINS)
 
 
 @contextlib.contextmanager
 def collect_margins() -> Iterator[Margins]:
     """Collect the tile margins of every Skip-Softmax call of the reference kernel inside the block, per site
     label (:func:`qattn_fx.calibrate_skip_softmax` runs the user's calls in emulation inside one)."""
-    stack = getattr(_MARGINS, "stack", None)
-    if stack is None:
-        stack = _MARGINS.stack = []
-    collector = Margins()
-    stack.append(collector)
-    try:
+    with _pushed(_MARGINS, Margins()) as collector:
         yield collector
-    finally:
-        stack.pop()
 
 
 def active() -> Measurement | None:
     """The measurement being collected (innermost :func:`measure`), or None."""
-    stack = getattr(_ACTIVE, "stack", None)
-    return stack[-1] if stack else None
+    return _innermost(_ACTIVE)
 
 
 @contextlib.contextmanager
@@ -230,15 +240,8 @@ def measure() -> Iterator[Measurement]:
     The reference kernel counts exactly; gluon_sage counts on the GPU (an atomic per skipped tile and a
     synchronization per call to read it: for measuring, not for timing). Calls of other kernels record nothing.
     """
-    stack = getattr(_ACTIVE, "stack", None)
-    if stack is None:
-        stack = _ACTIVE.stack = []
-    measurement = Measurement()
-    stack.append(measurement)
-    try:
+    with _pushed(_ACTIVE, Measurement()) as measurement:
         yield measurement
-    finally:
-        stack.pop()
 
 
 def record(label: str, skipped: int | torch.Tensor, tiles: int) -> None:
