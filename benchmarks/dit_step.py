@@ -32,7 +32,8 @@ denoising loop of N flow-matching Euler steps whose timestep changes every step 
 model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events), speedup over
 compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
 compiled on the first call and the recompiles after it (graphs compiled during warm-up and timed steps), and the
-site summary. Prints one table and writes JSON.
+site summary. Prints one table and writes JSON. ``--profile`` adds, per variant, one call under ``torch.profiler``:
+its GPU time by kernel class (:data:`KERNEL_CLASSES`) and its heaviest kernels, to say where a speedup goes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -78,6 +80,13 @@ VARIANTS = {
                                                                                          scale_scope="head"))),
 }
 MODES = ("default", "reduce-overhead")
+#: ``--profile``'s kernel classes: the first whose pattern matches a CUDA kernel's name (case-insensitive) wins.
+KERNEL_CLASSES = (
+    ("attention", r"_sage_fwd|_attn_fwd|fmha|flash|sdpa|cudnn|attention|merge_tail"),
+    ("quantize", r"quantize|smooth|amax|cast_scaled|key_bias|lse_shift"),
+    ("gemm", r"gemm|nvjet|xmma|cutlass|sm90_|wgmma"),
+    ("other", r""),
+)
 
 
 @dataclass
@@ -275,6 +284,30 @@ def graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def kernel_class(kernel: str) -> str:
+    """The class of a CUDA kernel's name: the first of :data:`KERNEL_CLASSES` whose pattern it matches."""
+    return next(name for name, pattern in KERNEL_CLASSES if re.search(pattern, kernel, re.IGNORECASE))
+
+
+def profile_call(step: Callable, case: Case, top: int = 12) -> dict:
+    """One call of ``step`` under ``torch.profiler``: GPU ms per kernel class (:data:`KERNEL_CLASSES`) and the
+    ``top`` kernels by GPU time (name cut to 100 characters, ms, launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.compiler.cudagraph_mark_step_begin()
+        step(**case.inputs)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    classes = {name: 0.0 for name, _ in KERNEL_CLASSES}
+    for e in kernels:
+        classes[kernel_class(e.key)] += e.device_time_total / 1e3
+    return {"gpu_ms": sum(classes.values()), "classes_ms": classes,
+            "top": [(e.key[:100], e.device_time_total / 1e3, e.count) for e in kernels[:top]]}
+
+
 def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, torch.Tensor]:
     """Compile ``case.model`` with ``backend`` as ``args.compile`` / ``args.mode`` say, run it once (the compile),
     ``args.warmup`` times, then time ``args.steps`` denoising steps (or ``args.iters`` calls on one input)."""
@@ -297,8 +330,12 @@ def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, 
             denoise(step, case, args.steps, cuda_timer(times))
         else:
             repeat(step, case, args.iters, cuda_timer(times))
+        recompiles = graphs_compiled() - graphs
+        profiled = profile_call(step, case) if args.profile else None
     row = {"variant": name, "step_ms": statistics.median(times), "compile_s": compile_s, "graphs": graphs,
-           "recompiles": graphs_compiled() - graphs}
+           "recompiles": recompiles}
+    if profiled:
+        row["profile"] = profiled
     if dense_out is not None:
         a, b = out.float().flatten(), dense_out.float().flatten()
         row["cos_vs_dense"] = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
@@ -338,6 +375,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="*", help="substrings of variant names to run (the dense baseline always "
                                                   "runs)")
     parser.add_argument("--skip-no-attention", action="store_true", help="leave out the 'no attention' variant")
+    parser.add_argument("--profile", action="store_true", help="profile one call per variant: GPU time by kernel "
+                                                                "class and the heaviest kernels")
     parser.add_argument("--out", default="bench_out/dit_step.json")
     args = parser.parse_args(argv)
     for name in ("steps", "iters", "warmup"):
@@ -401,6 +440,13 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         if "sites" in r:
             print(f"{r['variant']}: {r['sites']}")
+    for r in rows:
+        if "profile" in r:
+            p = r["profile"]
+            classes = ", ".join(f"{k} {v:.2f}" for k, v in p["classes_ms"].items())
+            print(f"\n{r['variant']}: one call's GPU time {p['gpu_ms']:.2f} ms ({classes})")
+            for kname, ms, count in p["top"]:
+                print(f"  {ms:8.3f} ms {count:5d}x  {kname}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"header": header, "attention_share": share, "rows": rows,

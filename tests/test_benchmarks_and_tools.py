@@ -102,6 +102,19 @@ def test_dit_step_arguments():
         dit_step.build_flux(resolution=1000, device="cpu")
 
 
+def test_dit_step_profile_classes():
+    """--profile's kernel classes, on kernel names as the H200's profiler shows them."""
+    from benchmarks import dit_step
+
+    assert dit_step.parse_args(["--profile"]).profile and not dit_step.parse_args([]).profile
+    names = {"_sage_fwd_ws": "attention", "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0":
+             "attention", "triton_red_fused_quantize_per_block_0": "quantize",
+             "triton_poi_fused_smooth_k_1": "quantize", "nvjet_tst_192x192_64x4_2x1_v_bz_TNN": "gemm",
+             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "gemm",
+             "triton_poi_fused_add_mul_native_layer_norm_3": "other"}
+    assert {n: dit_step.kernel_class(n) for n in names} == names
+
+
 @pytest.mark.parametrize("model", list(TINY_DIT))
 def test_dit_step_models_denoise_on_cpu(model):
     """Every model's output has the shape of the latents it updates, so the denoising loop feeds it back."""
