@@ -399,3 +399,18 @@ def test_skip_launches_refuse_the_tail_split():
     with pytest.raises(ValueError, match="Skip-Softmax launches run without the tail split"):
         gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, gs.DEFAULT_CONFIGS[128], tail, None,
                        None, skip)
+
+
+@pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,mmasum"])
+def test_q_quantized_in_the_kernel_compiles_without_the_q_load(config):
+    """A bf16 Q with int8 K: the consumers read Q by pointer and quantize it with IEEE divisions (``div.rn``); the
+    producer issues no Q TMA; registers as with an int8 Q (spills no more than it)."""
+    q, qs, k, ks, v, vs, _, _ = _meta_inputs()
+    cfg = gs.GluonConfig.parse(config)
+    int8_q = gs.compile_for(cfg, q, qs, k, ks, v, vs, 1, 16)
+    bf16_q = gs.compile_for(cfg, q.to(torch.bfloat16), None, k, ks, v, vs, 1, 16)
+    tma_4d = [c.asm["ptx"].count("cp.async.bulk.tensor.4d") for c in (int8_q, bf16_q)]
+    assert tma_4d[0] - tma_4d[1] == cfg.consumers, tma_4d  # one Q box load per consumer is gone
+    assert "div.rn.f32" in bf16_q.asm["ptx"] and "div.rn.f32" not in int8_q.asm["ptx"]
+    reports = [ts.ptxas_report(c, (9, 0)) for c in (int8_q, bf16_q)]
+    assert reports[1]["ptxas_ok"] and reports[1]["spill_stores"] <= reports[0]["spill_stores"], reports

@@ -7,6 +7,7 @@ The graphs are printed with :func:`qattn_fx.fx.printer.format_graph`, which rena
 """
 
 import expecttest
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -52,11 +53,51 @@ def rewritten_graph(spec: Spec) -> str:
     return format_graph(backend.graph_modules[0])
 
 
+def hopper_graph(spec: Spec) -> str:
+    """The graph the backend hands on for an H200 (sm_90, triton 3.6), rewritten on this CPU machine: bf16 block with
+    head_dim 128, whose run then fails here (gluon_sage needs the GPU) after the graph is recorded."""
+    torch.manual_seed(0)
+    block = AttentionBlock(dim=256).eval().to(torch.bfloat16)
+    hardware = qattn_fx.Hardware.for_arch("sm_90", {"triton": "3.6.0"})
+    backend = qattn_fx.backend(spec, hardware=hardware, compiler="eager")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="gluon_sage: needs an sm_90"):
+        torch.compile(block, backend=backend, fullgraph=True)(torch.randn(1, 8, 256, dtype=torch.bfloat16))
+    assert len(backend.graph_modules) == 1
+    return format_graph(backend.graph_modules[0])
+
+
 def spec_for(recipe: Recipe, backend: str) -> Spec:
     return Spec(default=AttentionSpec(backend=backend, recipe=recipe))
 
 
 class TestGoldenGraphs(expecttest.TestCase):
+    def test_sage_int8_on_gluon_sage_quantizes_q_in_the_kernel(self):
+        """gluon_sage takes the bf16 Q and quantizes it per token itself (KernelInfo.quantizes_q): no Q node."""
+        self.assertExpectedInline(hopper_graph(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRITON")), """\
+in0: bf16[1,8,256]
+in1: bf16[768,256]
+in2: bf16[768]
+in3: bf16[256,256]
+in4: bf16[256]
+v0 = linear(in0, in1, in2)  # bf16[1,8,768]
+v1 = .view(v0, 1, 8, 3, 2, 128)  # bf16[1,8,3,2,128]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # bf16[3,1,2,8,128]
+v3 = getitem(v2, 0)  # bf16[1,2,8,128]
+v4 = getitem(v2, 1)  # bf16[1,2,8,128]
+v5 = getitem(v2, 2)  # bf16[1,2,8,128]
+sdpa_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,128]
+sdpa_k_quant = qattn.quantize_per_block(sdpa_k_smooth, 16, torch.int8)  # (i8[1,2,8,128], f32[1,2,4])
+sdpa_k_data = getitem(sdpa_k_quant, 0)  # i8[1,2,8,128]
+sdpa_k_scale = getitem(sdpa_k_quant, 1)  # f32[1,2,4]
+sdpa_v_quant = qattn.quantize_per_channel(v5, torch.float8_e4m3fn, True)  # (f8e4m3[1,2,16,128], f32[1,2,128])
+sdpa_v_data = getitem(sdpa_v_quant, 0)  # f8e4m3[1,2,16,128]
+sdpa_v_scale = getitem(sdpa_v_quant, 1)  # f32[1,2,128]
+sdpa_attention = qattn.scaled_attention(v3, None, sdpa_k_data, sdpa_k_scale, sdpa_v_data, sdpa_v_scale, 1, 16, 0.0883883, torch.bfloat16, 'gluon_sage')  # bf16[1,2,8,128]
+v6 = .transpose(sdpa_attention, 1, 2)  # bf16[1,8,2,128]
+v7 = .reshape(v6, 1, 8, 256)  # bf16[1,8,256]
+v8 = linear(v7, in3, in4)  # bf16[1,8,256]
+return (v8,)""")
+
     def test_sage_int8_per_block(self):
         self.assertExpectedInline(rewritten_graph(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRTLLM")), """\
 in0: f32[1,8,64]

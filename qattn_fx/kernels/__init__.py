@@ -39,6 +39,9 @@ class KernelInfo:
     """Where a kernel lives, which op families it implements, and what it needs.
 
     ``v_seq_major``: the kernel wants fp8 V stored sequence-fastest (the quantize node writes it so);
+    ``quantizes_q``: the ``q_block`` values of int8 recipes for which its ``scaled`` function takes the bf16/fp16 Q
+    itself (``q_scale=None``, K int8 with scales) and quantizes it inside the kernel with the numerics of
+    ``qattn::quantize_per_block`` (no Q pass in the graph);
     ``requirements``: its targets (architectures, head dims, library floor, call-site capabilities), the one
     declaration of these facts: :data:`qattn_fx.recipes.TABLE` names them, the policy checks them, and the kernel
     module reads its own limits from them; ``description`` is shown in reports and the README.
@@ -50,6 +53,7 @@ class KernelInfo:
     block_scaled: str | None = None
     v_seq_major: bool = False
     dense_skip: str | None = None
+    quantizes_q: tuple[int, ...] = ()
     requirements: tuple[Requirements, ...] = ()
     description: str = ""
 
@@ -83,6 +87,7 @@ KERNELS: dict[str, KernelInfo] = {
                                               ("triton", "3.0.0"), key_bias=True, lse=True),),
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
+                   quantizes_q=(1,),
                    requirements=(Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
                                               key_bias=True, lse=True, skip_softmax=True,
                                               note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes "
@@ -125,7 +130,8 @@ def info(name: str) -> KernelInfo:
 
 
 def names_with(ability: str) -> str:
-    """The kernels whose :class:`KernelInfo` has ``ability`` (``key_bias``, ``lse``, ``skip_softmax``), comma-joined:
+    """The kernels whose :class:`KernelInfo` has ``ability`` (``key_bias``, ``lse``, ``skip_softmax``,
+    ``quantizes_q``), comma-joined:
     the valid choices an error names when a kernel lacks it."""
     return ", ".join(n for n, i in KERNELS.items() if getattr(i, ability))
 

@@ -22,6 +22,7 @@ from typing import ClassVar, Iterator, Optional
 import torch
 
 from .. import config
+from . import info as _kernel_info
 from . import requirements as _requirements_of
 
 try:  # the kernels' source needs triton; the host side below does not
@@ -158,7 +159,15 @@ def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
                          f"{', '.join(map(str, dims))}")
     if q.dtype not in QK_KIND:
         raise ValueError(f"{kernel}: q/k dtype {q.dtype} is invalid; valid: int8, float8_e4m3fn, bfloat16, float16")
-    if (q_scale is None) != (q.dtype in (torch.bfloat16, torch.float16)):
+    if quantizes_q(q, k):
+        blocks = _kernel_info(kernel).quantizes_q
+        if q_block not in blocks:
+            valid = f"q_block in {blocks}" if blocks else "int8 q with q_scale (no Q quantization in this kernel)"
+            raise ValueError(f"{kernel}: {q.dtype} q with int8 k (Q quantized in the kernel) takes q_block={q_block}; "
+                             f"valid: {valid}")
+        if q_scale is not None or k_scale is None:
+            raise ValueError(f"{kernel}: {q.dtype} q with int8 k takes q_scale=None and k's scales")
+    elif (q_scale is None) != (q.dtype in (torch.bfloat16, torch.float16)):
         raise ValueError(f"{kernel}: {q.dtype} q/k {'needs' if q_scale is None else 'takes no'} scales")
     if v.dtype != torch.float8_e4m3fn:
         raise ValueError(f"{kernel}: v must be float8_e4m3fn; got {v.dtype}")
@@ -180,6 +189,11 @@ def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
                          f"{key_bias.dtype} {tuple(key_bias.shape)} strides {key_bias.stride()}")
     if q_block < 0 or k_block < 0:
         raise ValueError(f"{kernel}: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
+
+
+def quantizes_q(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """A bf16/fp16 Q with an int8 K: the kernel quantizes Q itself (``KernelInfo.quantizes_q``)."""
+    return q.dtype in (torch.bfloat16, torch.float16) and k.dtype == torch.int8
 
 
 def seq_major(v: torch.Tensor) -> bool:

@@ -6,7 +6,10 @@ key_bias=None, runtime_scale=None, skip_threshold=None, skip_label="")``
 * ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, any strides with a unit stride on D: int8 or float8_e4m3fn with fp32
   scales of shape ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB >= ceil(S/block)``;
   entries past ``ceil(S/block)``, the quantize node's row padding, are never read), or with block 0 a single
-  scale per head ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. bf16/fp16 Q/K pass ``None`` scales.
+  scale per head ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. bf16/fp16 Q/K pass ``None`` scales. A bf16/fp16
+  ``q`` with ``q_scale=None`` beside an int8 ``k`` with scales is quantized by the kernel itself, as
+  ``qattn::quantize_per_block(q, q_block, int8)`` would (kernels whose ``KernelInfo.quantizes_q`` lists
+  ``q_block``).
 * ``v (B, Hkv, Sv, Dv)``: float8_e4m3fn, any strides with a unit stride on D or S, ``Sv >= Skv`` (rows past
   ``Skv``, the padding of sequence-major V to 16 tokens, are never read); ``v_scale`` fp32 ``(B|1, Hkv|1, Dv|1)``
   (per channel, per head, per tensor).
@@ -148,28 +151,47 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
     for name, t in (("q", q), ("k", k)):
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             _fail(f"{name} needs a unit stride on D (the last dim); got strides {t.stride()}")
-    if (q_scale is None) != (k_scale is None):
-        _fail("q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K)")
-    if q_scale is None:
+    scaled = (("q", q, q_scale, q_block), ("k", k, k_scale, k_block))
+    if q_scale is None and k_scale is not None and q.dtype in _FLOAT[:2] and k.dtype == torch.int8:
+        if q_block < 1:  # the kernel quantizes Q (_check_q_in_kernel)
+            _fail(f"q_block={q_block} is invalid for a {q.dtype} q with int8 k (Q quantized in the kernel); "
+                  "valid: >= 1 (tokens per Q scale)")
+        scaled = scaled[1:]
+    elif (q_scale is None) != (k_scale is None):
+        _fail("q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K); a bf16/fp16 q "
+              "with int8 k and k_scale asks the kernel to quantize Q")
+    elif q_scale is None:
         if q.dtype not in _FLOAT or k.dtype != q.dtype:
             _fail(f"unquantized q/k must share a float dtype in {_FLOAT}; got {q.dtype}, {k.dtype}")
-    else:
-        if q.dtype not in _QK_8BIT or k.dtype != q.dtype:
-            _fail(f"quantized q/k must share a dtype in {_QK_8BIT}; got {q.dtype}, {k.dtype}")
-        for name, x, s, block in (("q", q, q_scale, q_block), ("k", k, k_scale, k_block)):
-            if block < 0:
-                _fail(f"{name}_block={block} is invalid; valid: 0 (one scale per head/tensor) or >= 1")
-            nb = 1 if block == 0 else (x.shape[2] + block - 1) // block
-            what = ("(1, 1|H, 1)" if block == 0
-                    else f"(B, H, >= ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, >= {nb})")
-            _check_scale(f"{name}_scale", s, (x.shape[0], x.shape[1], nb), what, last_at_least=block > 0)
-            if block == 0 and s.shape[0] != 1:
-                _fail(f"{name}_scale with {name}_block=0 must have shape (1, 1|H, 1); got {tuple(s.shape)}")
+        scaled = ()
+    elif q.dtype not in _QK_8BIT or k.dtype != q.dtype:
+        _fail(f"quantized q/k must share a dtype in {_QK_8BIT}; got {q.dtype}, {k.dtype}")
+    for name, x, s, block in scaled:
+        if block < 0:
+            _fail(f"{name}_block={block} is invalid; valid: 0 (one scale per head/tensor) or >= 1")
+        nb = 1 if block == 0 else (x.shape[2] + block - 1) // block
+        what = ("(1, 1|H, 1)" if block == 0
+                else f"(B, H, >= ceil(S/{block})) = ({x.shape[0]}, {x.shape[1]}, >= {nb})")
+        _check_scale(f"{name}_scale", s, (x.shape[0], x.shape[1], nb), what, last_at_least=block > 0)
+        if block == 0 and s.shape[0] != 1:
+            _fail(f"{name}_scale with {name}_block=0 must have shape (1, 1|H, 1); got {tuple(s.shape)}")
     if v.dtype != torch.float8_e4m3fn:
         _fail(f"v must be float8_e4m3fn; got {v.dtype}")
     _check_scale("v_scale", v_scale, (v.shape[0], v.shape[1], v.shape[3]), "(B|1, H|1, Dv|1)")
     if v.stride(-1) != 1 and v.stride(-2) != 1:
         _fail(f"v needs a unit stride on D or on S; got strides {v.stride()}")
+
+
+def _check_q_in_kernel(kernel: str, q: torch.Tensor, q_scale: Optional[torch.Tensor], k: torch.Tensor,
+                       q_block: int) -> None:
+    """A bf16/fp16 ``q`` with int8 ``k`` (``q_scale=None``) is quantized by the kernel: only kernels whose
+    :class:`~qattn_fx.kernels.KernelInfo` lists ``q_block`` in ``quantizes_q`` take it."""
+    if q_scale is None and q.dtype in _FLOAT[:2] and k.dtype == torch.int8:
+        blocks = kernels.info(kernel).quantizes_q
+        if q_block not in blocks:
+            _fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself at q_block={q_block} "
+                  f"({'q_block in ' + str(blocks) if blocks else 'no q_block'}); pass int8 q with q_scale, or use "
+                  f"a kernel that does: {kernels.names_with('quantizes_q')}")
 
 
 def _fake_out(q: torch.Tensor, sq: int, dv: int, out_dtype: torch.dtype) -> torch.Tensor:
@@ -195,6 +217,7 @@ def scaled_attention(
     skip_label: str = "",
 ) -> torch.Tensor:
     check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
+    _check_q_in_kernel(kernel, q, q_scale, k, q_block)
     fn = _kernel_call(kernel, "scaled", key_bias, skip_threshold, skip_label)
     return fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale), out_dtype)
 
@@ -222,6 +245,7 @@ def scaled_attention_lse(
     runtime_scale: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
+    _check_q_in_kernel(kernel, q, q_scale, k, q_block)
     if not kernels.info(kernel).lse:
         _fail(f"kernel {kernel!r} returns no LSE; kernels that do: "
               f"{kernels.names_with('lse')}")

@@ -56,6 +56,13 @@ def _quantize_qk(emit: Emitter, x: Any, recipe: Recipe, block: int, role: str) -
     return _unpack(emit, res, (f"{role}_data", f"{role}_scale", f"{role}_tensor_scale"))
 
 
+def _q_in_kernel(recipe: Recipe, entry: kernels.KernelInfo, q_dtype: torch.dtype) -> bool:
+    """The kernel takes the bf16/fp16 Q and quantizes it itself (``KernelInfo.quantizes_q``): an int8 recipe whose
+    ``q_block_size`` the kernel quantizes, no Q pass in the graph."""
+    return (recipe.qk_dtype == "int8" and recipe.q_block_size in entry.quantizes_q
+            and q_dtype in (torch.bfloat16, torch.float16))
+
+
 def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool) -> tuple[Any, Any, Any]:
     fmt = recipe.v_dtype
     if fmt == "fp8":
@@ -242,7 +249,10 @@ def quantized_attention(
         return _from_canonical(emit, emit(ops.skip_softmax_attention.default, args, "attention"), q_call, plan)
     if recipe.smooth_k:
         k = emit(ops.smooth_k.default, (k,), "k_smooth")
-    q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
+    if _q_in_kernel(recipe, entry, value_of(q).dtype):
+        q_data, q_scale, q_gs = q, None, None  # the kernel quantizes Q itself, with quantize_per_block's numerics
+    else:
+        q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
     k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
     v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
     extra = (() if key_bias is None and runtime_scale is None and skip is None else (key_bias, runtime_scale)) + (

@@ -303,3 +303,53 @@ def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypa
         whole = gs.scaled_attention(*args, sm_scale, torch.float32)
     assert gs.last_tail_plan() is None
     assert_close_to_reference(out, whole, f"{config} split vs whole")
+
+
+#: (config, make_qkv overrides, call extras) of the launches whose Q the kernel quantizes: the permk and key-order
+#: classes, the tail split (1000 rows: a partial last wave), short and odd lengths, contiguous BHSD, fp16, the LSE,
+#: a key bias and Skip-Softmax.
+Q_IN_KERNEL_CASES = {
+    "trio-permk": (gs.DEFAULT_CONFIGS[128], {}, {}),
+    "ahead-key-order": (gs.KEY_ORDER_DEFAULT_CONFIG, {}, {}),
+    "solo-short": (gs.GluonConfig(128, 3, ahead=1, permk=1, solo=1), dict(sq=77, skv=333), {}),
+    "bhsd-fp16": (gs.DEFAULT_CONFIGS[128], dict(bshd=False, dtype=torch.float16, sq=4097), {}),
+    "d64": (gs.DEFAULT_CONFIGS[64], dict(d=64), {}),
+    "lse": (gs.DEFAULT_CONFIGS[128], {}, dict(return_lse=True)),
+    "key-bias": (gs.KEY_ORDER_DEFAULT_CONFIG, {}, dict(key_bias="pad")),
+    "skip": (gs.DEFAULT_CONFIGS[128], {}, dict(skip_threshold=0.05)),
+}
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", list(Q_IN_KERNEL_CASES))
+def test_q_quantized_in_the_kernel_is_bit_identical(case):
+    """A bf16/fp16 Q with int8 K (``KernelInfo.quantizes_q``): the consumers quantize their Q rows per token with
+    ``qattn::quantize_per_block``'s numerics (IEEE divisions, ties to even), so the output (and LSE) equal the
+    launch on the eagerly quantized Q bit for bit, as the op and compiled graphs call it."""
+    config, shape, extra = Q_IN_KERNEL_CASES[case]
+    q, k, v = make_qkv(**shape)
+    args = quantize(q, k, v, "int8", 1, 16)
+    extra = dict(extra)
+    if extra.get("key_bias") == "pad":
+        mask = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=DEV)
+        mask[:, -200:] = False
+        extra["key_bias"] = torch.ops.qattn.key_bias(mask[:, None, None, :], k)
+    if "skip_threshold" in extra:
+        extra["skip_threshold"] = torch.tensor([extra["skip_threshold"]], device=DEV)
+    with gs.use_config(config):
+        expected = gs.attention(*args, 0.1, torch.bfloat16, **extra)
+        got = gs.attention(q, None, *args[2:], 0.1, torch.bfloat16, **extra)
+        via_op = torch.ops.qattn.scaled_attention(q, None, *args[2:], 0.1, torch.bfloat16, "gluon_sage")
+    for e, g in zip(*((x if isinstance(x, tuple) else (x,)) for x in (expected, got))):
+        assert torch.equal(g, e), f"{case}: max |diff| {(g.float() - e.float()).abs().max().item()}"
+    if not extra:
+        assert torch.equal(via_op, expected)
+
+
+@needs_sm90
+def test_q_in_the_kernel_is_refused_for_other_q_blocks():
+    q, k, v = make_qkv()
+    args = quantize(q, k, v, "int8", 16, 16)
+    with pytest.raises(ValueError, match=r"gluon_sage: torch.bfloat16 q with int8 k \(Q quantized in the kernel\) "
+                                         r"takes q_block=16; valid: q_block in \(1,\)"):
+        gs.attention(q, None, *args[2:], 0.1, torch.bfloat16)

@@ -235,6 +235,33 @@ def _fill_ones(ones_smem):
     fence_async_shared()
 
 
+@jit
+def _quantize_q_rows(q_ptr, stride_b, stride_h, stride_s, b, h, row0, SEQ_Q, q_tile, ROW_LAYOUT: gl.constexpr):
+    """Rows ``row0 + [0, BM)`` of head ``(b, h)`` of a bf16/fp16 Q quantized to int8 per token, exactly as
+    ``qattn::quantize_per_block(q, 1, int8)``: scale ``= max|x| / 127`` (IEEE division, the value of the
+    reference's ``max(|x| / 127)``: rounding is monotonic), data ``= x / scale`` (IEEE division; a zero scale
+    divides by 1) rounded to nearest even and saturated to ±127; rows past ``SEQ_Q`` are zeros. The data goes to
+    ``q_tile`` (this warpgroup's ``(BM, D)`` wgmma A operand in shared memory), fenced for the async proxy; returns
+    the scales in ``ROW_LAYOUT``. Once per CTA, while the producer's first K/V tiles are in flight."""
+    BM: gl.constexpr = q_tile.type.shape[0]
+    D: gl.constexpr = q_tile.type.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])  # 16-byte loads, row-major
+    rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    base = q_ptr + b.to(gl.int64) * stride_b + h.to(gl.int64) * stride_h
+    x = gl.load(base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :], mask=(rows < SEQ_Q)[:, None],
+                other=0.0).to(gl.float32)
+    amax = gl.max(gl.abs(x), axis=1)
+    scale = gl.div_rn(amax, gl.full_like(amax, 127.0))
+    safe = gl.where(scale == 0.0, 1.0, scale)
+    y = gl.div_rn(x, safe[:, None])
+    y = gl.minimum(gl.maximum(y, -127.0), 127.0)
+    # |y| <= 127 < 2^22: adding and taking away 1.5·2^23 rounds to an integer, ties to even (torch.round)
+    q_tile.store(((y + C_INT8_ACC_OFFSET) - C_INT8_ACC_OFFSET).to(gl.int8))
+    fence_async_shared()
+    return gl.convert_layout(scale, ROW_LAYOUT)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Partitions
 # ------------------------------------------------------------------------------------------------------------------
@@ -433,7 +460,9 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[2]
     NW: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = _mma_layout(NW, BLOCK_N, q_desc.dtype.primitive_bitwidth)
+    s_layout: gl.constexpr = _mma_layout(NW, BLOCK_N, k_desc.dtype.primitive_bitwidth)
+    # bf16/fp16 Q with int8 K: this warpgroup quantizes its Q rows itself (Q_BLOCK == 1; the producer loads no Q)
+    QUANT_Q: gl.constexpr = q_desc.dtype.primitive_bitwidth != k_desc.dtype.primitive_bitwidth
     o_layout: gl.constexpr = _mma_layout(NW, HEAD_DIM_V, 8)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -459,8 +488,13 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     kb_ptr = KB + b * stride_kbb
     if SPLIT_TAIL:
         kb_ptr += kv0
+    q = q_smem.index(CID).reshape([BM, HEAD_DIM])
     if QK_KIND == 2:
         rs = gl.full([BM], 0.0, gl.float32, row_s) + qk_scale
+    elif QUANT_Q:  # QS: the bf16/fp16 Q itself, its (batch, head, token) strides in stride_qs*
+        rs = _quantize_q_rows(QS, stride_qsb, stride_qsh, stride_qsn, b, h, row0, SEQ_Q, q, row_s) * qk_scale
+        if K_BLOCK == 0:
+            rs = rs * gl.load(ks_ptr)
     else:
         qs_ptr = QS + b * stride_qsb + h * stride_qsh
         if Q_BLOCK == 0:
@@ -472,7 +506,6 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
 
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
-    q = q_smem.index(CID).reshape([BM, HEAD_DIM])
     if MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
         l_zero = gl.zeros([BM, 8], gl.float32, _sum_layout(NW))
         l_i = l_zero
@@ -492,7 +525,8 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
         skip = (gl.load(thr_ptr), offs_m >= SEQ_Q, count_ptr + offs_m * 0, count_lane)
     else:
         skip = (0.0, 0.0, 0.0, 0.0)  # unused
-    mbarrier.wait(q_bar, 0)
+    if not QUANT_Q:
+        mbarrier.wait(q_bar, 0)
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
     # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.

@@ -40,6 +40,11 @@ def _sage_fwd_ws(
     scales flattened to 1-D (unit stride on tokens), block ``BLOCK_N / k_block`` (at least 32: 128 bytes), else
     ``None`` (scales by pointer ``KS``).
 
+    Q in bf16/fp16 with int8 K (``Q_BLOCK == 1``): the consumers load their Q rows by pointer from ``QS`` (then
+    the Q itself, with its batch/head/token strides in ``stride_qs*``) and quantize them per token into shared
+    memory (:func:`.consumer._quantize_q_rows`, the numerics of ``qattn::quantize_per_block``); the producer loads
+    no Q and ``q_desc`` only gives the box.
+
     ``SKIP`` (serial schedules, no tail split): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) with
     ``log2 λ`` read from ``SkipThr`` (fp32, one element, on the device: a schedule may change it between calls
     without a new launch configuration); ``SKIP == 2`` also counts the skipped tiles into ``SkipCount`` (int32).
@@ -67,7 +72,11 @@ def _sage_fwd_ws(
     NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
     start_m = pid_m * (NC * BM)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
+    if q_desc.dtype.primitive_bitwidth == k_desc.dtype.primitive_bitwidth:
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
+    else:  # bf16/fp16 Q with int8 K: each consumer writes its Q tile quantized (the int8 layout of the box)
+        q_smem = gl.allocate_shared_memory(k_desc.dtype, [NC] + q_desc.block_type.shape,
+                                           gl.NVMMASharedLayout.get_default_for(q_desc.block_type.shape, k_desc.dtype))
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     if KS_TMA:

@@ -43,10 +43,11 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
                 key_bias: bool = False, skip: bool = False) -> tuple:
     """``(head_dim, Q dtype, q_block, k_block, lse, Sq bucket, Skv bucket, B·Hq bucket[, "bias"][, "skip"])``:
     lengths in powers of 4 from 256 (as triton_sage's autotune key), ``B·Hq`` rounded up to a power of 2; key-bias
-    calls (masks) and Skip-Softmax calls are tuned apart."""
+    calls (masks), Skip-Softmax calls and calls whose Q the kernel quantizes are tuned apart."""
     bsz, hq, sq, d = q.shape
     key = (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), common.seq_bucket(sq),
            common.seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
+    key += ("q_in_kernel",) if common.quantizes_q(q, k) else ()
     return key + (("bias",) if key_bias else ()) + (("skip",) if skip else ())
 
 
@@ -194,7 +195,8 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                 key_bias=None, skip: Optional[tuple] = None) -> LaunchPlan:
     """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
     last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
-    ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view). ``skip``: ``(log2_threshold,
+    ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view). A bf16/fp16 ``q`` with int8 ``k``
+    (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``: ``(log2_threshold,
     count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of skipped tiles
     or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split)."""
     if skip is not None:
@@ -204,8 +206,10 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                              "tiles against their own running max, not the row's); got a tail plan")
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
-    qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
+    quant_q = common.quantizes_q(q, k)  # the consumers read Q itself through QS and quantize it
+    qs = q if quant_q else q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias
     ks = k_scale if k_scale is not None else v_scale
+    q_strides = q.stride()[:3] if quant_q else common.scale_strides(q_scale)
     ks_box = k_scale_box(k_scale, k_block, config.block_n)
     permuted = (permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
                 if config.permk and key_bias is None else None)
@@ -216,7 +220,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
         k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
         qs, ks, v_scale, key_bias if key_bias is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E,
-        *common.scale_strides(q_scale), *common.scale_strides(k_scale), *common.scale_strides(v_scale),
+        *q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
         common.bias_stride(key_bias),
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
@@ -224,7 +228,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
     ]
-    meta = dict(QK_KIND=common.QK_KIND[q.dtype], Q_BLOCK=q_block if q_scale is not None else 0,
+    meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages,
                 CONSUMER_NREG=TRIO_CONSUMER_REGS if config.trio else CONSUMER_REGS,

@@ -39,7 +39,8 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
               RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
               KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
               SPLIT_TAIL: gl.constexpr):
-    """Producer warp: both Q tiles once, then K and V tiles into their rings (:func:`_produce_tile`); the last
+    """Producer warp: the Q tiles once (not when Q is bf16/fp16 with int8 K: the consumers quantize it), then K and V
+    tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
     descs, smem, bars, ptrs, ints, qk_scale, _ = args
     q_desc = descs[0]
@@ -61,9 +62,10 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
-    mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
-    for i in gl.static_range(NC):
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + i * BM, 0], q_bar, q_smem.index(i))
+    if q_desc.dtype.primitive_bitwidth == descs[1].dtype.primitive_bitwidth:  # (else the consumers quantize Q)
+        mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
+        for i in gl.static_range(NC):
+            tma.async_copy_global_to_shared(q_desc, [b, h, start_m + i * BM, 0], q_bar, q_smem.index(i))
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     for j in range(n_tiles - 1):
         _produce_tile(j, descs, smem, bars, coords, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK)
