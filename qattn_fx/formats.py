@@ -6,9 +6,12 @@ adapters' layout packers all call them; nothing else re-implements a rounding ru
 
 Conventions (all tensors are logical ``(B, H, S, D)`` unless stated):
 
-* **Scaled int8 / fp8 e4m3** (Sage, cuDNN FP8, FA3 FP8): ``x ≈ data * scale``. ``scale = amax / qmax`` with
-  qmax 127 (int8) or 448 (e4m3), fp32. int8 rounds half to even and saturates at ±127; e4m3 saturates at ±448 and
-  rounds to nearest even. A block whose amax is 0 gets scale 0 and data 0.
+* **Scaled int8 / fp8 e4m3** (Sage, cuDNN FP8, FA3 FP8): ``x ≈ data * scale``. ``scale = amax · fp32(1/qmax)``
+  with qmax 127 (int8) or 448 (e4m3), fp32, one rounded multiply (:func:`amax_to_scale`: torch's CUDA division by a
+  scalar is that multiply while its CPU one divides, so the definition names the multiply: every device, Inductor
+  and the kernels that quantize Q themselves give the same scale). ``data = x · (1/scale)`` (the IEEE reciprocal,
+  then one rounded multiply: :func:`cast_scaled`) in int8 rounds half to even and saturates at ±127; e4m3 saturates at ±448 and rounds to nearest even. A block whose amax
+  is 0 gets scale 0 and data 0.
 * **MXFP8** (OCP MX, cuDNN/TE convention): 32 elements share an E8M0 scale ``2^e`` with
   ``e = ceil(log2(amax · fp32(1/448)))`` (round *up*, so no element overflows), byte ``e + 127``; amax 0 gives byte
   0. Data ``e4m3(clamp(x · 2^-e, ±448))``. Scales are stored as ``torch.float8_e8m0fnu`` (one byte).
@@ -40,6 +43,16 @@ def torch_dtype(name: str) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         raise ValueError(f"dtype={name!r} is not a scaled 8-bit format; valid: {', '.join(_DTYPES)}") from None
+
+
+def inv_qmax(dtype: torch.dtype) -> float:
+    """``1 / qmax(dtype)`` (a Python float; torch applies it as fp32, ``fp32(1/qmax)``)."""
+    return 1.0 / qmax(dtype)
+
+
+def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 scale of a block whose largest magnitude is ``amax``: ``amax · fp32(1/qmax)``."""
+    return amax.float() * inv_qmax(dtype)
 
 
 def qmax(dtype: torch.dtype) -> float:
@@ -93,23 +106,25 @@ def take_first(x: torch.Tensor, axis: int, n) -> torch.Tensor:
 
 
 def cast_scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x / scale`` rounded and saturated into ``dtype``; ``scale`` broadcasts against ``x``; 0 scale → 0."""
-    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    y = x.float() / safe
+    """``x · (1 / scale)`` rounded and saturated into ``dtype``: the IEEE reciprocal of each scale, then one rounded
+    multiply per element (what a kernel computes once per row and applies cheaply); ``scale`` broadcasts against
+    ``x``; 0 scale → 0."""
+    inverse = torch.reciprocal(torch.where(scale == 0, torch.ones_like(scale), scale))
+    y = x.float() * inverse
     limit = qmax(dtype)
     if dtype == torch.int8:
         return y.round().clamp(-limit, limit).to(torch.int8)
     return y.clamp(-limit, limit).to(dtype)
 
 
-def seq_block_amax(x: torch.Tensor, block: int, divisor: float = 1.0) -> torch.Tensor:
-    """Amax of ``x (B,H,S,D)`` over blocks of ``block`` tokens and all channels, divided by ``divisor``
+def seq_block_amax(x: torch.Tensor, block: int, multiplier: float = 1.0) -> torch.Tensor:
+    """Amax of ``x (B,H,S,D)`` over blocks of ``block`` tokens and all channels, times ``multiplier`` (in fp32)
     → ``(B, H, ceil(S/block))``.
 
-    The division is applied per element before the reduction (the same fp32 result: rounding is monotonic), so no
+    The product is taken per element before the reduction (the same fp32 result: rounding is monotonic), so no
     elementwise op touches the block axis, whose symbolic length may be 1 (a broadcast there would guard on it).
     """
-    a = pad_to_multiple(x.abs().float() / divisor, -2, block)
+    a = pad_to_multiple(x.abs().float() * multiplier, -2, block)
     return a.unflatten(-2, (a.shape[-2] // block, block)).amax(dim=(-2, -1))  # splitting S is a view in any layout
 
 

@@ -200,7 +200,7 @@ def test_per_block_partial_last_block(s, block, dtype):
     assert (scale[:, :, nb:] == 0).all()
     for i in range(nb):
         tokens = x[:, :, i * block:(i + 1) * block]
-        expected = tokens.abs().amax(dim=(-1, -2)) / formats.qmax(dtype)
+        expected = tokens.abs().amax(dim=(-1, -2)) * formats.inv_qmax(dtype)  # amax · fp32(1/qmax)
         torch.testing.assert_close(scale[:, :, i], expected, rtol=0, atol=0)
     # the largest element of each block lands on qmax exactly
     back = data.float().abs().reshape(2, 3, -1).amax(-1)
@@ -212,12 +212,12 @@ def test_scope_shapes_and_values(d):
     x = torch.randn(2, 3, 20, d) * torch.tensor([1.0, 4.0, 0.25]).reshape(1, 3, 1, 1)
     data, scale = ops.quantize_per_head(x, F8)
     assert data.shape == x.shape and scale.shape == (1, 3, 1)
-    torch.testing.assert_close(scale.flatten(), x.abs().amax(dim=(0, 2, 3)) / 448, rtol=0, atol=0)
+    torch.testing.assert_close(scale.flatten(), x.abs().amax(dim=(0, 2, 3)) * (1 / 448), rtol=0, atol=0)
     data, scale = ops.quantize_per_tensor(x, I8)
     assert scale.shape == (1, 1, 1) and scale.item() == pytest.approx(x.abs().max().item() / 127, rel=1e-7)
     data, scale = ops.quantize_per_channel(x, F8)
     assert scale.shape == (2, 3, d)
-    torch.testing.assert_close(scale, x.abs().amax(dim=2) / 448, rtol=0, atol=0)
+    torch.testing.assert_close(scale, x.abs().amax(dim=2) * (1 / 448), rtol=0, atol=0)
     err = (data.double() * scale.unsqueeze(2).double() - x.double()).abs()
     assert (err <= e4m3_half_step(x.double() / scale.unsqueeze(2).double()) * scale.unsqueeze(2) * 1.0001).all()
 
@@ -500,3 +500,14 @@ def test_quantize_property(b, h, sq, skv, d, block, layout, dtype, magnitude, se
         assert ((back - xd).abs() <= _nvfp4_bound(x.float(), sf, gs) + 1e-30).all()
         # the input is untouched
         assert torch.equal(x, before) and x.stride() == before.stride()
+
+
+def test_int8_data_is_x_times_the_ieee_reciprocal_of_the_scale():
+    """The definition a kernel that quantizes Q itself reproduces bit for bit (gluon_sage: one reciprocal per row,
+    one multiply per element): scale = amax · fp32(1/127), data = round_half_even(x · (1/scale)), saturated."""
+    x = torch.randn(1, 2, 300, 128).bfloat16()
+    data, scale = ops.quantize_per_block(x, 1, I8)
+    amax = x.float().abs().amax(-1)
+    assert torch.equal(scale[..., :300], amax * torch.tensor(1 / 127, dtype=torch.float32))
+    expected = (x.float() * torch.reciprocal(scale[..., :300, None])).round().clamp(-127, 127).to(I8)
+    assert torch.equal(data, expected)

@@ -45,7 +45,11 @@ LN2 = math.log(2.0)
 INT8_ACC_OFFSET = 12582912.0
 INT8_ACC_BITS = 0x4B400000
 
+#: fp32(1/127): the int8 scale is ``amax · fp32(1/127)`` (:func:`qattn_fx.formats.amax_to_scale`), for the kernels
+#: that quantize Q themselves.
+INV_127 = float(torch.tensor(1.0 / 127.0, dtype=torch.float32))
 C_LOG2E = _constexpr(LOG2E)
+C_INV_127 = _constexpr(INV_127)
 C_LOG2_448 = _constexpr(LOG2_448)
 C_LN2 = _constexpr(LN2)
 C_INT8_ACC_OFFSET = _constexpr(INT8_ACC_OFFSET)

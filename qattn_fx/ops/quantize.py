@@ -92,7 +92,7 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
     _check_8bit(dtype)
     if block < 1:
         raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
-    scale = formats.seq_block_amax(x, block, formats.qmax(dtype))
+    scale = formats.seq_block_amax(x, block, formats.inv_qmax(dtype))
     data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
     # each head's row padded to 4 fp32 (16 bytes), so every head's scales start where a TMA load can (75600 tokens
     # in groups of 16 give 4725 scales per head; the row holds 4728, the last 3 zero and never read)
@@ -102,7 +102,7 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
 def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
     _check_4d("quantize_per_head", x)
     _check_8bit(dtype)
-    scale = x.abs().float().amax(dim=(0, 2, 3)).reshape(1, -1, 1) / formats.qmax(dtype)
+    scale = formats.amax_to_scale(x.abs().float().amax(dim=(0, 2, 3)).reshape(1, -1, 1), dtype)
     data = formats.cast_scaled(x, scale.unsqueeze(-1), dtype)
     return _layout(data, seq_major), scale
 
@@ -110,7 +110,7 @@ def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = Fal
 def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
     _check_4d("quantize_per_tensor", x)
     _check_8bit(dtype)
-    scale = x.abs().float().amax().reshape(1, 1, 1) / formats.qmax(dtype)
+    scale = formats.amax_to_scale(x.abs().float().amax().reshape(1, 1, 1), dtype)
     data = formats.cast_scaled(x, scale.unsqueeze(-1), dtype)
     return _layout(data, seq_major), scale
 
@@ -118,7 +118,7 @@ def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = F
 def quantize_per_channel(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
     _check_4d("quantize_per_channel", x)
     _check_8bit(dtype)
-    scale = x.abs().float().amax(dim=-2) / formats.qmax(dtype)
+    scale = formats.amax_to_scale(x.abs().float().amax(dim=-2), dtype)
     data = formats.cast_scaled(x, scale.unsqueeze(-2), dtype)
     return _layout(data, seq_major), scale
 

@@ -9,7 +9,7 @@ two schedules' steps (:func:`_softmax_pv`, :func:`_ahead_step`). The algebra's c
 
 from ._gluon import (async_copy, constexpr_function, fence_async_shared, gl, jit, mbarrier, warpgroup_mma,
                      warpgroup_mma_wait)
-from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_LN2, C_LOG2_448, C_LOG2E
+from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127, C_LN2, C_LOG2_448, C_LOG2E
 
 
 @constexpr_function
@@ -238,9 +238,9 @@ def _fill_ones(ones_smem):
 @jit
 def _quantize_q_rows(q_ptr, stride_b, stride_h, stride_s, b, h, row0, SEQ_Q, q_tile, ROW_LAYOUT: gl.constexpr):
     """Rows ``row0 + [0, BM)`` of head ``(b, h)`` of a bf16/fp16 Q quantized to int8 per token, exactly as
-    ``qattn::quantize_per_block(q, 1, int8)``: scale ``= max|x| / 127`` (IEEE division, the value of the
-    reference's ``max(|x| / 127)``: rounding is monotonic), data ``= x / scale`` (IEEE division; a zero scale
-    divides by 1) rounded to nearest even and saturated to ±127; rows past ``SEQ_Q`` are zeros. The data goes to
+    ``qattn::quantize_per_block(q, 1, int8)`` (:mod:`qattn_fx.formats`): scale ``= max|x| · fp32(1/127)`` (one
+    rounded multiply), data ``= x · (1 / scale)`` (the IEEE reciprocal per row, then one multiply per element; a
+    zero scale counts as 1) rounded to nearest even and saturated to ±127; rows past ``SEQ_Q`` are zeros. The data goes to
     ``q_tile`` (this warpgroup's ``(BM, D)`` wgmma A operand in shared memory), fenced for the async proxy; returns
     the scales in ``ROW_LAYOUT``. Once per CTA, while the producer's first K/V tiles are in flight."""
     BM: gl.constexpr = q_tile.type.shape[0]
@@ -252,9 +252,9 @@ def _quantize_q_rows(q_ptr, stride_b, stride_h, stride_s, b, h, row0, SEQ_Q, q_t
     x = gl.load(base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :], mask=(rows < SEQ_Q)[:, None],
                 other=0.0).to(gl.float32)
     amax = gl.max(gl.abs(x), axis=1)
-    scale = gl.div_rn(amax, gl.full_like(amax, 127.0))
-    safe = gl.where(scale == 0.0, 1.0, scale)
-    y = gl.div_rn(x, safe[:, None])
+    scale = amax * C_INV_127
+    inverse = gl.div_rn(gl.full_like(scale, 1.0), gl.where(scale == 0.0, 1.0, scale))
+    y = x * inverse[:, None]
     y = gl.minimum(gl.maximum(y, -127.0), 127.0)
     # |y| <= 127 < 2^22: adding and taking away 1.5·2^23 rounds to an integer, ties to even (torch.round)
     q_tile.store(((y + C_INT8_ACC_OFFSET) - C_INT8_ACC_OFFSET).to(gl.int8))

@@ -7,7 +7,7 @@ Implements ``qattn::scaled_attention`` with exactly the numerics of
   scale per ``q_block`` / ``k_block`` tokens (``NB = ceil(S / block)``), or ``block == 0``: one scale per head
   ``(1, H, 1)`` or per tensor ``(1, 1, 1)``. Or bf16/fp16 Q/K with ``q_scale = k_scale = None`` (QK16PV8).
   Any strides with unit stride on D (BSHD views and BHSD both; nothing is copied). Scales must be >= 0
-  (they are ``amax / qmax``); size-1 scale dims broadcast.
+  (they are ``amax · fp32(1/qmax)``); size-1 scale dims broadcast.
 * ``v (B, Hkv, Skv, Dv)``: float8_e4m3fn, sequence-major (``stride(-2) == 1``, physically ``(B, H, Dv, S)``, what
   the quantize node writes for this kernel and what Hopper's FP8 wgmma wants for its B operand) or D-major
   (``stride(-1) == 1``, accepted; P·V then runs as an exact fp16 MMA, slower). ``v_scale (B|1, Hkv|1, Dv|1)``.
