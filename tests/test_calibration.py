@@ -252,8 +252,8 @@ def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule
             assert row.speed_source == "cost data (H200 2026-12-01)"
         if not quantized:
             assert all(s.reason.startswith("dense is faster: the fastest candidate inside the budget, int8-1-16-1, "
-                                           "is predicted at most 0.89x of dense") for s in result.sites)
-            assert "<=0.89x" in str(result.table)
+                                           "is predicted at most 0.66x of dense") for s in result.sites)
+            assert "<=0.66x" in str(result.table)
 
 
 def test_a_speed_source_that_returns_nonsense_is_named():
