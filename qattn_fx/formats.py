@@ -10,8 +10,8 @@ Conventions (all tensors are logical ``(B, H, S, D)`` unless stated):
   with qmax 127 (int8) or 448 (e4m3), fp32, one rounded multiply (:func:`amax_to_scale`: torch's CUDA division by a
   scalar is that multiply while its CPU one divides, so the definition names the multiply: every device, Inductor
   and the kernels that quantize Q themselves give the same scale). ``data = x · (1/scale)`` (the IEEE reciprocal,
-  then one rounded multiply: :func:`cast_scaled`) in int8 rounds half to even and saturates at ±127; e4m3 saturates at ±448 and rounds to nearest even. A block whose amax
-  is 0 gets scale 0 and data 0.
+  then one rounded multiply: :func:`cast_scaled`) in int8 rounds half to even and saturates at ±127; e4m3
+  saturates at ±448 and rounds to nearest even. A block whose amax is 0 gets scale 0 and data 0.
 * **MXFP8** (OCP MX, cuDNN/TE convention): 32 elements share an E8M0 scale ``2^e`` with
   ``e = ceil(log2(amax · fp32(1/448)))`` (round *up*, so no element overflows), byte ``e + 127``; amax 0 gives byte
   0. Data ``e4m3(clamp(x · 2^-e, ±448))``. Scales are stored as ``torch.float8_e8m0fnu`` (one byte).

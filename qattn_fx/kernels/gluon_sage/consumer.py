@@ -240,9 +240,9 @@ def _quantize_q_rows(q_ptr, stride_b, stride_h, stride_s, b, h, row0, SEQ_Q, q_t
     """Rows ``row0 + [0, BM)`` of head ``(b, h)`` of a bf16/fp16 Q quantized to int8 per token, exactly as
     ``qattn::quantize_per_block(q, 1, int8)`` (:mod:`qattn_fx.formats`): scale ``= max|x| · fp32(1/127)`` (one
     rounded multiply), data ``= x · (1 / scale)`` (the IEEE reciprocal per row, then one multiply per element; a
-    zero scale counts as 1) rounded to nearest even and saturated to ±127; rows past ``SEQ_Q`` are zeros. The data goes to
-    ``q_tile`` (this warpgroup's ``(BM, D)`` wgmma A operand in shared memory), fenced for the async proxy; returns
-    the scales in ``ROW_LAYOUT``. Once per CTA, while the producer's first K/V tiles are in flight."""
+    zero scale counts as 1) rounded to nearest even and saturated to ±127; rows past ``SEQ_Q`` are zeros. The data
+    goes to ``q_tile`` (this warpgroup's ``(BM, D)`` wgmma A operand in shared memory), fenced for the async proxy;
+    returns the scales in ``ROW_LAYOUT``. Once per CTA, while the producer's first K/V tiles are in flight."""
     BM: gl.constexpr = q_tile.type.shape[0]
     D: gl.constexpr = q_tile.type.shape[1]
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])  # 16-byte loads, row-major
