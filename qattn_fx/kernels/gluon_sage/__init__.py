@@ -52,9 +52,10 @@ sequence-major (``stride(-2) == 1``, the quantize node's layout, rows padded to 
 fp32 scales as for triton_sage; or a bf16/fp16 Q (``q_scale=None``, ``q_block`` 1) beside an int8 K, which the
 consumers quantize per token themselves (``KernelInfo.quantizes_q``: the lowering passes Q so for int8 recipes and
 the graph has no Q pass; bit-identical to ``qattn::quantize_per_block``). GQA through ``Hq = g · Hkv``. Optional
-``key_bias`` fp32 ``(B|1, Skv)`` (masks): each tile's bias is loaded at use and added to the logits, whose max is then taken over ``t·rs + bias`` (a row
-with every key masked gives 0); such launches read K in key order (no ``permk``) and are tuned over
-:data:`KEY_ORDER_TUNED_CONFIGS`. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
+``key_bias`` fp32 ``(B|1, Skv)`` (masks): each tile's bias is loaded at use and added to the logits, whose max is
+then taken over ``t·rs + bias`` (a row with every key masked gives 0); such launches read K in key order (no
+``permk``) and are tuned over :data:`KEY_ORDER_TUNED_CONFIGS`. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional
+natural-log LSE ``(B, Hq, Sq)``.
 
 Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing), :mod:`.consumer` and
 :mod:`.producer` (the partitions), :mod:`.kernel` (``_sage_fwd_ws``: shared memory, barriers, warp
