@@ -60,8 +60,10 @@ def hopper_graph(spec: Spec) -> str:
     block = AttentionBlock(dim=256).eval().to(torch.bfloat16)
     hardware = qattn_fx.Hardware.for_arch("sm_90", {"triton": "3.6.0"})
     backend = qattn_fx.backend(spec, hardware=hardware, compiler="eager")
+    torch._dynamo.reset()  # (static shapes whatever ran before: no automatic-dynamic sizes from other tests)
     with torch.no_grad(), pytest.raises(RuntimeError, match="gluon_sage: needs an sm_90"):
-        torch.compile(block, backend=backend, fullgraph=True)(torch.randn(1, 8, 256, dtype=torch.bfloat16))
+        torch.compile(block, backend=backend, fullgraph=True, dynamic=False)(
+            torch.randn(1, 8, 256, dtype=torch.bfloat16))
     assert len(backend.graph_modules) == 1
     return format_graph(backend.graph_modules[0])
 

@@ -141,6 +141,11 @@ def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
     return functools.partial(fn, **extra) if extra else fn
 
 
+def _q_for_the_kernel(q: torch.Tensor, q_scale: Optional[torch.Tensor], k: torch.Tensor) -> bool:
+    """A bf16/fp16 ``q`` without scales beside an int8 ``k``: the kernel is to quantize Q itself."""
+    return q_scale is None and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == torch.int8
+
+
 def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias=None) -> None:
     _check_4d(q, k, v)
     _check_heads(q, k, v, v.shape[2], padded_v=True)
@@ -152,7 +157,7 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             _fail(f"{name} needs a unit stride on D (the last dim); got strides {t.stride()}")
     scaled = (("q", q, q_scale, q_block), ("k", k, k_scale, k_block))
-    if q_scale is None and k_scale is not None and q.dtype in _FLOAT[:2] and k.dtype == torch.int8:
+    if _q_for_the_kernel(q, q_scale, k) and k_scale is not None:
         if q_block < 1:  # the kernel quantizes Q (_check_q_in_kernel)
             _fail(f"q_block={q_block} is invalid for a {q.dtype} q with int8 k (Q quantized in the kernel); "
                   "valid: >= 1 (tokens per Q scale)")
@@ -186,7 +191,7 @@ def _check_q_in_kernel(kernel: str, q: torch.Tensor, q_scale: Optional[torch.Ten
                        q_block: int) -> None:
     """A bf16/fp16 ``q`` with int8 ``k`` (``q_scale=None``) is quantized by the kernel: only kernels whose
     :class:`~qattn_fx.kernels.KernelInfo` lists ``q_block`` in ``quantizes_q`` take it."""
-    if q_scale is None and q.dtype in _FLOAT[:2] and k.dtype == torch.int8:
+    if _q_for_the_kernel(q, q_scale, k):
         blocks = kernels.info(kernel).quantizes_q
         if q_block not in blocks:
             _fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself at q_block={q_block} "
