@@ -32,7 +32,8 @@ listed as skipped with the reason:
 
 Every qattn_fx method is measured twice: (a) **kernel** — the attention op alone on pre-quantized inputs (captured by
 running ``qattn_fx.ops.quantized_attention`` with an emitter that executes the quantize ops and returns the attention
-op's arguments); (b) **total** — ``torch.compile(fullgraph=True)`` of a function calling
+op's arguments; a kernel that quantizes Q itself, ``KernelInfo.quantizes_q``, gets the bf16 Q, so its kernel time
+includes that quantization); (b) **total** — ``torch.compile(fullgraph=True)`` of a function calling
 ``qattn_fx.ops.quantized_attention``, so smooth-K and the quantize nodes are fused by Inductor (compile time is
 reported, not timed).
 
