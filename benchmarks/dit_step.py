@@ -81,9 +81,12 @@ VARIANTS = {
 }
 MODES = ("default", "reduce-overhead")
 #: ``--profile``'s kernel classes: the first whose pattern matches a CUDA kernel's name (case-insensitive) wins.
+#: Inductor's kernels (``triton_...``) carry the names of the ops they fuse, attention's among them when they
+#: prepare its inputs, so they are never "attention"; those with a reduction or rounding of the quantize ops are
+#: "quantize" (K's smoothing: a mean and a subtraction; a per-block scale's expansion: an ``index_select``).
 KERNEL_CLASSES = (
-    ("attention", r"_sage_fwd|_attn_fwd|fmha|flash|sdpa|cudnn|attention|merge_tail"),
-    ("quantize", r"quantize|smooth|amax|cast_scaled|key_bias|lse_shift"),
+    ("attention", r"^(?!triton_).*(_sage_fwd|_attn_fwd|fmha|flash|sdpa|cudnn|attention|merge)"),
+    ("quantize", r"^triton_.*(quantize|smooth|amax|round|index_select|key_bias|lse_shift|mean_.*sub)"),
     ("gemm", r"gemm|nvjet|xmma|cutlass|sm90_|wgmma"),
     ("other", r""),
 )

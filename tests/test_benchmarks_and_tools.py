@@ -111,7 +111,16 @@ def test_dit_step_profile_classes():
              "attention", "triton_red_fused_quantize_per_block_0": "quantize",
              "triton_poi_fused_smooth_k_1": "quantize", "nvjet_tst_192x192_64x4_2x1_v_bz_TNN": "gemm",
              "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "gemm",
-             "triton_poi_fused_add_mul_native_layer_norm_3": "other"}
+             "triton_poi_fused_add_mul_native_layer_norm_3": "other",
+             # Inductor kernels around the ops, as the H200's profiler named them in a Flux and a Wan step
+             "triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention__to_copy_add_mul_neg_permute_st":
+             "other",
+             "triton_red_fused__to_copy_abs_add_amax_arange_clamp_constant_pad_nd_copy_div_eq_floor_divide_index_s":
+             "quantize",
+             "triton_red_fused__to_copy_add_copy_mean_permute_slice_sub_7": "quantize",
+             "triton_red_fused__fused_rms_norm_view_5": "other",
+             "triton_red_fused__fused_rms_norm__to_copy_add_arange_clamp_clone_eq_floor_divide_index_select_mean_m":
+             "quantize"}
     assert {n: dit_step.kernel_class(n) for n in names} == names
 
 
