@@ -136,6 +136,12 @@ def names_with(ability: str) -> str:
     return ", ".join(n for n, i in KERNELS.items() if getattr(i, ability))
 
 
+def q_quantized_in_kernel(q_dtype: torch.dtype, k_dtype: torch.dtype) -> bool:
+    """The form of ``scaled_attention`` call whose Q the kernel quantizes itself (:attr:`KernelInfo.quantizes_q`): a
+    bf16/fp16 Q (no scales) beside an int8 K."""
+    return q_dtype in (torch.bfloat16, torch.float16) and k_dtype == torch.int8
+
+
 def requirements(name: str, qk_dtype: str | None = None) -> tuple[Requirements, ...]:
     """Kernel ``name``'s targets (those that run Q/K format ``qk_dtype``, when given)."""
     return tuple(r for r in info(name).requirements if qk_dtype is None or r.qk_dtypes is None

@@ -21,8 +21,9 @@ from typing import ClassVar, Iterator, Optional
 
 import torch
 
-from .. import config
+from .. import config, formats
 from . import info as _kernel_info
+from . import q_quantized_in_kernel
 from . import requirements as _requirements_of
 
 try:  # the kernels' source needs triton; the host side below does not
@@ -47,7 +48,7 @@ INT8_ACC_BITS = 0x4B400000
 
 #: fp32(1/127): the int8 scale is ``amax · fp32(1/127)`` (:func:`qattn_fx.formats.amax_to_scale`), for the kernels
 #: that quantize Q themselves.
-INV_127 = float(torch.tensor(1.0 / 127.0, dtype=torch.float32))
+INV_127 = float(torch.tensor(formats.inv_qmax(torch.int8), dtype=torch.float32))
 C_LOG2E = _constexpr(LOG2E)
 C_INV_127 = _constexpr(INV_127)
 C_LOG2_448 = _constexpr(LOG2_448)
@@ -163,7 +164,7 @@ def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
                          f"{', '.join(map(str, dims))}")
     if q.dtype not in QK_KIND:
         raise ValueError(f"{kernel}: q/k dtype {q.dtype} is invalid; valid: int8, float8_e4m3fn, bfloat16, float16")
-    if quantizes_q(q, k):
+    if q_quantized_in_kernel(q.dtype, k.dtype):
         blocks = _kernel_info(kernel).quantizes_q
         if q_block not in blocks:
             valid = f"q_block in {blocks}" if blocks else "int8 q with q_scale (no Q quantization in this kernel)"
@@ -193,11 +194,6 @@ def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
                          f"{key_bias.dtype} {tuple(key_bias.shape)} strides {key_bias.stride()}")
     if q_block < 0 or k_block < 0:
         raise ValueError(f"{kernel}: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
-
-
-def quantizes_q(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """A bf16/fp16 Q with an int8 K: the kernel quantizes Q itself (``KernelInfo.quantizes_q``)."""
-    return q.dtype in (torch.bfloat16, torch.float16) and k.dtype == torch.int8
 
 
 def seq_major(v: torch.Tensor) -> bool:

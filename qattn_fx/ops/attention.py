@@ -141,12 +141,11 @@ def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
     return functools.partial(fn, **extra) if extra else fn
 
 
-def _q_for_the_kernel(q: torch.Tensor, q_scale: Optional[torch.Tensor], k: torch.Tensor) -> bool:
-    """A bf16/fp16 ``q`` without scales beside an int8 ``k``: the kernel is to quantize Q itself."""
-    return q_scale is None and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == torch.int8
-
-
-def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias=None) -> None:
+def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, kernel,
+                        key_bias=None) -> None:
+    """``ValueError`` naming the argument for inputs ``qattn::scaled_attention`` cannot take on ``kernel`` (a bf16/fp16
+    ``q`` beside an int8 ``k``: only kernels whose :class:`~qattn_fx.kernels.KernelInfo` lists ``q_block`` in
+    ``quantizes_q``)."""
     _check_4d(q, k, v)
     _check_heads(q, k, v, v.shape[2], padded_v=True)
     check_key_bias(key_bias, k)
@@ -157,8 +156,9 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             _fail(f"{name} needs a unit stride on D (the last dim); got strides {t.stride()}")
     scaled = (("q", q, q_scale, q_block), ("k", k, k_scale, k_block))
-    if _q_for_the_kernel(q, q_scale, k) and k_scale is not None:
-        if q_block < 1:  # the kernel quantizes Q (_check_q_in_kernel)
+    q_in_kernel = q_scale is None and k_scale is not None and kernels.q_quantized_in_kernel(q.dtype, k.dtype)
+    if q_in_kernel:
+        if q_block < 1:
             _fail(f"q_block={q_block} is invalid for a {q.dtype} q with int8 k (Q quantized in the kernel); "
                   "valid: >= 1 (tokens per Q scale)")
         scaled = scaled[1:]
@@ -185,18 +185,11 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
     _check_scale("v_scale", v_scale, (v.shape[0], v.shape[1], v.shape[3]), "(B|1, H|1, Dv|1)")
     if v.stride(-1) != 1 and v.stride(-2) != 1:
         _fail(f"v needs a unit stride on D or on S; got strides {v.stride()}")
-
-
-def _check_q_in_kernel(kernel: str, q: torch.Tensor, q_scale: Optional[torch.Tensor], k: torch.Tensor,
-                       q_block: int) -> None:
-    """A bf16/fp16 ``q`` with int8 ``k`` (``q_scale=None``) is quantized by the kernel: only kernels whose
-    :class:`~qattn_fx.kernels.KernelInfo` lists ``q_block`` in ``quantizes_q`` take it."""
-    if _q_for_the_kernel(q, q_scale, k):
-        blocks = kernels.info(kernel).quantizes_q
-        if q_block not in blocks:
-            _fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself at q_block={q_block} "
-                  f"({'q_block in ' + str(blocks) if blocks else 'no q_block'}); pass int8 q with q_scale, or use "
-                  f"a kernel that does: {kernels.names_with('quantizes_q')}")
+    blocks = kernels.info(kernel).quantizes_q if q_in_kernel else ()
+    if q_in_kernel and q_block not in blocks:
+        _fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself at q_block={q_block} "
+              f"({'q_block in ' + str(blocks) if blocks else 'no q_block'}); pass int8 q with q_scale, or use "
+              f"a kernel that does: {kernels.names_with('quantizes_q')}")
 
 
 def _fake_out(q: torch.Tensor, sq: int, dv: int, out_dtype: torch.dtype) -> torch.Tensor:
@@ -221,8 +214,7 @@ def scaled_attention(
     skip_threshold: Optional[torch.Tensor] = None,
     skip_label: str = "",
 ) -> torch.Tensor:
-    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
-    _check_q_in_kernel(kernel, q, q_scale, k, q_block)
+    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, kernel, key_bias)
     fn = _kernel_call(kernel, "scaled", key_bias, skip_threshold, skip_label)
     return fn(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale), out_dtype)
 
@@ -249,8 +241,7 @@ def scaled_attention_lse(
     key_bias: Optional[torch.Tensor] = None,
     runtime_scale: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, key_bias)
-    _check_q_in_kernel(kernel, q, q_scale, k, q_block)
+    check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, kernel, key_bias)
     if not kernels.info(kernel).lse:
         _fail(f"kernel {kernel!r} returns no LSE; kernels that do: "
               f"{kernels.names_with('lse')}")

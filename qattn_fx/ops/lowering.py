@@ -59,8 +59,8 @@ def _quantize_qk(emit: Emitter, x: Any, recipe: Recipe, block: int, role: str) -
 def _q_in_kernel(recipe: Recipe, entry: kernels.KernelInfo, q_dtype: torch.dtype) -> bool:
     """The kernel takes the bf16/fp16 Q and quantizes it itself (``KernelInfo.quantizes_q``): an int8 recipe whose
     ``q_block_size`` the kernel quantizes, no Q pass in the graph."""
-    return (recipe.qk_dtype == "int8" and recipe.q_block_size in entry.quantizes_q
-            and q_dtype in (torch.bfloat16, torch.float16))
+    return (recipe.qk_dtype in ("int8", "fp8") and recipe.q_block_size in entry.quantizes_q
+            and kernels.q_quantized_in_kernel(q_dtype, formats.torch_dtype(recipe.qk_dtype)))
 
 
 def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool) -> tuple[Any, Any, Any]:

@@ -1,6 +1,6 @@
 """The Gluon imports of gluon_sage's kernel source (optional: the package imports without a Gluon-capable Triton, and
-:func:`..launch.attention` then raises naming what is missing), and the decorators that fall back to plain
-functions without it."""
+:func:`..launch.attention` then raises naming what is missing), the decorators that fall back to plain
+functions without it, and the compile-time rules the kernel and both partitions share."""
 
 from typing import Optional
 
@@ -26,3 +26,10 @@ def jit(fn):
 
 def constexpr_function(fn):
     return gluon.constexpr_function(fn) if gluon is not None else fn
+
+
+@constexpr_function
+def quantizes_q(q_dtype, k_dtype):
+    """Q's descriptor is bf16/fp16 beside an 8-bit K (the host passes that form only with an int8 K,
+    ``qattn_fx.kernels.q_quantized_in_kernel``): the consumers quantize Q themselves and the producer loads none."""
+    return q_dtype.primitive_bitwidth != k_dtype.primitive_bitwidth

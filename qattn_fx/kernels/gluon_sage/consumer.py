@@ -7,8 +7,8 @@ two schedules' steps (:func:`_softmax_pv`, :func:`_ahead_step`). The algebra's c
 :mod:`qattn_fx.kernels._sage_common`.
 """
 
-from ._gluon import (async_copy, constexpr_function, fence_async_shared, gl, jit, mbarrier, warpgroup_mma,
-                     warpgroup_mma_wait)
+from ._gluon import (async_copy, constexpr_function, fence_async_shared, gl, jit, mbarrier, quantizes_q,
+                     warpgroup_mma, warpgroup_mma_wait)
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127, C_LN2, C_LOG2_448, C_LOG2E
 
 
@@ -461,8 +461,7 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
     HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[2]
     NW: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = _mma_layout(NW, BLOCK_N, k_desc.dtype.primitive_bitwidth)
-    # bf16/fp16 Q with int8 K: this warpgroup quantizes its Q rows itself (Q_BLOCK == 1; the producer loads no Q)
-    QUANT_Q: gl.constexpr = q_desc.dtype.primitive_bitwidth != k_desc.dtype.primitive_bitwidth
+    QUANT_Q: gl.constexpr = quantizes_q(q_desc.dtype, k_desc.dtype)  # this warpgroup quantizes its Q rows itself
     o_layout: gl.constexpr = _mma_layout(NW, HEAD_DIM_V, 8)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)

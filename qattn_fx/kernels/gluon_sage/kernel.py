@@ -1,7 +1,7 @@
 """gluon_sage's kernel: shared memory and barriers, then the consumer and producer partitions
 (``gl.warp_specialize``)."""
 
-from ._gluon import gl, jit, mbarrier
+from ._gluon import gl, jit, mbarrier, quantizes_q
 from .consumer import _consume
 from .producer import _producer
 
@@ -72,11 +72,11 @@ def _sage_fwd_ws(
     NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
     start_m = pid_m * (NC * BM)
 
-    if q_desc.dtype.primitive_bitwidth == k_desc.dtype.primitive_bitwidth:
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
-    else:  # bf16/fp16 Q with int8 K: each consumer writes its Q tile quantized (the int8 layout of the box)
+    if quantizes_q(q_desc.dtype, k_desc.dtype):  # each consumer writes its Q tile quantized (the box's int8 layout)
         q_smem = gl.allocate_shared_memory(k_desc.dtype, [NC] + q_desc.block_type.shape,
                                            gl.NVMMASharedLayout.get_default_for(q_desc.block_type.shape, k_desc.dtype))
+    else:
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     if KS_TMA:

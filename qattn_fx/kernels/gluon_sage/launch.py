@@ -12,6 +12,7 @@ import torch
 from ... import config as qattn_config
 from ... import skip_softmax
 from .. import _sage_common as common
+from .. import q_quantized_in_kernel
 from .._config_tuner import ConfigTuner
 from .._cuda_utils import empty_bshd
 from . import tail_split
@@ -47,7 +48,7 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
     bsz, hq, sq, d = q.shape
     key = (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), common.seq_bucket(sq),
            common.seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
-    key += ("q_in_kernel",) if common.quantizes_q(q, k) else ()
+    key += ("q_in_kernel",) if q_quantized_in_kernel(q.dtype, k.dtype) else ()
     return key + (("bias",) if key_bias else ()) + (("skip",) if skip else ())
 
 
@@ -206,7 +207,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                              "tiles against their own running max, not the row's); got a tail plan")
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
-    quant_q = common.quantizes_q(q, k)  # the consumers read Q itself through QS and quantize it
+    quant_q = q_quantized_in_kernel(q.dtype, k.dtype)  # the consumers read Q itself through QS and quantize it
     qs = q if quant_q else q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias
     ks = k_scale if k_scale is not None else v_scale
     q_strides = q.stride()[:3] if quant_q else common.scale_strides(q_scale)

@@ -1,6 +1,6 @@
 """gluon_sage's producer warp: the Q tiles once, then K (and its scales) and V tiles into the shared-memory rings."""
 
-from ._gluon import gl, jit, mbarrier, tma
+from ._gluon import gl, jit, mbarrier, quantizes_q, tma
 
 
 @jit
@@ -62,7 +62,7 @@ def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.co
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
-    if q_desc.dtype.primitive_bitwidth == descs[1].dtype.primitive_bitwidth:  # (else the consumers quantize Q)
+    if not quantizes_q(q_desc.dtype, descs[1].dtype):
         mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
         for i in gl.static_range(NC):
             tma.async_copy_global_to_shared(q_desc, [b, h, start_m + i * BM, 0], q_bar, q_smem.index(i))
