@@ -379,7 +379,7 @@ def test_skip_refuses_configs_without_its_schedule_or_tile(config):
                                               ("128,3,mmasum", torch.int8, (1, 4)),
                                               ("128,3,tarrive,mmasum", torch.bfloat16, (0, 0))])
 def test_skip_compiles_without_spills_in_two_consumer_configs(config, qk, blocks):
-    """The test adds a warpgroup-wide min (shared memory, a named barrier of 128 threads) and a branch around the
+    """The test adds a warpgroup-wide min (shared memory, named barriers of 128 threads) and a branch around the
     step; the two-consumer serial configs keep 0 spills with it, counting included."""
     q, qs, k, ks, v, vs, _, _ = _meta_inputs(qk=qk, q_block=max(blocks[0], 1), k_block=max(blocks[1], 1))
     if qk == torch.bfloat16:
@@ -390,6 +390,20 @@ def test_skip_compiles_without_spills_in_two_consumer_configs(config, qk, blocks
         assert re.search(r"bar\.sync\s+\d+,\s*128;", ptx) and ("atom.global" in ptx) == (skip == 2)
         report = ts.ptxas_report(compiled, (9, 0))
         assert report["ptxas_ok"] and report["spill_stores"] == 0, report
+
+
+@pytest.mark.parametrize("config,spill_bound", [("128,3,trio,permk,tarrive,mmasum", 512), ("128,3,permk,mmasum", 0)])
+def test_skip_kernels_hold_the_loop_without_the_test_for_a_zero_threshold(config, spill_bound):
+    """λ = 0 (log2 λ = -inf) can skip nothing, so a Skip-Softmax kernel branches once per warpgroup to the key loop
+    and epilogue without the test (the test costs 11-13 % on the H200): it holds both loops, twice the plain
+    kernel's wgmma, and each branch has its own epilogue, which keeps trio's spills to a few hundred bytes (one join
+    after both loops spilled 1516)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    plain, skip = (gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb, skip=s) for s in (0, 1))
+    count = [c.asm["ptx"].count("wgmma.mma_async") for c in (plain, skip)]
+    assert count[1] == 2 * count[0], count
+    report = ts.ptxas_report(skip, (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] <= spill_bound, report
 
 
 def test_skip_launches_refuse_the_tail_split():

@@ -1,6 +1,7 @@
 """gluon_sage's consumer partition: Q·Kᵀ, the online softmax and P·V per tile, and the epilogue.
 
-Each consumer warpgroup owns 64 query rows (:func:`_consume`); its steps are small functions: K scales
+Each consumer warpgroup owns 64 query rows (:func:`_consume`: the row scales, then :func:`_mainloop` over the key
+tiles and :func:`_epilogue`, FlashAttention-3's split); the loop's steps are small functions: K scales
 (:func:`_tile_k_scales` and the ahead/at-use pair), the key bias (:func:`_key_bias`), the softmax halves
 (:func:`_scale_logits`, :func:`_running_max`, :func:`_exp_sum`), the MMAs (:func:`_qk`, :func:`_pv_issue`) and the
 two schedules' steps (:func:`_softmax_pv`, :func:`_ahead_step`). The algebra's constants come from
@@ -440,13 +441,125 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 
 @jit
-def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-             RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-             KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
-             SPLIT_TAIL: gl.constexpr, HAS_BIAS: gl.constexpr, SKIP: gl.constexpr = 0):
-    """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``; Q·Kᵀ, softmax, P·V per tile; epilogue.
-    ``SKIP`` (serial schedule only): every tile behind Skip-Softmax's test (:func:`_softmax_pv_skip`); 2: counting
-    skipped tiles."""
+def _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
+              col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr):
+    """Every key tile of this warpgroup's rows, Q·Kᵀ through P·V: the ``ahead`` or the serial schedule (``SKIP``:
+    the serial one with Skip-Softmax's test, :func:`_softmax_pv_skip`; 0 even in a Skip-Softmax kernel: the loop
+    without it); ``flags``: the kernel's :class:`~._gluon.KernelFlags`; returns ``(m, l, acc)`` for the epilogue.
+    ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)``; ``loop_args``: ``(q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
+    k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums)``, ``ksrc``, ``kbsrc``, ``skip`` and ``sums`` being the
+    sources of the K scales, the key bias, the test and the ``MMASUM`` sums."""
+    q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
+    QK_KIND: gl.constexpr = flags.QK_KIND
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    AHEAD: gl.constexpr = flags.AHEAD
+    KS_TMA: gl.constexpr = flags.KS_TMA
+    PERMK: gl.constexpr = flags.PERMK
+    TARRIVE: gl.constexpr = flags.TARRIVE
+    MMASUM: gl.constexpr = flags.MMASUM
+    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
+    # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
+    # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
+    # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
+    ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    if AHEAD:
+        s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
+        if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
+            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        for j in range(n_tiles - 1):
+            m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
+                                               v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o,
+                                               col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK,
+                                               TARRIVE, sums, MMASUM, HAS_BIAS)
+    else:
+        for j in range(n_tiles - 1):
+            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
+            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+            if SKIP:
+                m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                                 kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
+                                                 False, False, PERMK, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
+            else:
+                m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                            kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False,
+                                            PERMK, TARRIVE, sums, MMASUM, HAS_BIAS)
+            ks = ks_next
+        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
+    # the last (masked) tile
+    if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
+        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+    if SKIP:
+        m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
+                                         v_ready, kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
+                                         True, True, 0, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
+    else:
+        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                    kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0,
+                                    TARRIVE, sums, MMASUM, HAS_BIAS)
+
+    return m_i, l_i, acc
+
+
+@jit
+def _epilogue(m_i, l_i, acc, epi_args, flags, CID: gl.constexpr, NC: gl.constexpr, o_layout: gl.constexpr,
+              row_s: gl.constexpr, row_o: gl.constexpr):
+    """O = acc · v_scale / l into ``Out`` (the 448s of P and l cancel), the LSE with ``RETURN_LSE``, and a split
+    tail piece's O and LSE into the workspace. ``epi_args``: ``(VS, Out, Lse, OutWs, LseWs, stride_vsb,
+    stride_vsh, stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, b, h, hk, row0, offs_m, m_valid, piece)``."""
+    (VS, Out, Lse, OutWs, LseWs, stride_vsb, stride_vsh, stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, b, h,
+     hk, row0, offs_m, m_valid, piece) = epi_args
+    BM: gl.constexpr = offs_m.shape[0]
+    HEAD_DIM_V: gl.constexpr = acc.shape[1]
+    RETURN_LSE: gl.constexpr = flags.RETURN_LSE
+    MMASUM: gl.constexpr = flags.MMASUM
+    SPLIT_TAIL: gl.constexpr = flags.SPLIT_TAIL
+    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
+    offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+    vs = gl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
+    if MMASUM:  # its 8 columns hold the same sums: take one (max: exact)
+        l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s)
+    if HAS_BIAS:  # a row whose keys are all masked has l = 0 (and acc = 0): its output is 0, as SDPA's
+        inv_l = gl.convert_layout(gl.where(l_i == 0.0, 0.0, 1.0 / gl.where(l_i == 0.0, 1.0, l_i)), row_o)
+    else:
+        inv_l = gl.convert_layout(1.0 / l_i, row_o)
+    out = acc * inv_l[:, None] * vs[None, :]
+    offs_mo = row0 + gl.arange(0, BM, layout=row_o)
+    o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+              + offs_mo.to(gl.int64)[:, None] * stride_os + offs_dv[None, :])
+    o_mask = (offs_mo < SEQ_Q)[:, None]
+    if SPLIT_TAIL:
+        o_mask = o_mask & (piece < 0)  # a piece of a split tail CTA (piece >= 0) writes to the workspace instead
+        m_valid = m_valid & (piece < 0)
+    gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
+    if RETURN_LSE or SPLIT_TAIL:
+        lse = (m_i + gl.log2(l_i) - C_LOG2_448) * C_LN2
+    if RETURN_LSE:
+        gl.store(Lse + (b.to(gl.int64) * H + h) * SEQ_Q + offs_m, lse, mask=m_valid)
+    if SPLIT_TAIL:  # the piece's normalized fp32 O and its LSE, rows CID·64 + [0, 64) of workspace row block piece
+        ws_o = piece.to(gl.int64) * (NC * BM) + CID * BM + gl.arange(0, BM, layout=row_o)
+        gl.store(OutWs + ws_o[:, None] * HEAD_DIM_V + offs_dv[None, :], out, mask=(ws_o >= 0)[:, None])
+        ws_s = piece.to(gl.int64) * (NC * BM) + CID * BM + gl.arange(0, BM, layout=row_s)
+        gl.store(LseWs + ws_s, lse, mask=ws_s >= 0)
+
+
+@jit
+def _consume(args, CID: gl.constexpr, flags):
+    """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``: their row scales (quantizing Q when the
+    kernel does), then :func:`_mainloop` and :func:`_epilogue`. ``flags``: :class:`~._gluon.KernelFlags`; its
+    ``SKIP`` (serial schedules only): every tile behind Skip-Softmax's test (:func:`_softmax_pv_skip`; 2: counting
+    skipped tiles) unless λ is 0."""
+    QK_KIND: gl.constexpr = flags.QK_KIND
+    Q_BLOCK: gl.constexpr = flags.Q_BLOCK
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    MMASUM: gl.constexpr = flags.MMASUM
+    SPLIT_TAIL: gl.constexpr = flags.SPLIT_TAIL
+    SKIP: gl.constexpr = flags.SKIP
     descs, smem, bars, ptrs, ints, qk_scale, skip_src = args
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
@@ -526,73 +639,16 @@ def _consume(args, CID: gl.constexpr, QK_KIND: gl.constexpr, Q_BLOCK: gl.constex
         skip = (0.0, 0.0, 0.0, 0.0)  # unused
     if not QUANT_Q:
         mbarrier.wait(q_bar, 0)
-    # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
-    # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
-    # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
-    ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    if AHEAD:
-        s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-        if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
-            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        for j in range(n_tiles - 1):
-            m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
-                                               v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o,
-                                               col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK,
-                                               TARRIVE, sums, MMASUM, HAS_BIAS)
+    loop_args = (q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums)
+    epi_args = (VS, Out, Lse, OutWs, LseWs, stride_vsb, stride_vsh, stride_vsd, stride_ob, stride_oh, stride_os, H,
+                SEQ_Q, b, h, hk, row0, offs_m, m_valid, piece)
+    NC: gl.constexpr = q_smem.type.shape[0]
+    # Skip-Softmax with λ = 0 (log2 λ = -inf: nothing can be skipped, e.g. the steps before disabled_until_timestep)
+    # runs the loop without the test, which costs 11-13 % (docs/kernel-design.md); each branch has its own epilogue
+    # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
+    if SKIP and skip[0] != float("-inf"):
+        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout, row_o, col_s, grp_layout, SKIP)
+        _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)
     else:
-        for j in range(n_tiles - 1):
-            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
-            if SKIP:
-                m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                                 kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
-                                                 False, False, PERMK, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
-            else:
-                m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                            kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False,
-                                            PERMK, TARRIVE, sums, MMASUM, HAS_BIAS)
-            ks = ks_next
-        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-    # the last (masked) tile
-    if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
-        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
-    if SKIP:
-        m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
-                                         v_ready, kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
-                                         True, True, 0, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
-    else:
-        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                    kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0,
-                                    TARRIVE, sums, MMASUM, HAS_BIAS)
-
-    # ---- epilogue: O = acc · v_scale / l (the 448s of P and l cancel) ---------------------------------------
-    offs_dv = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
-    vs = gl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
-    if MMASUM:  # its 8 columns hold the same sums: take one (max: exact)
-        l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s)
-    if HAS_BIAS:  # a row whose keys are all masked has l = 0 (and acc = 0): its output is 0, as SDPA's
-        inv_l = gl.convert_layout(gl.where(l_i == 0.0, 0.0, 1.0 / gl.where(l_i == 0.0, 1.0, l_i)), row_o)
-    else:
-        inv_l = gl.convert_layout(1.0 / l_i, row_o)
-    out = acc * inv_l[:, None] * vs[None, :]
-    offs_mo = row0 + gl.arange(0, BM, layout=row_o)
-    o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-              + offs_mo.to(gl.int64)[:, None] * stride_os + offs_dv[None, :])
-    o_mask = (offs_mo < SEQ_Q)[:, None]
-    if SPLIT_TAIL:
-        o_mask = o_mask & (piece < 0)  # a piece of a split tail CTA (piece >= 0) writes to the workspace instead
-        m_valid = m_valid & (piece < 0)
-    gl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
-    if RETURN_LSE or SPLIT_TAIL:
-        lse = (m_i + gl.log2(l_i) - C_LOG2_448) * C_LN2
-    if RETURN_LSE:
-        gl.store(Lse + (b.to(gl.int64) * H + h) * SEQ_Q + offs_m, lse, mask=m_valid)
-    if SPLIT_TAIL:  # the piece's normalized fp32 O and its LSE, rows CID·64 + [0, 64) of workspace row block piece
-        NC: gl.constexpr = q_smem.type.shape[0]
-        ws_o = piece.to(gl.int64) * (NC * BM) + CID * BM + gl.arange(0, BM, layout=row_o)
-        gl.store(OutWs + ws_o[:, None] * HEAD_DIM_V + offs_dv[None, :], out, mask=(ws_o >= 0)[:, None])
-        ws_s = piece.to(gl.int64) * (NC * BM) + CID * BM + gl.arange(0, BM, layout=row_s)
-        gl.store(LseWs + ws_s, lse, mask=ws_s >= 0)
+        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout, row_o, col_s, grp_layout, 0)
+        _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)

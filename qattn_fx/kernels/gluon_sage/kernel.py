@@ -1,7 +1,7 @@
 """gluon_sage's kernel: shared memory and barriers, then the consumer and producer partitions
 (``gl.warp_specialize``)."""
 
-from ._gluon import gl, jit, mbarrier, quantizes_q
+from ._gluon import KernelFlags, gl, jit, mbarrier, quantizes_q
 from .consumer import _consume
 from .producer import _producer
 
@@ -108,32 +108,14 @@ def _sage_fwd_ws(
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
              kp_gh, kv0, piece, stride_kbb),
             qk_scale, (SkipThr, SkipCount))
-    # the argument lists are written out per partition: passed inside a tuple, Triton 3.6's Gluon turns the
-    # constexprs into tensors (layout constructors then fail), and JIT code cannot concatenate tuples
+    # every partition takes the constexprs as one aggregate (in a plain tuple Gluon would turn them into tensors)
+    flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
+                        SPLIT_TAIL, HAS_BIAS, SKIP)
     if CONSUMERS == 1:
-        gl.warp_specialize([
-            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
-            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                         TARRIVE, MMASUM, SPLIT_TAIL)),
-        ], [1], [PRODUCER_NREG])
+        gl.warp_specialize([(_consume, (args, 0, flags)), (_producer, (args, flags))], [1], [PRODUCER_NREG])
     elif CONSUMERS == 3:
-        gl.warp_specialize([
-            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
-            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
-            (_consume, (args, 2, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
-            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                         TARRIVE, MMASUM, SPLIT_TAIL)),
-        ], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
+        gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_consume, (args, 2, flags)),
+                            (_producer, (args, flags))], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
-        gl.warp_specialize([
-            (_consume, (args, 0, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
-            (_consume, (args, 1, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                        TARRIVE, MMASUM, SPLIT_TAIL, HAS_BIAS, SKIP)),
-            (_producer, (args, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK,
-                         TARRIVE, MMASUM, SPLIT_TAIL)),
-        ], [4, 1], [CONSUMER_NREG, PRODUCER_NREG])
+        gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_producer, (args, flags))],
+                           [4, 1], [CONSUMER_NREG, PRODUCER_NREG])

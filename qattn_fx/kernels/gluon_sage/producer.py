@@ -35,13 +35,16 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
 
 
 @jit
-def _producer(args, QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr,
-              RETURN_LSE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
-              KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, MMASUM: gl.constexpr,
-              SPLIT_TAIL: gl.constexpr):
+def _producer(args, flags):
     """Producer warp: the Q tiles once (not when Q is bf16/fp16 with int8 K: the consumers quantize it), then K and V
     tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    KS_TMA: gl.constexpr = flags.KS_TMA
+    PERMK: gl.constexpr = flags.PERMK
+    SPLIT_TAIL: gl.constexpr = flags.SPLIT_TAIL
     descs, smem, bars, ptrs, ints, qk_scale, _ = args
     q_desc = descs[0]
     q_smem = smem[0]
