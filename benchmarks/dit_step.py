@@ -2,6 +2,7 @@
 
     python -m benchmarks.dit_step --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
     python -m benchmarks.dit_step --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
+    python -m benchmarks.dit_step --config 14b --resolution 720 --blocks 4 --compile whole  # 75,600 tokens
     python -m benchmarks.dit_step --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
     python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
     python -m benchmarks.dit_step --model flux --compile whole --mode reduce-overhead --steps 8
@@ -9,7 +10,8 @@
 Models (random weights at the published configs, bf16, built on the GPU):
 
 * ``wan``: ``WanTransformer3DModel`` (Wan2.1 ``--config 1.3b`` / ``14b``), 480p latents
-  ``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames, a 512-token text embedding.
+  ``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames (``--resolution 720``: ``90, 160`` → 75,600
+  tokens), a 512-token text embedding.
 * ``hunyuan_video``: ``HunyuanVideoTransformer3DModel`` (HunyuanVideo's config: 24 heads, d128, 20 dual- and 40
   single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` and 256 text tokens of which
   ``--text-tokens`` are valid: its joint attention masks the padding with a ``(B, 1, 1, N)`` key mask.
@@ -104,10 +106,19 @@ class Case:
     header: str
 
 
-def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 81, device: str = "cuda",
-              dims: dict | None = None, **_) -> Case:
-    """Wan2.1 at 480p; ``dims`` overrides entries of the diffusers config (small models for CPU tests)."""
+#: Wan2.1's published frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
+WAN_SIZES = {480: (480, 832), 720: (720, 1280)}
+
+
+def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 81, resolution: int | None = None,
+              device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """Wan2.1 at ``resolution`` (480 by default, or 720: :data:`WAN_SIZES`); ``dims`` overrides entries of the
+    diffusers config (small models for CPU tests)."""
     from diffusers import WanTransformer3DModel
+
+    if (resolution or 480) not in WAN_SIZES:
+        raise ValueError(f"resolution={resolution} is invalid for Wan; valid: {', '.join(map(str, WAN_SIZES))}")
+    height, width = WAN_SIZES[resolution or 480]
 
     cfg = dict(CONFIGS[config])
     if blocks:
@@ -125,14 +136,14 @@ def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 
         return torch.tensor([1000.0 * sigma], device=device)
 
     inputs = dict(
-        hidden_states=torch.randn(1, 16, latent_frames, 60, 104, device=device, dtype=torch.bfloat16),
+        hidden_states=torch.randn(1, 16, latent_frames, height // 8, width // 8, device=device, dtype=torch.bfloat16),
         timestep=timestep(0.5),
         encoder_hidden_states=torch.randn(1, 512, 4096, device=device, dtype=torch.bfloat16),
         return_dict=False,
     )
-    tokens = latent_frames * 30 * 52
+    tokens = latent_frames * (height // 16) * (width // 16)
     header = (f"Wan2.1-{config} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
-              f"d{cfg['attention_head_dim']}), {frames} frames 480p = {tokens} tokens, text 512")
+              f"d{cfg['attention_head_dim']}), {frames} frames {height}p = {tokens} tokens, text 512")
     return Case(model, inputs, timestep, header)
 
 
@@ -175,12 +186,13 @@ def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None 
     return Case(model, inputs, timestep, header)
 
 
-def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, resolution: int = 1024,
+def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, resolution: int | None = None,
                device: str = "cuda", dims: dict | None = None, **_) -> Case:
     """Flux.1-dev at ``resolution`` x ``resolution`` pixels (a multiple of 16) with 512 text tokens, inputs as
     ``FluxPipeline`` makes them (packed 2 x 2 latent patches, position ids, guidance 3.5); ``dims`` as for Wan."""
     from diffusers import FluxTransformer2DModel
 
+    resolution = resolution or 1024
     if resolution < 16 or resolution % 16:
         raise ValueError(f"resolution={resolution} is invalid; valid: a multiple of 16 (VAE factor 8, 2 x 2 patches)")
     cfg = dict(FLUX_DEV)
@@ -367,7 +379,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                           "(default 38)")
     parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
-    parser.add_argument("--resolution", type=int, default=1024, help="Flux: image side in pixels, a multiple of 16")
+    parser.add_argument("--resolution", type=int, help="Flux: image side in pixels, a multiple of 16 (default 1024); "
+                        "Wan: 480 (832 x 480, the default) or 720 (1280 x 720)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "
                                                                          "CUDA graphs)")

@@ -100,6 +100,10 @@ def test_dit_step_arguments():
     assert dit_step.VARIANTS["qattn auto (default spec)"] == qattn_fx.Spec()
     with pytest.raises(ValueError, match="resolution=1000 is invalid; valid: a multiple of 16"):
         dit_step.build_flux(resolution=1000, device="cpu")
+    with pytest.raises(ValueError, match="resolution=1024 is invalid for Wan; valid: 480, 720"):
+        dit_step.build_wan(resolution=1024, device="cpu")
+    wan720 = dit_step.build_wan(resolution=720, device="cpu", **TINY_DIT["wan"])  # 1280 x 720: 45 x 80 patches
+    assert wan720.inputs["hidden_states"].shape[-2:] == (90, 160) and "1 frames 720p = 3600 tokens" in wan720.header
 
 
 def test_dit_step_profile_classes():
