@@ -231,6 +231,32 @@ def test_smooth_k_subtracts_the_token_mean_in_fp32_keeping_the_layout():
     assert out.mean(dim=2).abs().max() < 1e-5
 
 
+def test_compiled_smoothing_keeps_k_in_its_own_dtype():
+    """Under Inductor, K from a fused producer (here RMSNorm and a rotary embedding, as in Flux and Wan) is stored
+    once in bf16 and upcast where the mean, the block amax and the cast read it, not stored as an fp32 copy (twice
+    the bytes, each read three times: ~40 µs per attention site at Flux's length on the H200)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    def k_quantized(x, w, cos, sin):
+        k = torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6).float()
+        rotated = torch.stack((-k[..., 1::2], k[..., ::2]), -1).flatten(-2)
+        k = (k * cos + rotated * sin).to(x.dtype).transpose(1, 2)
+        return ops.quantize_per_block(ops.smooth_k(k), 16, I8)
+
+    b, s, h, d = 1, 256, 2, 32
+    x, w = torch.randn(b, s, h, d, dtype=torch.bfloat16), torch.randn(d, dtype=torch.bfloat16)
+    cos, sin = torch.randn(s, 1, d), torch.randn(s, 1, d)
+    torch._dynamo.reset()
+    (data, scale), code = run_and_get_code(torch.compile(k_quantized, dynamic=False), x, w, cos, sin)
+    buffers = re.findall(r"empty_strided_cpu\(\(([\d, ]+)\), \([\d, ]+\), torch\.(\w+)\)", code[0])
+    dims = [([int(n) for n in shape.split(",") if n.strip()], dtype) for shape, dtype in buffers]
+    k_sized = [dtype for shape, dtype in dims if len(shape) == 4 and math.prod(shape) == b * s * h * d]
+    assert "bfloat16" in k_sized and "float32" not in k_sized, buffers
+    assert data.dtype == I8 and scale.dtype == torch.float32  # (values: the eager tests above)
+
+
 def test_smooth_k_of_large_fp16_channels_stays_finite():
     k = bshd(1, 2, 40, 64, torch.float16)
     k[:, :, :20] = 6e4  # k - mean reaches 6e4 + 3e4: past fp16's 65504

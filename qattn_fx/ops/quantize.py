@@ -83,8 +83,10 @@ def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
 
 def smooth_k(k: torch.Tensor) -> torch.Tensor:
     _check_4d("smooth_k", k)
-    kf = k.float()
-    return kf - kf.mean(dim=-2, keepdim=True)
+    # = k.float() - k.float().mean(...), written without an fp32 copy of k (the subtraction promotes exactly):
+    # given that copy, Inductor stores it as K's buffer in fp32 (twice the bytes of K, read by the mean, the block
+    # amax and the cast); this way K stays in its own dtype and the kernels upcast as they read it
+    return k - k.mean(dim=-2, keepdim=True, dtype=torch.float32)
 
 
 def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +164,7 @@ def lse_shift(q: torch.Tensor, k: torch.Tensor, sm_scale: float, runtime_scale: 
     """
     _check_4d("lse_shift", q)
     _check_4d("lse_shift", k)
-    mean = k.float().mean(dim=-2)
+    mean = k.mean(dim=-2, dtype=torch.float32)  # (as smooth_k: no fp32 copy of k for Inductor to store)
     if q.shape[1] != k.shape[1]:
         mean = mean.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     shift = (q.float() * mean.unsqueeze(-2)).sum(dim=-1)
