@@ -14,7 +14,7 @@ from benchmarks import common, shapes
 COMMANDS = ["benchmarks.attention_ops", "benchmarks.context_parallel", "benchmarks.cost_table", "benchmarks.dit_step",
             "benchmarks.tune",
             "tools.ab_tail_split",
-            "tools.gluon_probe", "tools.profile_gluon", "tools.profile_quantize"]
+            "tools.gluon_probe", "tools.host_overhead", "tools.profile_gluon", "tools.profile_quantize"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -24,6 +24,23 @@ def test_every_command_answers_help(module, capsys):
         mod.main(["--help"])
     assert exit_.value.code == 0
     assert f"usage: python -m {module}" in capsys.readouterr().out
+
+
+def test_host_overhead_times_a_mocked_gluon_sage_call_on_the_cpu():
+    """tools.host_overhead runs the whole host path of a call, launches mocked, and restores what it patched."""
+    pytest.importorskip("triton.experimental.gluon")
+    from qattn_fx.kernels import gluon_sage
+    from tools import host_overhead
+
+    shape = shapes.Shape(1, 2, 1024, 1024, 128)
+    launch = gluon_sage.launch._sage_fwd_ws
+    fn = host_overhead.call(host_overhead.inputs(shape, "int8-1-16", True), shape, key_bias=False, lse=True,
+                            skip=False)
+    with host_overhead.mocked_device(), qattn_fx.config.patch(tuning_cache=""):
+        out, lse = fn()
+        times = host_overhead.time_calls(fn, iters=3, warmup=1)
+    assert out.shape == (1, 2, 1024, 128) and lse.shape == (1, 2, 1024) and len(times) == 3
+    assert gluon_sage.launch._sage_fwd_ws is launch
 
 
 def test_one_shape_table_serves_the_benchmarks_and_the_tools():

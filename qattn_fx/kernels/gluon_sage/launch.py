@@ -88,16 +88,24 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why this kernel cannot take these (already validated) inputs, or ``None``."""
-    if GLUON_ERROR is not None:
-        return f"triton with Gluon (Hopper) is not importable: {GLUON_ERROR}"
-    if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != CAPABILITY:
-        return f"needs an sm_90 (Hopper) GPU; got {q.device}"
+    reason = device_reason(q.device)
+    if reason is not None:
+        return reason
     if not common.seq_major(v):
         return f"needs sequence-major fp8 V (stride(-2) == 1); got strides {tuple(v.stride())}"
     for name, x, dims in (("q", q, (0, 1, 2)), ("k", k, (0, 1, 2)), ("v", v, (0, 1, 3))):
         if not tma_aligned(x, dims):
             return (f"{name} needs a 16-byte aligned base and strides for TMA; got strides {tuple(x.stride())} "
                     f"of {x.dtype}")
+    return None
+
+
+def device_reason(device: torch.device) -> Optional[str]:
+    """Why the kernel cannot run on ``device`` (no Gluon-capable Triton, not an sm_90 GPU), or ``None``."""
+    if GLUON_ERROR is not None:
+        return f"triton with Gluon (Hopper) is not importable: {GLUON_ERROR}"
+    if device.type != "cuda" or tuple(torch.cuda.get_device_capability(device)) != CAPABILITY:
+        return f"needs an sm_90 (Hopper) GPU; got {device}"
     return None
 
 

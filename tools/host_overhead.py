@@ -1,0 +1,176 @@
+"""Host (CPU) time of one gluon_sage attention call, without a GPU: what runs in Python between
+``torch.ops.qattn.scaled_attention(..., kernel="gluon_sage")`` and the Gluon kernel's launch.
+
+When to use: after changing gluon_sage's host path (``qattn_fx/kernels/gluon_sage/launch.py``, the tail-split
+planner, ``_sage_common.validate``, the op's checks in ``qattn_fx/ops/attention.py``), to see what one call costs
+the CPU. A diffusion step issues one call per attention layer, and while the GPU waits for the next launch this
+time is exposed::
+
+    python -m tools.host_overhead --shape flux-1024 [--recipe int8-1-16] [--profile 25]
+    python -m tools.host_overhead --shape wan1.3b-480p --key-bias --lse --iters 5000
+
+What runs for real: the custom op's dispatch and checks, ``gluon_sage.attention`` (``validate``, the layout checks
+of ``ineligible``, the output and workspace allocations, the tuner's lookup of a cached choice, the tail plan, the
+TMA descriptors, ``plan_launch``, the ``LAST`` bookkeeping), on CPU tensors with the layouts the recipe's quantize
+ops give (they run once, on zeros). With the default ``--q-in-kernel``, an int8 recipe with ``q_block`` 1 passes
+the bf16 Q, as the compiled graph does for gluon_sage.
+
+Mocked, since they need CUDA: the device check (``launch.device_reason``: no Gluon, not sm_90), ``torch.cuda.device``
+(a null context), ``torch.cuda.current_device`` (0), the SM count (132, an H200), the GPU name in the tuner's cache
+key, the tuner's timing (the first call, which picks a config; later calls look the choice up), and both launches:
+``_sage_fwd_ws[grid](...)`` and the tail split's merge are no-ops. So the figures leave out Triton's launcher
+(argument binding, specialization, the kernel cache lookup, the driver call) and the merge launch, and CPU
+allocations stand in for CUDA's caching allocator (glibc's mmap is turned off so that a large output is not
+mapped and unmapped on every call). Compare figures from one machine only.
+
+Prints the median, 10th and 90th percentile of ``--iters`` timed calls (after ``--warmup`` calls) in µs, and with
+``--profile N`` the top ``N`` functions of a cProfile run of the same calls (``--sort``: tottime or cumulative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import cProfile
+import functools
+import pstats
+import statistics
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from benchmarks import common
+from benchmarks.shapes import SHAPES, Shape, parse_shape
+
+#: The SM count of the mocked device (an H200): what the tail split's plan depends on.
+SM_COUNT = 132
+
+
+def inputs(shape: Shape, recipe: str, q_in_kernel: bool) -> tuple:
+    """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` on the CPU: zeros quantized by ``recipe``'s ops
+    (BSHD Q/K views, sequence-major V padded to 16 tokens); with ``q_in_kernel`` the bf16 Q in place of the int8
+    one where the recipe is int8 with ``q_block`` 1 (gluon_sage quantizes that Q itself)."""
+    b, h, sq, skv, d = shape
+    q, k, v = (torch.zeros(b, s, h, d, dtype=torch.bfloat16).transpose(1, 2) for s in (sq, skv, skv))
+    args = common.quantize_qkv(q, k, v, recipe)
+    if q_in_kernel and args[0].dtype == torch.int8 and args[6] == 1:
+        args = (q, None, *args[2:])
+    return args
+
+
+def _glibc_without_mmap() -> None:
+    """Serve large allocations from the heap and keep it (no mmap/munmap per call), as a caching allocator does."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+        libc.mallopt(-4, 0)  # M_MMAP_MAX
+
+
+class _NoLaunch:
+    """Stands in for a Triton/Gluon kernel: ``kernel[grid](*args, **meta)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def mocked_device() -> Iterator[None]:
+    """Patch what needs CUDA (the module docstring's list) for the duration of the block."""
+    from qattn_fx.kernels import _config_tuner
+    from qattn_fx.kernels.gluon_sage import launch, tail_split
+
+    tuners = (launch.TUNER, launch.KEY_ORDER_TUNER, launch.SKIP_TUNER, launch.SKIP_KEY_ORDER_TUNER)
+    patches = [(launch, "device_reason", lambda device: None), (launch, "_sage_fwd_ws", _NoLaunch()),
+               (launch, "sm_count", lambda index: SM_COUNT), (tail_split, "merge", lambda *a, **kw: None),
+               (torch.cuda, "device", lambda device: contextlib.nullcontext()),
+               (torch.cuda, "current_device", lambda: 0),
+               (_config_tuner, "_cuda_device_tag", functools.lru_cache(None)(lambda index: "H200 (mocked)"))]
+    for tuner in tuners:
+        patches += [(tuner, "timer", lambda run: (run(), 1.0)[1]), (tuner, "capturing", lambda: False),
+                    (tuner, "cache_path", None)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def call(args: tuple, shape: Shape, *, key_bias: bool, lse: bool, skip: bool) -> Callable[[], object]:
+    """One ``qattn::scaled_attention`` (or ``_lse``) call on gluon_sage with these inputs."""
+    import qattn_fx.ops  # noqa: F401  (registers qattn::*)
+
+    extra = {}
+    if key_bias:
+        extra["key_bias"] = torch.zeros(shape.b, shape.skv)
+    if skip:
+        extra["skip_threshold"] = torch.full((1,), 1e-3)
+    op = torch.ops.qattn.scaled_attention_lse if lse else torch.ops.qattn.scaled_attention
+    return functools.partial(op, *args, shape.d ** -0.5, torch.bfloat16, "gluon_sage", **extra)
+
+
+def time_calls(fn: Callable[[], object], iters: int, warmup: int) -> list[float]:
+    """Microseconds of each of ``iters`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return times
+
+
+def profile(fn: Callable[[], object], iters: int, top: int, sort: str) -> None:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).strip_dirs().sort_stats(sort).print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.host_overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="flux-1024",
+                   help=f"a preset ({', '.join(SHAPES)}) or name:B:H:Sq:Skv:D")
+    p.add_argument("--recipe", default="int8-1-16", choices=list(common.KERNEL_RECIPES))
+    p.add_argument("--q-in-kernel", action=argparse.BooleanOptionalAction, default=True,
+                   help="pass the bf16 Q of an int8 q_block-1 recipe (the kernel quantizes it; default: on)")
+    p.add_argument("--key-bias", action="store_true", help="with a key bias (a mask): key-order launches")
+    p.add_argument("--lse", action="store_true", help="qattn::scaled_attention_lse")
+    p.add_argument("--skip", action="store_true", help="with a Skip-Softmax threshold")
+    p.add_argument("--config", default=None, help="force a gluon_sage config (default: the tuner's choice)")
+    p.add_argument("--tail-split", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
+    p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
+    a = p.parse_args(argv)
+    import qattn_fx
+    from qattn_fx.kernels import gluon_sage
+
+    name, shape = (a.shape, SHAPES[a.shape]) if a.shape in SHAPES else parse_shape(a.shape)
+    _glibc_without_mmap()
+    args = inputs(shape, a.recipe, a.q_in_kernel)
+    fn = call(args, shape, key_bias=a.key_bias, lse=a.lse, skip=a.skip)
+    with mocked_device(), qattn_fx.config.patch(gluon_tail_split=a.tail_split), gluon_sage.use_config(a.config):
+        times = time_calls(fn, a.iters, a.warmup)
+        deciles = statistics.quantiles(times, n=10)
+        print(f"{name} ({shape}) {a.recipe}{' q-in-kernel' if a.q_in_kernel else ''}"
+              f"{' key-bias' if a.key_bias else ''}{' lse' if a.lse else ''}{' skip' if a.skip else ''}: "
+              f"config {gluon_sage.last_config()}, tail {gluon_sage.last_tail_plan()}")
+        print(f"host time per call: median {statistics.median(times):.1f} us (p10 {deciles[0]:.1f}, "
+              f"p90 {deciles[-1]:.1f}; {a.iters} calls, launches mocked)")
+        if a.profile:
+            profile(fn, a.iters, a.profile, a.sort)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
