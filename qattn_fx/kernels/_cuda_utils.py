@@ -1,4 +1,4 @@
-"""Small helpers shared by the library-backed kernels (:mod:`.cudnn`, :mod:`.flashinfer`).
+"""Small helpers shared by the kernels (the library-backed :mod:`.cudnn` and :mod:`.flashinfer`, the Sage kernels).
 
 Nothing here imports a GPU library, and nothing touches the CUDA runtime at import time, so the package imports on a
 CPU-only machine. Everything that asks the device a question does it through ``torch.cuda`` at call time (tests patch
@@ -6,7 +6,8 @@ CPU-only machine. Everything that asks the device a question does it through ``t
 
 * :func:`require_cuda` / :func:`capability` / :func:`require_capability`: clear errors that name the device's
   compute capability and the ones a kernel accepts.
-* :class:`FifoCache`: a bounded, thread-safe build-once cache (the cuDNN graph cache, FlashInfer plans).
+* :class:`FifoCache`: a bounded, thread-safe build-once cache (the cuDNN graph cache, FlashInfer plans, the Sage
+  kernels' checked layouts and launch geometry), keyed on plain values (:func:`layout_key`), never on tensors.
 * :class:`PerDevice`: one lazily created object per CUDA device (workspaces, constant scale tensors), refusing to
   create it while a CUDA graph is being captured (memory made during capture belongs to the graph's private pool and
   holds no value until replay, so a constant created there would be garbage for eager calls).
@@ -178,6 +179,12 @@ def log_once(logger: logging.Logger, key: Hashable, level: int, message: str, *a
         _logged.add(key)
     logger.log(level, message, *args)
     return True
+
+
+def layout_key(t: torch.Tensor | None) -> tuple | None:
+    """``(shape, strides, dtype)`` of ``t`` (``None`` for ``None``): a cache key for what follows from a tensor's
+    layout alone; it holds no reference to the tensor."""
+    return None if t is None else (t.shape, t.stride(), t.dtype)
 
 
 def empty_bshd(b: int, h: int, s: int, d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

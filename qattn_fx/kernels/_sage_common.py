@@ -25,6 +25,7 @@ from .. import config, formats
 from . import info as _kernel_info
 from . import q_quantized_in_kernel
 from . import requirements as _requirements_of
+from ._cuda_utils import FifoCache, layout_key
 
 try:  # the kernels' source needs triton; the host side below does not
     import triton.language as tl
@@ -120,7 +121,7 @@ class ForcedConfig:
     def get(self):
         """The config every call uses instead of autotuning, or ``None``."""
         text = getattr(config, self.setting)
-        return _parse(self.config_cls, text) if text else None
+        return parse_config(self.config_cls, text) if text else None
 
     def set(self, value) -> None:
         setattr(config, self.setting, self._text(value))
@@ -134,11 +135,12 @@ class ForcedConfig:
     def _text(self, value) -> Optional[str]:
         if value is None:
             return None
-        return str(_parse(self.config_cls, value) if isinstance(value, str) else value)
+        return str(parse_config(self.config_cls, value) if isinstance(value, str) else value)
 
 
-@functools.lru_cache(maxsize=None)
-def _parse(config_cls: type, text: str):
+@functools.lru_cache(maxsize=256)
+def parse_config(config_cls: type, text: str):
+    """``config_cls.parse(text)``, parsed once per text (configs are frozen: every call may share the instance)."""
     return config_cls.parse(text)
 
 
@@ -153,9 +155,23 @@ def head_dims(kernel: str) -> tuple[int, ...]:
     return tuple(req.head_dims.allowed)
 
 
+#: The input layouts :func:`validate` passed (keys of :func:`_validate_key`): the check runs once per layout.
+_VALID_LAYOUTS = FifoCache(maxsize=256)
+
+
 def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias=None) -> None:
     """``ValueError`` naming the argument for inputs the Sage kernels cannot take (layouts: the triton_sage module
-    docstring). The policy keeps such sites dense before they get here; this is the kernel's own cheap check."""
+    docstring). The policy keeps such sites dense before they get here; this is the kernel's own cheap check. It
+    reads shapes, strides and dtypes only, so it runs once per layout (:data:`_VALID_LAYOUTS`)."""
+    key = (kernel, layout_key(q), q_scale is None, layout_key(k), k_scale is None, layout_key(v), layout_key(key_bias),
+           q_block, k_block)
+    if key not in _VALID_LAYOUTS:
+        _VALID_LAYOUTS.get_or_build(key, lambda: _validate(kernel, q, q_scale, k, k_scale, v, v_scale, q_block,
+                                                           k_block, key_bias))
+
+
+def _validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias) -> bool:
+    """:func:`validate`'s checks; ``True`` when they pass."""
     dims = head_dims(kernel)
     d, dv = q.shape[-1], v.shape[-1]
     if d not in dims or dv not in dims:
@@ -194,6 +210,7 @@ def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, 
                          f"{key_bias.dtype} {tuple(key_bias.shape)} strides {key_bias.stride()}")
     if q_block < 0 or k_block < 0:
         raise ValueError(f"{kernel}: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
+    return True
 
 
 def seq_major(v: torch.Tensor) -> bool:
@@ -236,8 +253,8 @@ def batch_chunks(bsz: int, hq: int) -> list[tuple[int, int]]:
 
 
 def batch_chunk(t: Optional[torch.Tensor], lo: int, hi: int) -> Optional[torch.Tensor]:
-    """Rows ``lo:hi`` of a tensor's batch dim (a size-1 batch broadcasts: kept whole)."""
-    return t if t is None or t.shape[0] == 1 else t[lo:hi]
+    """Rows ``lo:hi`` of a tensor's batch dim (a size-1 batch broadcasts, and ``0:B`` is every row: kept whole)."""
+    return t if t is None or t.shape[0] == 1 or (lo == 0 and hi == t.shape[0]) else t[lo:hi]
 
 
 @dataclasses.dataclass

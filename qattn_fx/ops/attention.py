@@ -57,6 +57,7 @@ from typing import Optional
 import torch
 
 from .. import kernels
+from ..kernels._cuda_utils import FifoCache, layout_key
 
 _QK_8BIT = (torch.int8, torch.float8_e4m3fn)
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
@@ -141,11 +142,25 @@ def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
     return functools.partial(fn, **extra) if extra else fn
 
 
+#: The keys (kernel, blocks, input layouts, devices) whose inputs :func:`check_scaled_inputs` passed.
+_CHECKED = FifoCache(maxsize=256)
+
+
 def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, kernel,
                         key_bias=None) -> None:
     """``ValueError`` naming the argument for inputs ``qattn::scaled_attention`` cannot take on ``kernel`` (a bf16/fp16
     ``q`` beside an int8 ``k``: only kernels whose :class:`~qattn_fx.kernels.KernelInfo` lists ``q_block`` in
-    ``quantizes_q``)."""
+    ``quantizes_q``). The checks read shapes, strides, dtypes and whether the key bias is on ``k``'s device, so they
+    run once per such key (:data:`_CHECKED`)."""
+    key = (kernel, out_dtype, q_block, k_block, *map(layout_key, (q, q_scale, k, k_scale, v, v_scale, key_bias)),
+           key_bias is None or key_bias.device == k.device)
+    if key not in _CHECKED:
+        _CHECKED.get_or_build(key, lambda: _check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block,
+                                                                out_dtype, kernel, key_bias))
+
+
+def _check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, kernel, key_bias) -> bool:
+    """:func:`check_scaled_inputs`' checks; ``True`` when they pass."""
     _check_4d(q, k, v)
     _check_heads(q, k, v, v.shape[2], padded_v=True)
     check_key_bias(key_bias, k)
@@ -190,6 +205,7 @@ def check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, ou
         _fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself at q_block={q_block} "
               f"({'q_block in ' + str(blocks) if blocks else 'no q_block'}); pass int8 q with q_scale, or use "
               f"a kernel that does: {kernels.names_with('quantizes_q')}")
+    return True
 
 
 def _fake_out(q: torch.Tensor, sq: int, dv: int, out_dtype: torch.dtype) -> torch.Tensor:
