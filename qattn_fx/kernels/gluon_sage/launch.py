@@ -3,6 +3,7 @@ offline compiles."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -14,7 +15,7 @@ from ... import skip_softmax
 from .. import _sage_common as common
 from .. import q_quantized_in_kernel
 from .._config_tuner import ConfigTuner
-from .._cuda_utils import empty_bshd
+from .._cuda_utils import FifoCache, empty_bshd, layout_key
 from . import tail_split
 from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
 from .config import (CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS,
@@ -80,8 +81,9 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
     through ``permk`` at the class's key tile (:func:`permuted_k`) and there is no key bias, else
     :data:`KEY_ORDER_TUNER`; Skip-Softmax launches (``skip``): :data:`SKIP_TUNER` / :data:`SKIP_KEY_ORDER_TUNER`,
     whose serial schedules it needs. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
-    block_n = TUNED_CONFIGS[0].block_n
-    if key_bias is None and permuted_k(k, k_block if k_scale is not None else 0, block_n) is not None:
+    view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block if k_scale is not None else 0,
+                            TUNED_CONFIGS[0].block_n)
+    if key_bias is None and view is not None:
         return SKIP_TUNER if skip else TUNER
     return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
 
@@ -100,8 +102,10 @@ def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[st
     return None
 
 
+@functools.lru_cache(maxsize=16)
 def device_reason(device: torch.device) -> Optional[str]:
-    """Why the kernel cannot run on ``device`` (no Gluon-capable Triton, not an sm_90 GPU), or ``None``."""
+    """Why the kernel cannot run on ``device`` (no Gluon-capable Triton, not an sm_90 GPU), or ``None``; asked once
+    per device."""
     if GLUON_ERROR is not None:
         return f"triton with Gluon (Hopper) is not importable: {GLUON_ERROR}"
     if device.type != "cuda" or tuple(torch.cuda.get_device_capability(device)) != CAPABILITY:
@@ -111,8 +115,13 @@ def device_reason(device: torch.device) -> Optional[str]:
 
 def tma_aligned(x: torch.Tensor, dims: tuple[int, ...]) -> bool:
     """TMA's addressing rule: a 16-byte aligned base and 16-byte multiple strides on ``dims`` (the non-unit ones)."""
-    size = x.element_size()
-    return x.data_ptr() % 16 == 0 and all((x.stride(d) * size) % 16 == 0 for d in dims)
+    return x.data_ptr() % 16 == 0 and _strides_aligned(x.stride(), x.element_size(), dims)
+
+
+@functools.lru_cache(maxsize=256)
+def _strides_aligned(strides: tuple[int, ...], size: int, dims: tuple[int, ...]) -> bool:
+    """The strides on ``dims`` are multiples of 16 bytes (elements of ``size`` bytes)."""
+    return all((strides[d] * size) % 16 == 0 for d in dims)
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +133,40 @@ def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
 
 
 def descriptor(x: torch.Tensor, block: list[int]):
+    """The TMA descriptor of all of ``x`` with box ``block`` (Gluon checks base, strides and box)."""
     return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _shared_layout(tuple(block), x.dtype))
+
+
+#: Gluon's ``TensorDescriptor`` fields, in order: where Triton's are these (a plain dataclass),
+#: :meth:`DescriptorSpec.build` sets them itself; else it calls the constructor.
+_DESCRIPTOR_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
+_SET_FIELDS = (dataclasses.is_dataclass(TensorDescriptor) and not TensorDescriptor.__dataclass_params__.frozen
+               and tuple(f.name for f in dataclasses.fields(TensorDescriptor)) == _DESCRIPTOR_FIELDS)
+
+
+@dataclass(frozen=True)
+class DescriptorSpec:
+    """A TMA descriptor without its base tensor: ``shape`` and ``strides`` (elements, as the base tensor's), the box
+    ``block`` and the shared ``layout``. Taken from a descriptor Gluon built (:meth:`of`, which checked them), so
+    :meth:`build` over another base of that layout, dtype and alignment skips Gluon's checks."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    block: tuple[int, ...]
+    layout: object
+
+    @staticmethod
+    def of(desc) -> "DescriptorSpec":
+        return DescriptorSpec(tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape), desc.layout)
+
+    def build(self, base: torch.Tensor):
+        """The descriptor over ``base``: fields equal to ``TensorDescriptor(base, shape, strides, block, layout)``."""
+        if not _SET_FIELDS:
+            return TensorDescriptor(base, list(self.shape), list(self.strides), list(self.block), self.layout)
+        desc = object.__new__(TensorDescriptor)
+        desc.base, desc.shape, desc.strides = base, list(self.shape), list(self.strides)
+        desc.block_shape, desc.layout, desc.padding = list(self.block), self.layout, "zero"
+        return desc
 
 
 def k_scale_box(k_scale: Optional[torch.Tensor], k_block: int, block_n: int) -> Optional[int]:
@@ -156,10 +198,23 @@ def permuted_k(k: torch.Tensor, k_block: int, block_n: int):
     ``None`` where the view cannot be built: K not 8-bit; K scales per 1 or 4 keys (the permutation crosses them;
     per 16, 32, ... keys, per head or per tensor are kept); heads neither interleaved (BSHD) nor stacked (BHSD)
     with contiguous batches; several batches or heads folded into the groups but ``Skv`` not a multiple of 16."""
-    if k.element_size() != 1 or k_block % 16:
+    view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block, block_n)
+    if view is None:
         return None
-    bsz, hkv, skv, d = k.shape
-    sb, sh, ss, _ = k.stride()
+    size, stride, x_per_head, g_per_batch, g_per_head = view
+    desc = descriptor(k.as_strided(size, stride), [block_n // 16, 2, 4, 2, k.shape[-1]])
+    return desc, x_per_head, g_per_batch, g_per_head
+
+
+@functools.lru_cache(maxsize=256)
+def _permuted_k_view(shape: tuple[int, ...], strides: tuple[int, ...], element_size: int, k_block: int,
+                     block_n: int) -> Optional[tuple]:
+    """:func:`permuted_k`'s view of a K of this shape, strides and element size: ``(size, stride, x_per_head,
+    g_per_batch, g_per_head)`` (``size``/``stride`` of the 5-D ``as_strided`` view), or ``None``."""
+    if element_size != 1 or k_block % 16:
+        return None
+    bsz, hkv, skv, d = shape
+    sb, sh, ss, _ = strides
     if (ss % 16) or (ss == 0):
         return None
     if sh == d and (hkv == 1 or ss == hkv * d):  # BSHD: the heads side by side in one token row
@@ -177,8 +232,7 @@ def permuted_k(k: torch.Tensor, k_block: int, block_n: int):
         return None
     if groups == 0:
         return None
-    view = k.as_strided((groups, 2, 4, 2, inner), (16 * ss, 2 * ss, 4 * ss, ss, 1))
-    return descriptor(view, [block_n // 16, 2, 4, 2, d]), x_per_head, g_per_batch, g_per_head
+    return (groups, 2, 4, 2, inner), (16 * ss, 2 * ss, 4 * ss, ss, 1), x_per_head, g_per_batch, g_per_head
 
 
 @dataclass(frozen=True)
@@ -207,36 +261,89 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
     ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view). A bf16/fp16 ``q`` with int8 ``k``
     (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``: ``(log2_threshold,
     count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of skipped tiles
-    or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split)."""
+    or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
+
+    What follows from plain values (:class:`LaunchGeometry`) is computed once per key (:data:`GEOMETRIES`); each call
+    builds the descriptors over its own tensors from it and places the tensors among the arguments."""
     if skip is not None:
         check_skip_config(config)
         if tail is not None:
             raise ValueError("gluon_sage: Skip-Softmax launches run without the tail split (its pieces would test "
                              "tiles against their own running max, not the row's); got a tail plan")
+    key = _geometry_key(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config, tail,
+                        key_bias, skip)
+    geo = GEOMETRIES.get_or_build(key, lambda: launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block,
+                                                               out, return_lse, config, tail, key_bias, skip))
+    args = [
+        *geo.descriptors(q, k, k_scale, v),
+        q if geo.quant_q else q_scale if q_scale is not None else v_scale,  # dummies for bf16/fp16 Q/K and no bias
+        k_scale if k_scale is not None else v_scale, v_scale, key_bias if key_bias is not None else v_scale,
+        out, lse, float(sm_scale) * common.LOG2E, *geo.scalars,
+        *(workspace if tail else (out, lse)),
+        *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
+    ]
+    return LaunchPlan(config, geo.grid, args, dict(geo.meta), geo.k_scale_box, geo.k_view is not None, tail,
+                      geo.q_blocks)
+
+
+@dataclass(frozen=True)
+class LaunchGeometry:
+    """What a :class:`LaunchPlan` takes from plain values (shapes, strides, dtypes, 16-byte alignment of the bases,
+    config, tail split, flags) and not from the tensors themselves: the TMA descriptors of Q, K, Vᵀ, the K scales'
+    flat view and K's permuting view (``None``: not used), whether Q is quantized in the kernel (``quant_q``), the
+    ``scalars`` from the Q scale strides to ``kv_split``, ``meta``, ``grid``, ``k_scale_box`` and ``q_blocks``."""
+
+    q: DescriptorSpec
+    k: DescriptorSpec
+    v: DescriptorSpec
+    k_scale: Optional[DescriptorSpec]
+    k_view: Optional[DescriptorSpec]
+    quant_q: bool
+    scalars: tuple[int, ...]
+    meta: dict
+    grid: tuple
+    k_scale_box: Optional[int]
+    q_blocks: int
+
+    def descriptors(self, q, k, k_scale, v) -> list:
+        """The five descriptor arguments over these tensors: Q, K, Vᵀ, the K scales' and K's views (or ``None``)."""
+        ks, kv = self.k_scale, self.k_view
+        return [self.q.build(q), self.k.build(k), self.v.build(v.transpose(2, 3)),
+                ks.build(k_scale.as_strided(ks.shape, ks.strides)) if ks else None,
+                kv.build(k.as_strided(kv.shape, kv.strides)) if kv else None]
+
+
+#: Launch geometries by :func:`_geometry_key` (a few per model: one per attention shape and launch class).
+GEOMETRIES = FifoCache(maxsize=256)
+
+
+def _geometry_key(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config, tail, key_bias,
+                  skip) -> tuple:
+    """Every plain value :func:`launch_geometry` reads: layouts, base alignments (Gluon's descriptor check,
+    :func:`k_scale_box`), the output's strides, blocks, flags, config and tail split."""
+    aligned = tuple(t is None or t.data_ptr() % 16 == 0 for t in (q, k, v, k_scale))
+    return (*map(layout_key, (q, q_scale, k, k_scale, v, v_scale, key_bias)), aligned, out.stride(), q_block,
+            k_block, return_lse, config, tail, None if skip is None else skip[1] is not None)
+
+
+def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config: GluonConfig,
+                    tail: Optional[tail_split.TailPlan], key_bias, skip) -> LaunchGeometry:
+    """The :class:`LaunchGeometry` of :func:`plan_launch`'s arguments (its descriptors built, and so checked, by
+    Gluon on these tensors)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     quant_q = q_quantized_in_kernel(q.dtype, k.dtype)  # the consumers read Q itself through QS and quantize it
-    qs = q if quant_q else q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias
-    ks = k_scale if k_scale is not None else v_scale
     q_strides = q.stride()[:3] if quant_q else common.scale_strides(q_scale)
     ks_box = k_scale_box(k_scale, k_block, config.block_n)
     permuted = (permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
                 if config.permk and key_bias is None else None)
     kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     n_m = q_blocks(sq, config)
-    args = [
-        descriptor(q, [1, 1, ROWS_PER_CONSUMER, d]), descriptor(k, [1, 1, config.block_n, d]),
-        descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
-        k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
-        qs, ks, v_scale, key_bias if key_bias is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E,
-        *q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
-        common.bias_stride(key_bias),
-        out.stride(0), out.stride(1), out.stride(2),
-        hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
-        n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
-        *(workspace if tail else (out, lse)),
-        *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
-    ]
+    scalars = (*q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
+               common.bias_stride(key_bias),
+               out.stride(0), out.stride(1), out.stride(2),
+               hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
+               n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0)
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages,
@@ -247,7 +354,12 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                 MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
                 SKIP=0 if skip is None else (2 if skip[1] is not None else 1))
     grid = (tail.grid,) if tail else (n_m, bsz * hq)
-    return LaunchPlan(config, grid, args, meta, ks_box, permuted is not None, tail, n_m)
+    spec = DescriptorSpec.of
+    return LaunchGeometry(
+        spec(descriptor(q, [1, 1, ROWS_PER_CONSUMER, d])), spec(descriptor(k, [1, 1, config.block_n, d])),
+        spec(descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n])),
+        spec(k_scale_descriptor(k_scale, ks_box)) if ks_box else None, spec(kp_desc) if kp_desc else None,
+        quant_q, scalars, meta, grid, ks_box, n_m)
 
 
 def q_blocks(sq: int, config: GluonConfig) -> int:
@@ -322,7 +434,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     def launch(config: GluonConfig, skip=skip) -> None:
         for lo, hi in chunks:
             part = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
-            o, ls = out[lo:hi], lse[lo:hi] if return_lse else out[lo:hi]
+            o = common.batch_chunk(out, lo, hi)
+            ls = common.batch_chunk(lse, lo, hi) if return_lse else o
             tail = None if skip else tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
             ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
             plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
@@ -338,8 +451,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
             tuner = tuner_for(k, k_scale, k_block, key_bias, skip is not None)
             timing_skip = None if skip is None else (skip[0], None)  # the tuner's launches count nothing
             name = tuner.choose(tuning_key(q, k, q_block, k_block, return_lse, key_bias is not None, skip is not None),
-                                lambda text: launch(GluonConfig.parse(text), timing_skip))
-            config = GluonConfig.parse(name)
+                                lambda text: launch(common.parse_config(GluonConfig, text), timing_skip))
+            config = common.parse_config(GluonConfig, name)
         launch(config)
     LAST.config = config
     return (out, lse) if return_lse else out

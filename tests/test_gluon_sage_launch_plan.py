@@ -1,0 +1,307 @@
+"""gluon_sage's launch plans without a GPU: what the host computes once per layout (``launch.GEOMETRIES``, the
+checked layouts) gives exactly the arguments and constexprs of the plain computation, on every call.
+
+:func:`_reference_plan` is the plan computed from scratch on every call (descriptors built by Gluon's checking
+constructor); :func:`gluon_sage.plan_launch` must equal it argument for argument on the first call of a layout and
+on later calls with other tensors of that layout: tensors by identity, descriptors field by field (their bases by
+data pointer, shape, strides and dtype), numbers by type and value. The input checks, which also run once per
+layout, still raise on every bad call. Numerics are tested on the H200 (tests/gpu/test_gluon_sage.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+import pytest
+import torch
+
+from qattn_fx.kernels import _sage_common as common
+from qattn_fx.kernels import gluon_sage as gs
+from qattn_fx.kernels import q_quantized_in_kernel
+from qattn_fx.kernels.gluon_sage import launch
+
+pytest.importorskip("triton.experimental.gluon")
+
+TRIO = gs.GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)  # the permk class's default
+AHEAD = gs.GluonConfig(128, 3, ahead=1, mmasum=1)  # the key-order class's
+SERIAL = gs.GluonConfig(128, 3, mmasum=1)  # a Skip-Softmax key-order config
+
+
+def _reference_permuted_k(k, k_block, block_n):
+    if k.element_size() != 1 or k_block % 16:
+        return None
+    bsz, hkv, skv, d = k.shape
+    sb, sh, ss, _ = k.stride()
+    if (ss % 16) or (ss == 0):
+        return None
+    if sh == d and (hkv == 1 or ss == hkv * d):
+        inner, x_per_head, g_per_head = hkv * d, d, 0
+        if bsz > 1 and (skv % 16 or sb != skv * ss):
+            return None
+        g_per_batch = skv // 16 if bsz > 1 else 0
+        groups = (bsz * skv) // 16 if bsz > 1 else skv // 16
+    elif ss == d and (hkv == 1 or sh == skv * d) and (bsz == 1 or sb == hkv * skv * d):
+        if (bsz * hkv > 1) and skv % 16:
+            return None
+        inner, x_per_head, g_per_head, g_per_batch = d, 0, skv // 16, hkv * skv // 16
+        groups = (bsz * hkv * skv) // 16
+    else:
+        return None
+    if groups == 0:
+        return None
+    view = k.as_strided((groups, 2, 4, 2, inner), (16 * ss, 2 * ss, 4 * ss, ss, 1))
+    return gs.descriptor(view, [block_n // 16, 2, 4, 2, d]), x_per_head, g_per_batch, g_per_head
+
+
+def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
+                    tail=None, workspace=None, key_bias=None, skip=None):
+    """``(grid, args, meta)`` of one launch, every value computed from the tensors on this call."""
+    bsz, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    quant_q = q_quantized_in_kernel(q.dtype, k.dtype)
+    qs = q if quant_q else q_scale if q_scale is not None else v_scale
+    ks = k_scale if k_scale is not None else v_scale
+    q_strides = q.stride()[:3] if quant_q else common.scale_strides(q_scale)
+    ks_box = gs.k_scale_box(k_scale, k_block, config.block_n)
+    permuted = (_reference_permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
+                if config.permk and key_bias is None else None)
+    kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
+    n_m = gs.q_blocks(sq, config)
+    args = [
+        gs.descriptor(q, [1, 1, gs.ROWS_PER_CONSUMER, d]), gs.descriptor(k, [1, 1, config.block_n, d]),
+        gs.descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
+        launch.k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
+        qs, ks, v_scale, key_bias if key_bias is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E,
+        *q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
+        common.bias_stride(key_bias),
+        out.stride(0), out.stride(1), out.stride(2),
+        hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
+        n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
+        *(workspace if tail else (out, lse)),
+        *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
+    ]
+    meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
+                K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
+                BLOCK_N=config.block_n, STAGES=config.stages,
+                CONSUMER_NREG=gs.TRIO_CONSUMER_REGS if config.trio else gs.CONSUMER_REGS,
+                PRODUCER_NREG=gs.PRODUCER_REGS,
+                AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
+                PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
+                MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
+                SKIP=0 if skip is None else (2 if skip[1] is not None else 1))
+    grid = (tail.grid,) if tail else (n_m, bsz * hq)
+    return grid, args, meta
+
+
+def _same_tensor(got, want) -> bool:
+    return (got.data_ptr(), got.shape, got.stride(), got.dtype) == (want.data_ptr(), want.shape, want.stride(),
+                                                                     want.dtype)
+
+
+def _assert_same_value(got, want, where, identical=True):
+    """Descriptors field by field (bases by :func:`_same_tensor`), tensors by identity (``identical``) or by
+    :func:`_same_tensor`, anything else by type and value."""
+    if isinstance(want, launch.TensorDescriptor):
+        assert type(got) is type(want) and _same_tensor(got.base, want.base), where
+        for field in ("shape", "strides", "block_shape", "layout", "padding"):
+            g, w = getattr(got, field), getattr(want, field)
+            assert type(g) is type(w) and g == w, (where, field, g, w)
+            if isinstance(w, list):
+                assert [type(x) for x in g] == [type(x) for x in w], (where, field)
+    elif isinstance(want, torch.Tensor):
+        assert got is want if identical else _same_tensor(got, want), where
+    else:
+        assert type(got) is type(want) and got == want, (where, got, want)
+
+
+def _assert_plan_is_reference(plan, reference, identical=True):
+    grid, args, meta = reference
+    assert plan.grid == grid and len(plan.args) == len(args)
+    for i, (got, want) in enumerate(zip(plan.args, args)):
+        _assert_same_value(got, want, f"argument {i}", identical)
+    assert list(plan.meta) == list(meta)
+    for name in meta:
+        _assert_same_value(plan.meta[name], meta[name], name)
+
+
+def _inputs(case: str, b=1, h=4, s=2048, d=128):
+    """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` on the CPU in the layouts the quantize nodes give:
+    BSHD Q/K views, sequence-major V padded to 16 tokens, scales ``(B, H, blocks)``."""
+    kind, _, rest = case.partition(":")
+    qk = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "qbf16": torch.int8}[kind]
+    q_block, k_block = (0, 0) if kind == "bf16" else (1, int(rest) if rest.isdigit() else 16)
+    s16 = -(-s // 16) * 16
+    bshd = lambda dtype: torch.zeros(b, s, h, d, dtype=dtype).transpose(1, 2)  # noqa: E731
+    q = bshd(torch.bfloat16 if kind == "qbf16" else qk)
+    k = torch.zeros(b, h, s, d, dtype=qk) if case.endswith("bhsd") else bshd(qk)
+    v = torch.zeros(b, h, d, s16).to(torch.float8_e4m3fn).transpose(-1, -2)
+    v_scale = torch.ones(1, h, d)
+    if kind == "bf16":
+        return q, None, k, None, v, v_scale, 0, 0
+    q_scale = None if kind == "qbf16" else torch.ones(b, h, s)
+    k_scale = (torch.ones(1, 1, 1) if k_block == 0 else
+               torch.ones(b, h, s // k_block + 1)[..., 1:] if rest == "offset" else torch.ones(b, h, -(-s // k_block)))
+    return q, q_scale, k, k_scale, v, v_scale, q_block, k_block
+
+
+def _outputs(q, v, return_lse, tail, config, key_bias_rows=0, bhsd_out=False):
+    b, h, sq, _ = q.shape
+    out = (torch.empty(b, h, sq, v.shape[-1], dtype=torch.bfloat16) if bhsd_out else
+           torch.empty(b, sq, h, v.shape[-1], dtype=torch.bfloat16).transpose(1, 2))
+    lse = torch.empty(b, h, sq) if return_lse else out
+    ws = gs.tail_split.workspace(tail, config.rows, v.shape[-1], "cpu") if tail else None
+    bias = torch.zeros(key_bias_rows, q.shape[2]) if key_bias_rows else None
+    return out, lse, ws, bias
+
+
+CASES = [  # (inputs, config, return_lse, tail split, key-bias rows, skip)
+    ("int8", TRIO, False, False, 0, None), ("int8", TRIO, True, True, 0, None),
+    ("qbf16", TRIO, False, True, 0, None), ("qbf16", TRIO, True, False, 0, None),
+    ("bf16", AHEAD, False, False, 0, None), ("bf16", AHEAD, True, True, 0, None),
+    ("fp8", TRIO, False, True, 0, None), ("int8:1", AHEAD, False, False, 0, None),
+    ("int8:4", AHEAD, True, True, 0, None), ("int8:0", TRIO, False, True, 0, None),
+    ("int8:offset", TRIO, False, False, 0, None), ("int8:bhsd", TRIO, True, False, 0, None),
+    ("int8", AHEAD, False, True, 1, None), ("qbf16", AHEAD, True, False, 2, None),
+    ("int8", TRIO, False, False, 0, "count"), ("qbf16", SERIAL, True, False, 1, "threshold"),
+]
+
+
+def _tail(q, k_block, config):
+    ctas = q.shape[0] * q.shape[1] * gs.q_blocks(q.shape[2], config)
+    return gs.tail_split.plan(ctas, 20, q.shape[2], config.block_n, k_block)
+
+
+@pytest.mark.parametrize("case,config,return_lse,split,bias_rows,skip", CASES,
+                         ids=[f"{c[0]}-{'trio' if c[1].trio else 'keyorder'}{'-lse' if c[2] else ''}"
+                              f"{'-tail' if c[3] else ''}{f'-bias{c[4]}' if c[4] else ''}{f'-{c[5]}' if c[5] else ''}"
+                              for c in CASES])
+def test_plan_equals_the_plain_computation_on_first_and_later_calls(case, config, return_lse, split, bias_rows, skip):
+    b = 2 if bias_rows == 2 or case.endswith("bhsd") else 1
+    launch.GEOMETRIES.clear()
+    for call in range(3):  # a new layout, then two calls with other tensors of that layout
+        q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=b)
+        tail = _tail(q, kb if ks is not None else 0, config) if split else None
+        assert (tail is not None) == split
+        out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows)
+        skip_args = None if skip is None else (torch.zeros(1), torch.zeros(1, dtype=torch.int32) if skip == "count"
+                                               else None)
+        common_args = (q, qs, k, ks, v, vs, qb, kb, 0.0883883, out, lse, return_lse, config, tail, ws, bias, skip_args)
+        plan = gs.plan_launch(*common_args)
+        _assert_plan_is_reference(plan, _reference_plan(*common_args))
+        assert len(launch.GEOMETRIES) == 1, "one geometry per layout"
+    assert launch.GEOMETRIES.misses == 1 and launch.GEOMETRIES.hits == 2
+
+
+def test_one_cache_serves_every_case():
+    """Cases that share a layout but differ in config, flags, tail split, bias or output strides each get their own
+    plan."""
+    launch.GEOMETRIES.clear()
+    for bhsd_out in (False, True, False, True):
+        for case, config, return_lse, split, bias_rows, skip in CASES:
+            q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=2 if bias_rows == 2 or case.endswith("bhsd") else 1)
+            tail = _tail(q, kb if ks is not None else 0, config) if split else None
+            out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows, bhsd_out)
+            skip_args = None if skip is None else (torch.zeros(1), None)
+            common_args = (q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, return_lse, config, tail, ws, bias, skip_args)
+            _assert_plan_is_reference(gs.plan_launch(*common_args), _reference_plan(*common_args))
+    assert launch.GEOMETRIES.misses == 2 * len(CASES)
+
+
+def test_plans_of_the_offline_compile_are_the_plain_ones_on_meta_tensors():
+    """``compile_for``'s meta tensors (data pointers 0) plan as CPU tensors of their layout do."""
+    q, qs, k, ks, v, vs, qb, kb = (x.to("meta") if isinstance(x, torch.Tensor) else x for x in _inputs("int8"))
+    out, lse, _, _ = _outputs(q, v, False, None, TRIO)
+    common_args = (q, qs, k, ks, v, vs, qb, kb, 0.125, out, lse, False, TRIO)
+    _assert_plan_is_reference(gs.plan_launch(*common_args), _reference_plan(*common_args))
+
+
+def test_an_unaligned_base_is_refused_by_gluon_on_every_call():
+    """Alignment is part of the geometry's key: a K scale or K whose base is off 16 bytes plans from scratch."""
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
+    out, lse, _, _ = _outputs(q, v, False, None, TRIO)
+    launch.GEOMETRIES.clear()
+    gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, TRIO)
+    shifted = torch.ones(ks.numel() + 1)[1:].view(ks.shape)  # 4 bytes off: its scales load from global memory
+    common_args = (q, qs, k, shifted, v, vs, qb, kb, 0.1, out, lse, False, TRIO)
+    plan = gs.plan_launch(*common_args)
+    assert plan.k_scale_box is None and plan.meta["KS_TMA"] == 0
+    _assert_plan_is_reference(plan, _reference_plan(*common_args))
+    odd = torch.zeros(k.numel() + 16, dtype=torch.int8)[1:1 + k.numel()].view(1, 2048, 4, 128).transpose(1, 2)
+    for _ in range(2):
+        with pytest.raises(AssertionError, match="base must be 16-byte aligned"):
+            gs.plan_launch(q, qs, odd, ks, v, vs, qb, kb, 0.1, out, lse, False, TRIO)
+
+
+def test_cached_geometry_and_checks_keep_no_tensor_alive():
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
+    out, lse, _, _ = _outputs(q, v, True, None, TRIO)
+    refs = [weakref.ref(t) for t in (q, qs, k, ks, v, vs, out, lse)]
+    common.validate("gluon_sage", q, qs, k, ks, v, vs, qb, kb)
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, True, TRIO)
+    del plan, q, qs, k, ks, v, vs, out, lse
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+@contextlib.contextmanager
+def _recorded_launches(monkeypatch):
+    """Run ``gs.attention`` on CPU tensors: the device check passes, the launches are recorded instead of run."""
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launches.append((grid, list(args), meta))
+
+    monkeypatch.setattr(launch, "device_reason", lambda device: None)
+    monkeypatch.setattr(launch, "_sage_fwd_ws", Kernel())
+    monkeypatch.setattr(launch, "sm_count", lambda index: 20)
+    monkeypatch.setattr(gs.tail_split, "merge", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    yield launches
+
+
+@pytest.mark.parametrize("case,config,return_lse,chunked", [
+    ("int8", TRIO, False, False), ("qbf16", TRIO, True, False), ("bf16", AHEAD, True, True), ("int8", TRIO, True, True),
+])
+def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse, chunked):
+    """Whole calls, batch chunks (the grid limit, made small here) included: every launch's grid, arguments and
+    meta are the plain plan's on the tensors it received."""
+    if chunked:
+        monkeypatch.setattr(common, "MAX_GRID_Y", 4)  # B=3, H=4: one batch element per launch
+    q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=3 if chunked else 1)
+    with _recorded_launches(monkeypatch) as launches, gs.use_config(config):
+        for _ in range(2):
+            launches.clear()
+            gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, return_lse=return_lse)
+            assert len(launches) == (3 if chunked else 1)
+            for i, (grid, args, meta) in enumerate(launches):
+                lo, hi = (i, i + 1) if chunked else (0, 1)
+                part = [common.batch_chunk(t, lo, hi) for t in (q, qs, k, ks, v, vs)]
+                assert args[0].base.data_ptr() == part[0].data_ptr()
+                tail = None if meta["SPLIT_TAIL"] == 0 else gs.last_tail_plan()
+                ws = tuple(args[-4:-2]) if tail else None
+                reference = _reference_plan(*part, qb, kb, 0.09, args[9], args[10], return_lse, config, tail, ws)
+                meta = dict(meta)
+                assert meta.pop("num_warps") == 4 and meta.pop("maxnreg") == launch._launch_maxnreg(meta)
+                _assert_plan_is_reference(launch.LaunchPlan(config, grid, args, meta, None, False, tail, 0),
+                                          reference, identical=False)
+
+
+def test_checks_run_once_per_layout_and_raise_on_every_bad_call():
+    """The op's and the kernel's input checks remember layouts that passed, never one that failed."""
+    from qattn_fx.ops import attention as ops
+
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8", s=256)
+    bias = torch.zeros(1, 256)
+    ops.check_scaled_inputs(q, qs, k, ks, v, vs, qb, kb, torch.bfloat16, "gluon_sage", bias)
+    common.validate("gluon_sage", q, qs, k, ks, v, vs, qb, kb, bias)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^key_bias is on meta, k on cpu$"):
+            ops.check_scaled_inputs(q, qs, k, ks, v, vs, qb, kb, torch.bfloat16, "gluon_sage", bias.to("meta"))
+        with pytest.raises(ValueError, match=r"^gluon_sage: v must be float8_e4m3fn; got torch.int8$"):
+            common.validate("gluon_sage", q, qs, k, ks, v.view(torch.int8), vs, qb, kb, bias)
+        with pytest.raises(ValueError, match=r"^gluon_sage supports head_dim in .*; got head_dim=96 "):
+            common.validate("gluon_sage", q[..., :96], qs, k[..., :96], ks, v[..., :96], vs, qb, kb, bias)
