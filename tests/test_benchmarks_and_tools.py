@@ -41,6 +41,8 @@ def test_host_overhead_times_a_mocked_gluon_sage_call_on_the_cpu():
         times = host_overhead.time_calls(fn, iters=3, warmup=1)
     assert out.shape == (1, 2, 1024, 128) and lse.shape == (1, 2, 1024) and len(times) == 3
     assert gluon_sage.launch._sage_fwd_ws is launch
+    with pytest.raises(SystemExit):  # the LSE op takes no Skip-Softmax threshold: refused by name, not a trace
+        host_overhead.main(["--lse", "--skip"])
 
 
 def test_one_shape_table_serves_the_benchmarks_and_the_tools():

@@ -38,6 +38,7 @@ import pstats
 import statistics
 import time
 from typing import Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -90,14 +91,10 @@ def mocked_device() -> Iterator[None]:
     for tuner in tuners:
         patches += [(tuner, "timer", lambda run: (run(), 1.0)[1]), (tuner, "capturing", lambda: False),
                     (tuner, "cache_path", None)]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
-    try:
+    with contextlib.ExitStack() as stack:
         for obj, name, value in patches:
-            setattr(obj, name, value)
+            stack.enter_context(mock.patch.object(obj, name, value))
         yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
 
 
 def call(args: tuple, shape: Shape, *, key_bias: bool, lse: bool, skip: bool) -> Callable[[], object]:
@@ -152,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
     p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
     a = p.parse_args(argv)
+    if a.lse and a.skip:
+        p.error("--lse and --skip cannot be combined: qattn::scaled_attention_lse takes no Skip-Softmax threshold")
     import qattn_fx
     from qattn_fx.kernels import gluon_sage
 
