@@ -278,8 +278,6 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
         return f"sequence lengths must be multiples of {m}"
     if use.skip_softmax is not None and not req.skip_softmax:
         return "no skip-softmax"
-    if use.skip_softmax is not None and req.skip_softmax_archs and hardware.arch not in req.skip_softmax_archs:
-        return f"skip-softmax on {'/'.join(req.skip_softmax_archs)} only, have {hardware.arch}"
     return None
 
 

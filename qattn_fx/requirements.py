@@ -59,8 +59,7 @@ class Requirements:
     (key-padding or additive, as a logit bias); ``lse``: it also returns the log-sum-exp of each query row (what
     ring attention merges partial results by; ``qattn::scaled_attention_lse``); ``qk_dtypes``: the recipe Q/K
     formats this target runs (``None``: every format the kernel implements), for kernels whose architectures differ
-    by format. ``skip_softmax``: it runs Skip-Softmax (:mod:`qattn_fx.skip_softmax`), on ``skip_softmax_archs``
-    only when given (a subset of ``archs``).
+    by format.
     """
 
     kernel: str | None
@@ -76,7 +75,6 @@ class Requirements:
     self_attention_only_equal_shapes: bool = False
     seq_multiple_of: int = 1
     skip_softmax: bool = False
-    skip_softmax_archs: tuple[str, ...] | None = None
     qk_dtypes: tuple[str, ...] | None = None
     note: str = ""
 

@@ -307,18 +307,12 @@ def test_skip_softmax_on_gluon_sage_and_trtllm_gen():
     blackwell = resolve(site(), SM100, spec("auto", SAGE_INT8, skip_softmax=skip))
     quantized(blackwell, "flashinfer_trtllm_sage", "TRTLLM")
     assert blackwell.skip_softmax == skip
-    # triton_sage runs it on sm_90 (64 x 128 programs): pinned, or where Gluon is missing (triton < 3.6)
-    pinned = resolve(site(), SM90, spec("TRITON", SAGE_INT8, skip_softmax=skip, kernel="triton_sage"))
-    quantized(pinned, "triton_sage", "TRITON")
-    assert pinned.skip_softmax == skip
+    # a pinned kernel without Skip-Softmax raises, naming why
+    with pytest.raises(ValueError, match=r"kernel 'triton_sage' cannot serve .* TRITON: no skip-softmax"):
+        resolve(site(), SM90, spec("TRITON", SAGE_INT8, skip_softmax=skip, kernel="triton_sage"))
+    # without Gluon (triton < 3.6) auto keeps the site dense rather than drop the skip
     old = resolve(site(), SM90_TRITON_3_5, spec("auto", SAGE_INT8, skip_softmax=skip))
-    quantized(old, "triton_sage", "TRITON")
-    # not on sm_89 (64-key tiles there): a pinned kernel raises naming why, auto keeps the site dense
-    with pytest.raises(ValueError, match=r"kernel 'triton_sage' cannot serve .* TRITON: skip-softmax on sm_90 "
-                                         r"only, have sm_89"):
-        resolve(site(), SM89, spec("TRITON", SAGE_INT8, skip_softmax=skip, kernel="triton_sage"))
-    ada = resolve(site(), SM89, spec("auto", SAGE_INT8, skip_softmax=skip))
-    assert not ada.quantized and "skip-softmax on sm_90 only, have sm_89" in ada.reason
+    assert not old.quantized and "TRITON: no skip-softmax" in old.reason
 
 
 def test_bf16_skip_softmax_has_no_kernel_and_says_so():

@@ -220,36 +220,6 @@ def test_matches_emulation(qk, blocks, config):
     assert_matches_emulation(out, emu, qk)
 
 
-@pytest.mark.parametrize("qk,blocks", [("int8", (1, 16)), ("fp8", (1, 4)), ("bf16", (0, 0))])
-def test_skip_softmax_skips_the_emulated_tiles(qk, blocks):
-    """Skip-Softmax (:mod:`qattn_fx.skip_softmax`) in programs of one 64 x 128 contract tile: the kernel skips the
-    tiles the emulated tile loop skips (its own count), gives the emulation's output, and with λ = 0 skips nothing
-    and gives the bits of the same config without the test. Local attention (``benchmarks.common.local_qkv``), 130
-    query rows (a partial row tile: rows past Sq do not vote) and 300 keys (a partial key tile)."""
-    from benchmarks.common import local_qkv
-
-    args = quantize(*local_qkv(1, 2, 130, 300, 64, sharpness=2.0, width=40.0, device="cpu"), qk, *blocks)
-    sm_scale = 0.125
-    with ts.use_config("64,128,8,1"):
-        plain = ts.attention(*args, sm_scale, torch.float32)
-        for lam in (0.0, 0.05):
-            count = torch.zeros(1, dtype=torch.int32)
-            out = ts.attention(*args, sm_scale, torch.float32, skip_threshold=torch.tensor([lam]), skip_count=count)
-            counts = []
-            emu = emulate(*args, sm_scale, 128, skip_threshold=lam, skip_counts=counts)
-            assert int(count) == counts[0] and (counts[0] > 0) == (lam > 0), (lam, int(count), counts)
-            # fp32 level: these logits reach ~8x make_qkv's, and the interpreter's fp32 Q·Kᵀ sums (the emulation's
-            # fp64) differ with them, so the bound is 2e-4 / 5e-6 rather than assert_matches_emulation's 1e-5 / 1e-6
-            max_rel, mean_rel = errors(out, emu)
-            assert max_rel < 2e-4 and mean_rel < 5e-6, (lam, max_rel, mean_rel)
-            if lam == 0:
-                assert torch.equal(out, plain)
-    with pytest.raises(ValueError, match=r"config BM32_BN32_w4_s1 cannot run Skip-Softmax; valid: BLOCK_M 64, "
-                                         r"BLOCK_N 128, no 'pipe'"):
-        with ts.use_config("32,32,4,1"):
-            ts.attention(*args, sm_scale, torch.float32, skip_threshold=torch.tensor([0.05]))
-
-
 def _first_tile_max_inputs(qk, q_block, k_block):
     """Inputs whose row max logit is key 0 (first K tile) for every query, with the other P still non-negligible.
 
@@ -490,20 +460,3 @@ def test_compiles_for_gpu(monkeypatch, cap, qk, blocks, config):
         assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in compiled.asm["ptx"]
     # V (8-byte aligned rows) and K are copied asynchronously into shared memory
     assert ttgir.count("ttg.async_copy_global_to_local") >= 2
-
-
-@pytest.mark.skipif(not _ptxas_available(), reason="Triton's ptxas is not installed")
-@pytest.mark.parametrize("config", [str(c) for c in ts.SKIP_CONFIGS])
-@pytest.mark.parametrize("qk,blocks,d", [(torch.int8, (1, 16), 128), (torch.float8_e4m3fn, (1, 4), 64),
-                                         (torch.bfloat16, (0, 0), 128)])
-def test_skip_softmax_configs_compile_for_sm90_without_spills(monkeypatch, config, qk, blocks, d):
-    """The Skip-Softmax programs (one 64 x 128 contract tile, the test and its branch, counting included) fit
-    their registers on sm_90; other tiles are refused by name."""
-    monkeypatch.delenv("TRITON_INTERPRET")
-    for skip in (1, 2):
-        compiled = ts.compile_for((9, 0), ts.KernelConfig.parse(config), *_meta_inputs(qk, *blocks, d=d), skip=skip)
-        report = ts.ptxas_report(compiled, (9, 0))
-        assert report["ptxas_ok"] and report["spill_stores"] == 0, report
-        assert ("atom.global" in compiled.asm["ptx"]) == (skip == 2)
-    with pytest.raises(ValueError, match="cannot run Skip-Softmax; valid: BLOCK_M 64, BLOCK_N 128, no 'pipe'"):
-        ts.compile_for((9, 0), ts.KernelConfig.parse("128,128,8,3"), *_meta_inputs(qk, *blocks, d=d), skip=1)

@@ -21,7 +21,7 @@ from typing import ClassVar, Iterator, Optional
 
 import torch
 
-from .. import config, formats, skip_softmax
+from .. import config, formats
 from . import info as _kernel_info
 from . import q_quantized_in_kernel
 from . import requirements as _requirements_of
@@ -264,41 +264,3 @@ class LastLaunch:
 
     config: object = None
     tail: object = None
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Skip-Softmax (the contract: qattn_fx.skip_softmax)
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def skip_args(kernel: str, q: torch.Tensor, skip_threshold: Optional[torch.Tensor],
-              skip_count: Optional[torch.Tensor]) -> Optional[tuple]:
-    """``(log2 λ, count)`` for a Sage kernel's launch (``log2 λ`` fp32, one element, on ``q``'s device: ``-inf``
-    for λ = 0), or ``None`` without Skip-Softmax; ``ValueError`` naming the argument for a bad one."""
-    if skip_threshold is None:
-        if skip_count is not None:
-            raise ValueError(f"{kernel}: skip_count without skip_threshold; give both or neither")
-        return None
-    if skip_threshold.numel() != 1 or not skip_threshold.dtype.is_floating_point:
-        raise ValueError(f"{kernel}: skip_threshold must be a one-element float tensor; got {skip_threshold.dtype} "
-                         f"of shape {tuple(skip_threshold.shape)}")
-    if skip_count is not None and (skip_count.dtype != torch.int32 or skip_count.numel() != 1
-                                   or skip_count.device != q.device):
-        raise ValueError(f"{kernel}: skip_count must be a one-element int32 tensor on {q.device}; got "
-                         f"{skip_count.dtype} of shape {tuple(skip_count.shape)} on {skip_count.device}")
-    return skip_softmax.log2_threshold(skip_threshold.to(q.device)).reshape(1), skip_count
-
-
-def counting_skips(q: torch.Tensor, k: torch.Tensor, skip_threshold: Optional[torch.Tensor], skip_label: str,
-                   call):
-    """``call(count)``: a kernel call given its skip counter (``None`` unless ``skip_threshold`` is given inside
-    :func:`qattn_fx.skip_softmax.measure`, then a zeroed int32 tensor whose total is recorded under ``skip_label``
-    afterwards: a synchronization per call)."""
-    count = None
-    if skip_threshold is not None and skip_softmax.active() is not None:
-        count = torch.zeros(1, dtype=torch.int32, device=q.device)
-    out = call(count)
-    if count is not None:
-        rows, keys = skip_softmax.tiles(q.shape[2], k.shape[2])
-        skip_softmax.record(skip_label, int(count.item()), q.shape[0] * q.shape[1] * rows * keys)
-    return out

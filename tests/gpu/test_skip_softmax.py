@@ -1,4 +1,4 @@
-"""Skip-Softmax in gluon_sage and triton_sage on a real sm_90 GPU (:mod:`qattn_fx.skip_softmax`, the contract).
+"""Skip-Softmax in gluon_sage on a real sm_90 GPU (:mod:`qattn_fx.skip_softmax`, the contract).
 
 Run: ``pytest -m gpu tests/gpu/test_skip_softmax.py -v``. λ = 0 must give the bits of the launch without the test
 (same config, no tail split); λ > 0 on structured inputs (local attention, :func:`benchmarks.common.local_qkv`) must
@@ -27,7 +27,6 @@ from qattn_fx import config as qattn_config  # noqa: E402
 from qattn_fx import skip_softmax  # noqa: E402
 from qattn_fx.kernels import emulation, reference  # noqa: E402
 from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
-from qattn_fx.kernels import triton_sage as ts  # noqa: E402
 
 DEV = "cuda"
 needs_sm90 = pytest.mark.skipif(
@@ -108,42 +107,6 @@ def test_op_records_measured_sparsity_and_ahead_configs_are_refused():
     assert measured.sites["blocks_0_attn1"].sparsity > 0.05
     with gs.use_config("128,3,ahead,mmasum"), pytest.raises(ValueError, match="cannot run Skip-Softmax"):
         gs.attention(*args, 0.088, torch.bfloat16, skip_threshold=thr)
-
-
-#: triton_sage's Skip-Softmax programs (one 64 x 128 contract tile, :data:`triton_sage.SKIP_CONFIGS`), per Q/K format.
-TRITON_CASES = [("64,128,8,3", "int8", (1, 16)), ("64,128,8,2", "fp8", (1, 4)), ("64,128,8,3", "bf16", (0, 0))]
-
-
-@needs_sm90
-@pytest.mark.parametrize("config,qk,blocks", TRITON_CASES, ids=[f"{c}-{q}" for c, q, _ in TRITON_CASES])
-def test_triton_sage_skips_the_emulated_tiles(config, qk, blocks):
-    """triton_sage: λ = 0 gives the bits of the same config without the test; λ > 0 skips the emulated tile loop's
-    tiles (its own count, up to boundary decisions) and matches its output at fp32 level; an unforced launch is
-    tuned over the Skip-Softmax configs."""
-    args = _inputs(qk, blocks)
-    sm_scale = 1.0 / math.sqrt(128)
-
-    def run(threshold=None, count=None):
-        thr = None if threshold is None else torch.tensor([threshold], device=DEV)
-        return ts.attention(*args, sm_scale, torch.float32, skip_threshold=thr, skip_count=count)
-
-    rows, keys = skip_softmax.tiles(args[0].shape[2], args[2].shape[2])
-    total = args[0].shape[0] * args[0].shape[1] * rows * keys
-    with ts.use_config(config):
-        plain = run()
-        count = torch.zeros(1, dtype=torch.int32, device=DEV)
-        assert torch.equal(run(0.0, count), plain) and int(count) == 0
-        for threshold in (1e-3, 0.2):
-            count = torch.zeros(1, dtype=torch.int32, device=DEV)
-            out = run(threshold, count)
-            counts = []
-            want = emulation.emulate(*args, sm_scale, 128, skip_threshold=threshold, skip_counts=counts)
-            assert counts[0] > 0.05 * total, f"structured inputs should skip tiles at λ={threshold}"
-            assert abs(int(count) - counts[0]) <= max(2, 0.002 * total), (int(count), counts[0], total)
-            support.assert_fp32_level(out.float(), want, f"{config} {qk} λ={threshold} vs emulation",
-                                      fp8_qk=qk == "fp8", name="triton_sage")
-    assert torch.equal(run(0.2), out)  # the autotuned launch: another SKIP_CONFIGS entry, the same bits
-    assert ts.best_config(skip=True) in ts.SKIP_CONFIGS
 
 
 def _wan_on_gpu(frames=4, size=64):

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from ... import config as qattn_config
+from ... import skip_softmax
 from .. import _sage_common as common
 from .. import q_quantized_in_kernel
 from .._config_tuner import ConfigTuner
@@ -417,7 +418,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     of skipped tiles is added.
     """
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    skip = common.skip_args(KERNEL, q, skip_threshold, skip_count)
+    skip = _skip_args(q, skip_threshold, skip_count)
     q, k = _aligned(q), _aligned(k)
     reason = ineligible(q, k, v)
     if reason is not None:
@@ -457,14 +458,36 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     return (out, lse) if return_lse else out
 
 
+def _skip_args(q, skip_threshold, skip_count) -> Optional[tuple]:
+    """``(log2 λ, count)`` for the kernel, or ``None`` without Skip-Softmax."""
+    if skip_threshold is None:
+        if skip_count is not None:
+            raise ValueError("gluon_sage: skip_count without skip_threshold; give both or neither")
+        return None
+    if skip_threshold.numel() != 1 or not skip_threshold.dtype.is_floating_point:
+        raise ValueError(f"gluon_sage: skip_threshold must be a one-element float tensor; got {skip_threshold.dtype} "
+                         f"of shape {tuple(skip_threshold.shape)}")
+    if skip_count is not None and (skip_count.dtype != torch.int32 or skip_count.numel() != 1
+                                   or skip_count.device != q.device):
+        raise ValueError(f"gluon_sage: skip_count must be a one-element int32 tensor on {q.device}; got "
+                         f"{skip_count.dtype} of shape {tuple(skip_count.shape)} on {skip_count.device}")
+    return skip_softmax.log2_threshold(skip_threshold.to(q.device)).reshape(1), skip_count
+
+
 def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
                      return_lse=False, skip_threshold=None, skip_label=""):
     """Kernel entry for ``qattn::scaled_attention``; ``return_lse``: also the LSE (``qattn::scaled_attention_lse``).
     With ``skip_threshold`` inside :func:`qattn_fx.skip_softmax.measure`, the skipped tiles are counted and recorded
     under ``skip_label`` (a synchronization per call)."""
-    return common.counting_skips(q, k, skip_threshold, skip_label, lambda count: attention(
-        q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
-        return_lse=return_lse, skip_threshold=skip_threshold, skip_count=count))
+    count = None
+    if skip_threshold is not None and skip_softmax.active() is not None:
+        count = torch.zeros(1, dtype=torch.int32, device=q.device)
+    out = attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
+                    return_lse=return_lse, skip_threshold=skip_threshold, skip_count=count)
+    if count is not None:
+        rows, keys = skip_softmax.tiles(q.shape[2], k.shape[2])
+        skip_softmax.record(skip_label, int(count.item()), q.shape[0] * q.shape[1] * rows * keys)
+    return out
 
 
 def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int,

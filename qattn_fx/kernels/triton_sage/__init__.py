@@ -72,13 +72,12 @@ side); the constants, input checks and helpers shared with gluon_sage are in :mo
 """
 
 from .._offline import ptxas_report
-from .config import (BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, FORCED, SKIP_CONFIGS, KernelConfig,
-                     check_skip_config, forced_config, set_config, use_config)
+from .config import (BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, FORCED, KernelConfig, forced_config, set_config,
+                     use_config)
 from .launch import (CAPABILITIES, HEAD_DIMS, attention, best_config, check_device, compile_for, interpreter_active,
                      kernel_module, prune_configs, scaled_attention, tuned_candidates)
 
 __all__ = ["BLOCK_N_BY_CAPABILITY", "CAPABILITIES", "CONFIGS", "FORCED", "HEAD_DIMS", "INTERPRET_CONFIG",
-           "SKIP_CONFIGS", "KernelConfig", "attention", "best_config", "check_device", "check_skip_config",
-           "compile_for", "forced_config",
+           "KernelConfig", "attention", "best_config", "check_device", "compile_for", "forced_config",
            "interpreter_active", "kernel_module", "prune_configs", "ptxas_report", "scaled_attention", "set_config",
            "tuned_candidates", "use_config"]

@@ -80,21 +80,6 @@ CONFIGS: tuple[KernelConfig, ...] = (
 BLOCK_N_BY_CAPABILITY = {(9, 0): 128, (8, 9): 64}
 #: Used under the Triton interpreter (small tiles: many tiles and tails on test shapes).
 INTERPRET_CONFIG = KernelConfig(32, 32, 4, 1)
-#: The autotuned set of Skip-Softmax launches: programs of one contract tile (64 query rows, 128 keys:
-#: :data:`qattn_fx.skip_softmax.TILE_ROWS`, ``TILE_KEYS``), no ``pipe`` (the test's branch wraps a whole step). sm_90
-#: only: sm_89's configs use 64-key tiles (:data:`BLOCK_N_BY_CAPABILITY`). Same numerics as :data:`CONFIGS` on sm_90.
-#: Eight warps: with four, the test's live values made ptxas spill at head_dim 128 (32-316 bytes, offline).
-SKIP_CONFIGS: tuple[KernelConfig, ...] = (KernelConfig(64, 128, 8, 3), KernelConfig(64, 128, 8, 2))
-#: Skip-Softmax launches under the interpreter.
-SKIP_INTERPRET_CONFIG = KernelConfig(64, 128, 8, 1)
-
-
-def check_skip_config(config: KernelConfig) -> None:
-    """Skip-Softmax runs programs of one contract tile (64 x 128) without ``pipe``; ``ValueError`` naming the
-    config otherwise."""
-    if (config.block_m, config.block_n, config.pipe) != (64, 128, 0):
-        raise ValueError(f"triton_sage config {config} cannot run Skip-Softmax; valid: BLOCK_M 64, BLOCK_N 128, no "
-                         f"'pipe' (one contract tile per program), e.g. '64,128,8,3'")
 
 #: The forced config (``qattn_fx.config.triton_sage_config``, ``$QATTN_TRITON_SAGE_CONFIG``).
 FORCED = ForcedConfig(KernelConfig, "triton_sage_config")

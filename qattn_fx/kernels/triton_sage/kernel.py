@@ -101,11 +101,21 @@ def _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N: tl.constexpr, MASK_KV: tl.constex
 
 
 @triton.jit
-def _scale_logits(s, ks, rs, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """``(t, rs)``: the raw ``S`` (from :func:`_qk_tile`) with the tile's K scales ``ks`` (:func:`_load_ks`)
-    applied (exact int32 → fp32 for int8), and the (BLOCK_M,) row scale ``rs`` times K's scale when it is one per
-    tile: the logits in log2 units are ``t · rs``."""
+def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
+             QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+             MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Online-softmax step for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`).
+
+    ``ks``: the tile's K scales (:func:`_load_ks`); ``rs`` (BLOCK_M,) row scale; ``kb``: with ``HAS_BIAS`` the
+    tile's key bias in log2 units (:func:`_load_kb`, ``-inf`` for masked keys and past ``SEQ_KV``), added to the
+    logits ``z = t·rs + kb`` whose max is then taken directly (a running max of ``-inf``, every key so far masked,
+    is used as 0: the tile's P are 0, not NaN); ``MASK_KV``: the tile may run past ``SEQ_KV``. Returns ``(p8,
+    alpha, l, m)``: the e4m3 ``P448`` tile, the factor rescaling earlier accumulations, and the updated row sum / max.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASK_KV:
+        n_valid = offs_n < SEQ_KV
+
     # ---- t = S with per-column K scales applied (exact int32 → fp32 for int8) ------------------------------
     PER_COL: tl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
     GROUPED: tl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
@@ -141,49 +151,31 @@ def _scale_logits(s, ks, rs, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK
             t = t * ks[None, :]
     if K_BLOCK > 0 and not PER_COL:  # one K scale for the whole tile
         rs = rs * ks
-    return t, rs
 
-
-@triton.jit
-def _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
-              HAS_BIAS: tl.constexpr):
-    """Each row's largest logit in the tile, log2 units: of ``z = t·rs + kb`` with ``HAS_BIAS`` (``kb`` is -inf
-    past ``SEQ_KV``), else ``max(t) · rs`` (scales >= 0) over the columns before ``SEQ_KV`` (``MASK_KV``)."""
-    if HAS_BIAS:
+    # ---- online softmax (log2 units, scales >= 0 so max(t·rs) = max(t)·rs) --------------------------------------
+    if HAS_BIAS:  # z = t·rs + kb; kb is -inf past SEQ_KV, so no column mask is needed
         z = t * rs[:, None] + kb[None, :]
         if INTERPRET:
-            return tl.reduce(z, 1, tl.standard._elementwise_max)
+            z_max = tl.reduce(z, 1, tl.standard._elementwise_max)
         else:
-            return tl.max(z, 1)
+            z_max = tl.max(z, 1)
+        m_new = tl.maximum(m_i, z_max)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(z - (m_use - C_LOG2_448)[:, None])  # 448 · exp2(z - m)
+        alpha = tl.math.exp2(m_i - m_use)
     else:
         if MASK_KV:
-            t_for_max = tl.where(((start_n + tl.arange(0, BLOCK_N)) < SEQ_KV)[None, :], t, float("-inf"))
+            t_for_max = tl.where(n_valid[None, :], t, float("-inf"))
         else:
             t_for_max = t
         if INTERPRET:  # tl.max/tl.sum are @jit functions, compiled-mode objects if triton was imported before
             t_max = tl.reduce(t_for_max, 1, tl.standard._elementwise_max)  # TRITON_INTERPRET=1; the interpreter
         else:  # runs tl.reduce with these combine functions natively
             t_max = tl.max(t_for_max, 1)
-        return t_max * rs
-
-
-@triton.jit
-def _exp_sum(t, rs, kb, tile_max, l_i, m_i, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-             MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The rest of the online-softmax step given the tile's row maxima (:func:`_tile_max`): ``(p8, alpha, l, m)``,
-    the e4m3 ``P448 = 448 · exp2(z - m)`` tile (0 past ``SEQ_KV``), the factor rescaling earlier accumulations, and
-    the updated row sum / max. With ``HAS_BIAS`` a running max of ``-inf`` (every key so far masked) is used as 0:
-    the tile's P are 0, not NaN."""
-    m_new = tl.maximum(m_i, tile_max)
-    if HAS_BIAS:
-        z = t * rs[:, None] + kb[None, :]
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(z - (m_use - C_LOG2_448)[:, None])  # 448 · exp2(z - m)
-        alpha = tl.math.exp2(m_i - m_use)
-    else:
+        m_new = tl.maximum(m_i, t_max * rs)
         p = tl.math.exp2(t * rs[:, None] - (m_new - C_LOG2_448)[:, None])  # 448 · exp2(z - m)
         if MASK_KV:
-            p = tl.where(((start_n + tl.arange(0, BLOCK_N)) < SEQ_KV)[None, :], p, 0.0)
+            p = tl.where(n_valid[None, :], p, 0.0)
         alpha = tl.math.exp2(m_i - m_new)
     if INTERPRET:
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
@@ -198,19 +190,6 @@ def _exp_sum(t, rs, kb, tile_max, l_i, m_i, start_n, SEQ_KV, BLOCK_N: tl.constex
         inv_ulp = ((257 - e) << 23).to(tl.float32, bitcast=True)
         p = ((p * inv_ulp + 8388608.0) - 8388608.0) * ulp
     return p.to(tl.float8e4nv), alpha, l_i, m_new
-
-
-@triton.jit
-def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
-             QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
-             MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Online-softmax step for the tile at ``start_n`` given its ``S`` (from :func:`_qk_tile`):
-    :func:`_scale_logits`, :func:`_tile_max`, :func:`_exp_sum`. ``ks``: the tile's K scales (:func:`_load_ks`);
-    ``rs`` (BLOCK_M,) row scale; ``kb``: with ``HAS_BIAS`` the tile's key bias in log2 units (:func:`_load_kb`);
-    ``MASK_KV``: the tile may run past ``SEQ_KV``. Returns ``(p8, alpha, l, m)``."""
-    t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N, INTERPRET)
-    tile_max = _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N, INTERPRET, MASK_KV, HAS_BIAS)
-    return _exp_sum(t, rs, kb, tile_max, l_i, m_i, start_n, SEQ_KV, BLOCK_N, INTERPRET, MASK_KV, HAS_BIAS)
 
 
 @triton.jit
@@ -238,32 +217,6 @@ def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV,
 
 
 @triton.jit
-def _softmax_pv_skip(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, log2_thr, row_out, SkipCount,
-                     QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr,
-                     PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SKIP: tl.constexpr):
-    """:func:`_softmax_pv` behind Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`; the program's BLOCK_M = 64
-    rows and BLOCK_N = 128 keys are the contract's tile): when every row not in ``row_out`` (rows past ``SEQ_Q``)
-    has ``tile max - m < log2_thr`` (``m``: the running max before the tile; NaN, a row whose keys so far are all
-    masked, votes no), the exponentials and P·V are not run and ``acc``, ``l``, ``m`` stay as they were; ``SKIP ==
-    2`` then adds 1 to ``SkipCount``."""
-    t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N, INTERPRET)
-    tile_max = _tile_max(t, rs_t, kb, start_n, SEQ_KV, BLOCK_N, INTERPRET, MASK_KV, HAS_BIAS)
-    vote = (((tile_max - m_i) < log2_thr) | row_out).to(tl.int32)
-    if INTERPRET:
-        all_skip = tl.reduce(vote, 0, tl.standard._elementwise_min)
-    else:
-        all_skip = tl.min(vote, 0)
-    if all_skip == 0:  # some row needs the tile
-        p8, alpha, l_i, m_i = _exp_sum(t, rs_t, kb, tile_max, l_i, m_i, start_n, SEQ_KV, BLOCK_N, INTERPRET,
-                                       MASK_KV, HAS_BIAS)
-        acc = _pv(acc, alpha, p8, v, BLOCK_N, PV_FP16, PV_SPLIT)
-    elif SKIP == 2:
-        tl.atomic_add(SkipCount, 1)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _sage_fwd(
     Q, K, V, QS, KS, VS, KB, Out, Lse,
     qk_scale,
@@ -276,18 +229,14 @@ def _sage_fwd(
     stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV,
-    SQ_BUCKET, SKV_BUCKET, SkipThr, SkipCount,
+    SQ_BUCKET, SKV_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
     RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
     V_ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
-    SKIP: tl.constexpr = 0,
 ):
-    """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit.
-    ``SKIP`` (1; 2: counting skipped tiles into ``SkipCount``, int32): Skip-Softmax's tile test with ``log2 λ``
-    read from ``SkipThr`` (fp32, one element), in programs of 64 x 128 tiles without ``PIPE``
-    (:func:`_softmax_pv_skip`)."""
+    """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -363,20 +312,12 @@ def _sage_fwd(
                                         K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
     else:
         # Full tiles without masks, then the tail tile (if any) with masks.
-        if SKIP:
-            log2_thr = tl.load(SkipThr)
-            row_out = offs_m >= SEQ_Q
         for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
             v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
             ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
             kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
             s = _qk_tile(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
-            if SKIP:
-                acc, l_i, m_i = _softmax_pv_skip(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, log2_thr, row_out,
-                                                 SkipCount, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET,
-                                                 False, HAS_BIAS, SKIP)
-            else:
-                acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
                                             BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
             k_base += k_step
             v_base += v_step
@@ -386,12 +327,7 @@ def _sage_fwd(
             ks = _load_ks(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
             kb = _load_kb(kb_ptr, n_full, SEQ_KV, BLOCK_N, True, HAS_BIAS)
             s = _qk_tile(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            if SKIP:
-                acc, l_i, m_i = _softmax_pv_skip(acc, l_i, m_i, s, v, ks, rs, kb, n_full, SEQ_KV, log2_thr, row_out,
-                                                 SkipCount, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET,
-                                                 True, HAS_BIAS, SKIP)
-            else:
-                acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, n_full, SEQ_KV, QK_KIND, K_BLOCK,
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, n_full, SEQ_KV, QK_KIND, K_BLOCK,
                                             BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------

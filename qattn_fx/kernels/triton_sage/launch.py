@@ -12,8 +12,7 @@ import torch
 from .. import _sage_common as common
 from .. import requirements as kernel_requirements
 from .._cuda_utils import empty_bshd
-from .config import (BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, SKIP_CONFIGS, SKIP_INTERPRET_CONFIG,
-                     KernelConfig, check_skip_config, forced_config)
+from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
 
 try:  # GPU libraries are optional at import time; the kernel raises a clear error without them.
     import triton
@@ -32,9 +31,9 @@ CAPABILITIES = _REQUIREMENTS.capabilities
 
 _KERNEL_SOURCE = Path(__file__).with_name("kernel.py")
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
-                 "PV_SPLIT", "HAS_BIAS", "SKIP", "SQ_BUCKET", "SKV_BUCKET"]
+                 "PV_SPLIT", "HAS_BIAS", "SQ_BUCKET", "SKV_BUCKET"]
 _MODULES: dict[bool, object] = {}  # the kernel source, loaded per Triton mode (interpreted or not)
-_TUNED: dict[bool, object] = {}  # the autotuned wrappers of the compiled kernel (by Skip-Softmax or not)
+_TUNED: dict[str, object] = {}  # the autotuned wrapper of the compiled kernel
 
 
 def interpreter_active() -> bool:
@@ -83,19 +82,18 @@ def tuned_candidates(capability: tuple[int, int], sq: int) -> list[KernelConfig]
     return [KernelConfig.from_triton(c) for c in kept]
 
 
-def _tuned(skip: bool = False):
-    """The compiled kernel under ``triton.autotune`` over :data:`CONFIGS` (``skip``: :data:`SKIP_CONFIGS`)."""
-    if skip not in _TUNED:
-        _TUNED[skip] = triton.autotune(configs=[c.to_triton() for c in (SKIP_CONFIGS if skip else CONFIGS)],
-                                       key=_AUTOTUNE_KEY, prune_configs_by={"early_config_prune": prune_configs})(
+def _tuned():
+    """The compiled kernel under ``triton.autotune`` over :data:`CONFIGS`."""
+    if "kernel" not in _TUNED:
+        _TUNED["kernel"] = triton.autotune(configs=[c.to_triton() for c in CONFIGS], key=_AUTOTUNE_KEY,
+                                           prune_configs_by={"early_config_prune": prune_configs})(
             kernel_module(False)._sage_fwd)
-    return _TUNED[skip]
+    return _TUNED["kernel"]
 
 
-def best_config(skip: bool = False) -> Optional[KernelConfig]:
-    """The autotuner's most recent choice (for reports; ``skip``: of Skip-Softmax launches); ``None`` before any
-    tuning."""
-    cfg = getattr(_TUNED.get(skip), "best_config", None)
+def best_config() -> Optional[KernelConfig]:
+    """The autotuner's most recent choice (for reports); ``None`` before any tuning."""
+    cfg = getattr(_TUNED.get("kernel"), "best_config", None)
     return None if cfg is None else KernelConfig.from_triton(cfg)
 
 
@@ -116,10 +114,9 @@ def check_device(x: torch.Tensor) -> Optional[tuple[int, int]]:
 
 
 def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
-            key_bias=None, out=None, lse=None, skip=None):
+            key_bias=None, out=None, lse=None):
     """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT);
-    ``out``/``lse`` given: write into them (a batch chunk of a larger call); ``skip``: ``(log2 λ, count or None)``
-    (:func:`.._sage_common.skip_args`)."""
+    ``out``/``lse`` given: write into them (a batch chunk of a larger call)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     if out is None:
@@ -141,7 +138,6 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv,
         common.seq_bucket(sq), common.seq_bucket(skv),
-        *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
     ]
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_V=dv, QK_KIND=common.QK_KIND[q.dtype],
@@ -153,7 +149,6 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         INTERPRET=interpret,
         V_ALIGN=common.pow2_divisor(v.stride(-1), 16) if v_seq_major else 16,
         HAS_BIAS=key_bias is not None,
-        SKIP=0 if skip is None else (2 if skip[1] is not None else 1),
     )
     return out, lse, args, meta
 
@@ -168,35 +163,21 @@ def _loop_end(config: KernelConfig, skv: int, interpret: bool) -> int:
 
 
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
-              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None,
-              skip_threshold: Optional[torch.Tensor] = None, skip_count: Optional[torch.Tensor] = None):
+              out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
     """``qattn::scaled_attention`` on this kernel; with ``return_lse`` also the LSE ``(B, Hq, Sq)`` fp32.
 
     Layouts and dtypes: see the package docstring. ``key_bias``: fp32 ``(B|1, Skv)`` added to the logits (masked
     keys ``-inf``; a row with every key masked gives 0 and LSE ``-inf``). The LSE is ``ln Σ_j exp(s_ij)`` of the
-    dequantized, scaled (and biased) logits ``s = q·kᵀ·sm_scale + bias`` (natural log). ``skip_threshold``:
-    Skip-Softmax's λ (:mod:`qattn_fx.skip_softmax`), a one-element float tensor on the device, run in programs of
-    one 64 x 128 contract tile (:data:`.config.SKIP_CONFIGS`, sm_90 only); ``skip_count``: an int32 one-element
-    tensor on the device to which the number of skipped tiles is added. Launches on the current stream, never
-    synchronizes. Calls of more than :data:`~qattn_fx.kernels._sage_common.MAX_GRID_Y` (batch, head) pairs run in
-    batch chunks.
+    dequantized, scaled (and biased) logits ``s = q·kᵀ·sm_scale + bias`` (natural log). Launches on the current
+    stream, never synchronizes. Calls of more than :data:`~qattn_fx.kernels._sage_common.MAX_GRID_Y` (batch,
+    head) pairs run in batch chunks.
     """
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
     cap = check_device(q)
     interpret = interpreter_active()
-    skip = common.skip_args(KERNEL, q, skip_threshold, skip_count)
-    config = forced_config()
-    if skip is not None:
-        if cap is not None and BLOCK_N_BY_CAPABILITY[cap] != 128:
-            raise ValueError(f"triton_sage: Skip-Softmax needs 128-key tiles (the contract's), which it runs on "
-                             f"sm_90 only; this GPU is sm_{cap[0]}{cap[1]}")
-        config = config or (SKIP_INTERPRET_CONFIG if interpret else None)
-        if config is not None:
-            check_skip_config(config)
-    elif config is None and interpret:
-        config = INTERPRET_CONFIG
+    config = forced_config() or (INTERPRET_CONFIG if interpret else None)
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, interpret, key_bias, skip=skip)
+                                   return_lse, cap, interpret, key_bias)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
@@ -204,7 +185,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         if (lo, hi) != (0, bsz):
             chunk = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
             _, _, args, meta = _launch(*chunk[:6], q_block, k_block, sm_scale, out_dtype, return_lse, cap,
-                                       interpret, chunk[6], out[lo:hi], lse[lo:hi] if return_lse else None, skip)
+                                       interpret, chunk[6], out[lo:hi], lse[lo:hi] if return_lse else None)
         _run(interpret, config, args, meta, hi - lo, hq, sq, k.shape[2], q.device)
     return (out, lse) if return_lse else out
 
@@ -218,17 +199,15 @@ def _run(interpret, config, args, meta, bsz, hq, sq, skv, device) -> None:
                 num_warps=config.num_warps, num_stages=config.num_stages)
         else:
             grid = lambda meta_: (triton.cdiv(sq, meta_["BLOCK_M"]), bsz * hq)  # noqa: E731
-            _tuned(bool(meta["SKIP"]))[grid](*args, **meta, INTERP_LOOP_END=0)
+            _tuned()[grid](*args, **meta, INTERP_LOOP_END=0)
 
 
 def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, *, key_bias=None,
-                     return_lse=False, skip_threshold=None, skip_label=""):
+                     return_lse=False):
     """Kernel entry for ``qattn::scaled_attention`` (``kernel="triton_sage"``); ``return_lse``: also the LSE
-    (``qattn::scaled_attention_lse``). With ``skip_threshold`` inside :func:`qattn_fx.skip_softmax.measure`, the
-    skipped tiles are counted and recorded under ``skip_label`` (a synchronization per call)."""
-    return common.counting_skips(q, k, skip_threshold, skip_label, lambda count: attention(
-        q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
-        return_lse=return_lse, skip_threshold=skip_threshold, skip_count=count))
+    (``qattn::scaled_attention_lse``)."""
+    return attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, key_bias=key_bias,
+                     return_lse=return_lse)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -238,14 +217,13 @@ def scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
 
 def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k, k_scale, v, v_scale,
                 q_block: int, k_block: int, sm_scale: float = 0.125, out_dtype: torch.dtype = torch.bfloat16,
-                *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None, skip: int = 0):
+                *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None):
     """Compile (not run) the kernel a CUDA launch with these inputs would use, for ``capability`` and ``config``.
 
     Inputs may live on the ``meta`` device (only dtypes, shapes and strides are read); data pointers are assumed
     16-byte aligned and ints are specialized like a real launch (== 1 → constant, % 16 == 0 → divisibility).
-    ``skip``: with Skip-Softmax's tile test (2: counting skipped tiles; ``config`` must pass
-    :func:`.config.check_skip_config`). Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``,
-    ``.metadata.shared``). Needs only Triton's bundled ptxas, not a GPU.
+    Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata.shared``). Needs only
+    Triton's bundled ptxas, not a GPU.
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -254,12 +232,8 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
 
     kernel = kernel_module(False)._sage_fwd
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    if skip:
-        check_skip_config(config)
-    count = torch.empty(1, dtype=torch.int32, device=q.device) if skip == 2 else None
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False, key_bias,
-                               skip=(torch.empty(1, device=q.device), count) if skip else None)
+                               return_lse, tuple(capability), False, key_bias)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
