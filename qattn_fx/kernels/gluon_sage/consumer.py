@@ -344,40 +344,44 @@ def _accumulate(acc, l_i, alpha, pv, pl, row_o: gl.constexpr, MMASUM: gl.constex
 
 @jit
 def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, LAST: gl.constexpr,
-                PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0,
-                HAS_BIAS: gl.constexpr = 0):
+                p_layout: gl.constexpr, row_o: gl.constexpr, flags, MASK: gl.constexpr, LAST: gl.constexpr,
+                PERMK: gl.constexpr, sums):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
+    ``flags``: the kernel's :class:`~._gluon.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order);
     ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums (:func:`_pv_issue`)."""
-    p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK,
-                                   MMASUM, HAS_BIAS)
-    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1], MMASUM)
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    MMASUM: gl.constexpr = flags.MMASUM
+    p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, flags.QK_KIND, flags.K_BLOCK,
+                                   BLOCK_N, MASK, MMASUM, flags.HAS_BIAS)
+    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK, sums[0], sums[1],
+                       MMASUM)
     if MMASUM:
         pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
     else:
         pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     if LAST:
-        _release(j + 1, kv_free, STAGES, TARRIVE)
+        _release(j + 1, kv_free, flags.STAGES, flags.TARRIVE)
     acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
     return m_i, l_i, acc
 
 
 @jit
 def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, skip,
-                     p_layout: gl.constexpr, row_o: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, LAST: gl.constexpr,
-                     PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None, MMASUM: gl.constexpr = 0,
-                     HAS_BIAS: gl.constexpr = 0, SKIP: gl.constexpr = 1):
+                     p_layout: gl.constexpr, row_o: gl.constexpr, flags, MASK: gl.constexpr, LAST: gl.constexpr,
+                     PERMK: gl.constexpr, sums):
     """:func:`_softmax_pv` behind Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`): when every valid row of
     this warpgroup has ``max z - m < log2 λ`` (``m``: the running max before the tile), the exponentials and P·V
     are not run and ``m``, ``l``, ``acc`` stay as they were; only V's ready barrier is waited (the ring's protocol:
     a slot is released once its load has landed). ``skip``: ``(log2 λ, row_out, count_ptrs, count_mask)``:
-    ``row_out`` marks rows past ``SEQ_Q`` (they do not vote); ``SKIP == 2`` also adds 1 per skipped tile at
+    ``row_out`` marks rows past ``SEQ_Q`` (they do not vote); ``flags.SKIP == 2`` also adds 1 per skipped tile at
     ``count_ptrs`` (one lane: ``count_mask``). The test is one compare per row and a warpgroup-wide min."""
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    MMASUM: gl.constexpr = flags.MMASUM
+    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
     log2_thr, row_out, count_ptrs, count_mask = skip
-    t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
+    t, rs_t = _scale_logits(s, ks, rs, flags.QK_KIND, flags.K_BLOCK, BLOCK_N)
     tile_max = _tile_max(t, rs_t, kb, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
     vote = ((tile_max - m_i) < log2_thr) | row_out  # NaN (a row with every key so far masked) votes no
     if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
@@ -394,23 +398,28 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v
         m_i = m_new
     else:
         mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
-        if SKIP == 2:
+        if flags.SKIP == 2:
             gl.atomic_add(count_ptrs, gl.full(count_ptrs.type.shape, 1, gl.int32, count_mask.type.layout),
                           mask=count_mask)
     if LAST:
-        _release(j + 1, kv_free, STAGES, TARRIVE)
+        _release(j + 1, kv_free, STAGES, flags.TARRIVE)
     return m_i, l_i, acc
 
 
 @jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
                 v_ready, ksrc, kbsrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
-                grp_layout: gl.constexpr, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, KS_TMA: gl.constexpr, PERMK: gl.constexpr, TARRIVE: gl.constexpr, sums=None,
-                MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
+                grp_layout: gl.constexpr, flags, sums):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
-    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``sums``, ``MMASUM``: as :func:`_softmax_pv`'s;
-    ``HAS_BIAS``: the tile's key bias (:func:`_key_bias`) is added to its logits."""
+    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``flags``, ``sums``: as :func:`_softmax_pv`'s; with
+    ``HAS_BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
+    QK_KIND: gl.constexpr = flags.QK_KIND
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    KS_TMA: gl.constexpr = flags.KS_TMA
+    MMASUM: gl.constexpr = flags.MMASUM
+    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
@@ -430,12 +439,13 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     m_new = _running_max(t, rs_t, kb, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, HAS_BIAS)
     p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, HAS_BIAS)
     m_i = m_new
-    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1], MMASUM)
+    pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK, sums[0], sums[1],
+                       MMASUM)
     if MMASUM:
         s_next, pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv, pl))
     else:
         s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
-    _release(j + 1, kv_free, STAGES, TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
+    _release(j + 1, kv_free, STAGES, flags.TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
     acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
     return m_i, l_i, acc, s_next, ks_next
 
@@ -454,53 +464,45 @@ def _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout: gl.constexpr, 
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
-    AHEAD: gl.constexpr = flags.AHEAD
     KS_TMA: gl.constexpr = flags.KS_TMA
-    PERMK: gl.constexpr = flags.PERMK
     TARRIVE: gl.constexpr = flags.TARRIVE
-    MMASUM: gl.constexpr = flags.MMASUM
-    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
     # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    if AHEAD:
+    if flags.AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
             ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         for j in range(n_tiles - 1):
             m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
                                                v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o,
-                                               col_s, grp_layout, QK_KIND, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK,
-                                               TARRIVE, sums, MMASUM, HAS_BIAS)
+                                               col_s, grp_layout, flags, sums)
     else:
         for j in range(n_tiles - 1):
             ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
             s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+            kb = _key_bias(j, kbsrc, col_s, BLOCK_N, flags.HAS_BIAS)
             if SKIP:
                 m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                                 kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
-                                                 False, False, PERMK, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
+                                                 kv_free, skip, p_layout, row_o, flags, False, False, flags.PERMK,
+                                                 sums)
             else:
                 m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                            kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, False, False,
-                                            PERMK, TARRIVE, sums, MMASUM, HAS_BIAS)
+                                            kv_free, p_layout, row_o, flags, False, False, flags.PERMK, sums)
             ks = ks_next
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
-    if not (AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
+    if not (flags.AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
         ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
+    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, flags.HAS_BIAS)
     if SKIP:
         m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
-                                         v_ready, kv_free, skip, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES,
-                                         True, True, 0, TARRIVE, sums, MMASUM, HAS_BIAS, SKIP)
+                                         v_ready, kv_free, skip, p_layout, row_o, flags, True, True, 0, sums)
     else:
         m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                    kv_free, p_layout, row_o, QK_KIND, K_BLOCK, BLOCK_N, STAGES, True, True, 0,
-                                    TARRIVE, sums, MMASUM, HAS_BIAS)
+                                    kv_free, p_layout, row_o, flags, True, True, 0, sums)
 
     return m_i, l_i, acc
 
