@@ -29,32 +29,6 @@ AHEAD = gs.GluonConfig(128, 3, ahead=1, mmasum=1)  # the key-order class's
 SERIAL = gs.GluonConfig(128, 3, mmasum=1)  # a Skip-Softmax key-order config
 
 
-def _reference_permuted_k(k, k_block, block_n):
-    if k.element_size() != 1 or k_block % 16:
-        return None
-    bsz, hkv, skv, d = k.shape
-    sb, sh, ss, _ = k.stride()
-    if (ss % 16) or (ss == 0):
-        return None
-    if sh == d and (hkv == 1 or ss == hkv * d):
-        inner, x_per_head, g_per_head = hkv * d, d, 0
-        if bsz > 1 and (skv % 16 or sb != skv * ss):
-            return None
-        g_per_batch = skv // 16 if bsz > 1 else 0
-        groups = (bsz * skv) // 16 if bsz > 1 else skv // 16
-    elif ss == d and (hkv == 1 or sh == skv * d) and (bsz == 1 or sb == hkv * skv * d):
-        if (bsz * hkv > 1) and skv % 16:
-            return None
-        inner, x_per_head, g_per_head, g_per_batch = d, 0, skv // 16, hkv * skv // 16
-        groups = (bsz * hkv * skv) // 16
-    else:
-        return None
-    if groups == 0:
-        return None
-    view = k.as_strided((groups, 2, 4, 2, inner), (16 * ss, 2 * ss, 4 * ss, ss, 1))
-    return gs.descriptor(view, [block_n // 16, 2, 4, 2, d]), x_per_head, g_per_batch, g_per_head
-
-
 def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
                     tail=None, workspace=None, key_bias=None, skip=None):
     """``(grid, args, meta)`` of one launch, every value computed from the tensors on this call."""
@@ -65,7 +39,9 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
     ks = k_scale if k_scale is not None else v_scale
     q_strides = q.stride()[:3] if quant_q else common.scale_strides(q_scale)
     ks_box = gs.k_scale_box(k_scale, k_block, config.block_n)
-    permuted = (_reference_permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
+    # gs.permuted_k builds its descriptor over this k on every call (the view's geometry it caches is a pure
+    # function of k's shape, strides and element size)
+    permuted = (gs.permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
                 if config.permk and key_bias is None else None)
     kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     n_m = gs.q_blocks(sq, config)
