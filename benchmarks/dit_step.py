@@ -116,9 +116,10 @@ def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 
     diffusers config (small models for CPU tests)."""
     from diffusers import WanTransformer3DModel
 
-    if (resolution or 480) not in WAN_SIZES:
+    resolution = resolution or 480
+    if resolution not in WAN_SIZES:
         raise ValueError(f"resolution={resolution} is invalid for Wan; valid: {', '.join(map(str, WAN_SIZES))}")
-    height, width = WAN_SIZES[resolution or 480]
+    height, width = WAN_SIZES[resolution]
 
     cfg = dict(CONFIGS[config])
     if blocks:
