@@ -20,6 +20,9 @@ Configs (``--configs``, ``;``-separated; default: the kernel's ``CONFIGS``, ever
 is the first config's for ``triton_sage``, and triton_sage's ``128,128,8,3,pipe`` for ``gluon_sage`` (both kernels
 have the same numerics; ``permk`` and ``mmasum`` differ by a summation order or the e4m3-rounded denominator).
 
+``--masked-keys N`` masks the last ``N`` keys of every row (a key-padding mask, as HunyuanVideo's text padding): the
+kernels get it as ``qattn::key_bias`` and the SDPA baseline as a boolean ``(B, 1, 1, Skv)`` mask.
+
 Shapes: ``--shapes`` names presets of :mod:`benchmarks.shapes` (default: the self-attention ones), ``--shape
 name:B:H:Sq:Skv:D`` adds others. About 2-4 minutes on an H200 with the defaults (compiles dominate;
 ``--budget-s`` stops the sweep early).
@@ -70,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--recipe", default="int8-1-16", choices=sorted(common.KERNEL_RECIPES))
     parser.add_argument("--configs", help="';'-separated configs: triton_sage 'BM,BN,warps,stages[,pipe]', "
                         "gluon_sage 'BLOCK_N,STAGES[,flags]' (default: the kernel's CONFIGS)")
+    parser.add_argument("--masked-keys", type=int, default=0, metavar="N",
+                        help="mask the last N keys of every row (a key-padding mask, passed as key_bias)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "device": torch.cuda.get_device_name(), "capability": f"sm_{cap[0]}{cap[1]}",
         "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe, "kernel": args.kernel,
-        "flops": "4*B*H*Sq*Skv*D", "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+        "masked_keys": args.masked_keys, "flops": "4*B*H*Sq*Skv*D",
+        "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
         "command": "python -m benchmarks.tune " + " ".join(sys.argv[1:] if argv is None else argv),
         "shapes": [],
     }
@@ -120,13 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         log(f"\n## {name}: {shape} ({flops / 1e12:.1f} TFLOP per call)")
         inputs = common.quantized_inputs(shape, args.recipe)
         sm_scale = 1.0 / math.sqrt(d)
+        mask, extra = None, {}
+        if args.masked_keys:
+            mask = torch.ones(b, 1, 1, skv, dtype=torch.bool, device="cuda")
+            mask[..., skv - args.masked_keys:] = False
+            extra["key_bias"] = torch.ops.qattn.key_bias(mask, inputs[2])
         entry = {"name": name, "B": b, "H": h, "Sq": sq, "Skv": skv, "D": d, "results": []}
         if not args.no_baseline:
             q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
             kv = torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16)
             try:
-                ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv), args.warmup_ms,
-                           args.rep_ms)
+                ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
+                           args.warmup_ms, args.rep_ms)
                 entry["sdpa_bf16_ms"] = ms
                 log(f"  torch SDPA bf16 (default backend): {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s")
             except Exception as exc:  # noqa: BLE001 - informational only
@@ -135,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         first = None
         if args.kernel == "gluon_sage":
             with triton_sage.use_config(TRITON_REFERENCE_CONFIG):
-                first = triton_sage.scaled_attention(*inputs, sm_scale, torch.bfloat16).float()
+                first = triton_sage.scaled_attention(*inputs, sm_scale, torch.bfloat16, **extra).float()
         log(f"  {'config':<26} {'ms':>9} {'TFLOP/s':>9} {'max|Δ| vs first':>16}  compile+first call")
         for config in configs:
             if time.time() - t_start > args.budget_s:
@@ -146,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with kernel.use_config(config):
                     t0 = time.time()
-                    out = kernel.scaled_attention(*inputs, sm_scale, torch.bfloat16)
+                    out = kernel.scaled_attention(*inputs, sm_scale, torch.bfloat16, **extra)
                     torch.cuda.synchronize()
                     row["first_call_s"] = round(time.time() - t0, 2)
                     if first is None:
@@ -156,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                         diff = (out.float() - first).abs().max() / first.abs().max()
                         row["max_rel_vs_first"] = float(diff)
                     del out
-                    ms = bench(lambda: kernel.scaled_attention(*inputs, sm_scale, torch.bfloat16), args.warmup_ms,
-                               args.rep_ms)
+                    ms = bench(lambda: kernel.scaled_attention(*inputs, sm_scale, torch.bfloat16, **extra),
+                               args.warmup_ms, args.rep_ms)
                 row["ms"] = ms
                 row["tflops"] = flops / ms / 1e9
                 flag = "" if row["max_rel_vs_first"] < AGREE else "  <-- DIFFERS"

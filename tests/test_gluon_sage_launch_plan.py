@@ -30,7 +30,7 @@ SERIAL = gs.GluonConfig(128, 3, mmasum=1)  # a Skip-Softmax key-order config
 
 
 def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
-                    tail=None, workspace=None, key_bias=None, skip=None):
+                    tail=None, workspace=None, key_bias=None, skip=None, key_range=None):
     """``(grid, args, meta)`` of one launch, every value computed from the tensors on this call."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -42,14 +42,15 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
     # gs.permuted_k builds its descriptor over this k on every call (the view's geometry it caches is a pure
     # function of k's shape, strides and element size)
     permuted = (gs.permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
-                if config.permk and key_bias is None else None)
+                if config.permk else None)
     kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     n_m = gs.q_blocks(sq, config)
     args = [
         gs.descriptor(q, [1, 1, gs.ROWS_PER_CONSUMER, d]), gs.descriptor(k, [1, 1, config.block_n, d]),
         gs.descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
         launch.k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
-        qs, ks, v_scale, key_bias if key_bias is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E,
+        qs, ks, v_scale, key_bias if key_bias is not None else v_scale, key_range if key_range is not None else v_scale,
+        out, lse, float(sm_scale) * common.LOG2E,
         *q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
         common.bias_stride(key_bias),
         out.stride(0), out.stride(1), out.stride(2),
@@ -140,6 +141,7 @@ CASES = [  # (inputs, config, return_lse, tail split, key-bias rows, skip)
     ("int8:4", AHEAD, True, True, 0, None), ("int8:0", TRIO, False, True, 0, None),
     ("int8:offset", TRIO, False, False, 0, None), ("int8:bhsd", TRIO, True, False, 0, None),
     ("int8", AHEAD, False, True, 1, None), ("qbf16", AHEAD, True, False, 2, None),
+    ("int8", TRIO, False, True, 2, None), ("int8:bhsd", TRIO, True, False, 1, None),
     ("int8", TRIO, False, False, 0, "count"), ("qbf16", SERIAL, True, False, 1, "threshold"),
 ]
 
@@ -163,7 +165,8 @@ def test_plan_equals_the_plain_computation_on_first_and_later_calls(case, config
         out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows)
         skip_args = None if skip is None else (torch.zeros(1), torch.zeros(1, dtype=torch.int32) if skip == "count"
                                                else None)
-        common_args = (q, qs, k, ks, v, vs, qb, kb, 0.0883883, out, lse, return_lse, config, tail, ws, bias, skip_args)
+        common_args = (q, qs, k, ks, v, vs, qb, kb, 0.0883883, out, lse, return_lse, config, tail, ws, bias, skip_args,
+                       None if bias is None else gs.bias_range(bias))
         plan = gs.plan_launch(*common_args)
         _assert_plan_is_reference(plan, _reference_plan(*common_args))
         assert len(launch.GEOMETRIES) == 1, "one geometry per layout"
@@ -180,7 +183,8 @@ def test_one_cache_serves_every_case():
             tail = _tail(q, kb if ks is not None else 0, config) if split else None
             out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows, bhsd_out)
             skip_args = None if skip is None else (torch.zeros(1), None)
-            common_args = (q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, return_lse, config, tail, ws, bias, skip_args)
+            common_args = (q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, return_lse, config, tail, ws, bias, skip_args,
+                           None if bias is None else gs.bias_range(bias))
             _assert_plan_is_reference(gs.plan_launch(*common_args), _reference_plan(*common_args))
     assert launch.GEOMETRIES.misses == 2 * len(CASES)
 
@@ -259,7 +263,7 @@ def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse
                 assert args[0].base.data_ptr() == part[0].data_ptr()
                 tail = None if meta["SPLIT_TAIL"] == 0 else gs.last_tail_plan()
                 ws = tuple(args[-4:-2]) if tail else None
-                reference = _reference_plan(*part, qb, kb, 0.09, args[9], args[10], return_lse, config, tail, ws)
+                reference = _reference_plan(*part, qb, kb, 0.09, args[10], args[11], return_lse, config, tail, ws)
                 meta = dict(meta)
                 assert meta.pop("num_warps") == 4 and meta.pop("maxnreg") == launch._launch_maxnreg(meta)
                 _assert_plan_is_reference(launch.LaunchPlan(config, grid, args, meta, None, False, tail, 0),
@@ -281,3 +285,23 @@ def test_checks_run_once_per_layout_and_raise_on_every_bad_call():
             common.validate("gluon_sage", q, qs, k, ks, v.view(torch.int8), vs, qb, kb, bias)
         with pytest.raises(ValueError, match=r"^gluon_sage supports head_dim in .*; got head_dim=96 "):
             common.validate("gluon_sage", q[..., :96], qs, k[..., :96], ks, v[..., :96], vs, qb, kb, bias)
+
+
+@pytest.mark.parametrize("row,want", [
+    ([0.0] * 300, (300, 0)), ([0.0] * 250 + [float("-inf")] * 50, (250, 300)),
+    ([0.0] * 10 + [-2.5] + [0.0] * 289, (10, 11)), ([float("nan")] + [0.0] * 299, (0, 1)),
+    ([-1e4] * 300, (0, 300)), ([0.0] * 100 + [float("-inf")] * 50 + [0.0] * 150, (100, 150)),
+])
+def test_bias_range_is_the_span_of_nonzero_keys(row, want):
+    """The kernel adds the key bias only in the tiles that meet ``[first, end)``: every key outside has bias 0."""
+    bias = torch.tensor([row, [0.0] * 299 + [1.0]])
+    got = gs.bias_range(bias)
+    assert got.dtype == torch.int32 and got.tolist() == [list(want), [299, 300]]
+
+
+def test_a_key_bias_without_its_range_is_refused():
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
+    out, lse, _, bias = _outputs(q, v, False, None, TRIO, 1)
+    with pytest.raises(ValueError, match=r"^gluon_sage: key_bias and key_range \(its bias_range\) go together; "
+                                         r"got key_bias given, key_range None$"):
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, TRIO, key_bias=bias)

@@ -92,10 +92,13 @@ def test_each_tuner_chooses_among_configs_of_one_numerics_with_its_default():
 
 @pytest.mark.parametrize("case,tuner", [("int8-k16", "TUNER"), ("fp8-k16", "TUNER"), ("int8-tensor", "TUNER"),
                                         ("int8-k1", "KEY_ORDER_TUNER"), ("int8-k4", "KEY_ORDER_TUNER"),
-                                        ("bf16", "KEY_ORDER_TUNER"), ("key-bias", "KEY_ORDER_TUNER")])
+                                        ("bf16", "KEY_ORDER_TUNER"), ("key-bias", "TUNER"),
+                                        ("key-bias-k1", "KEY_ORDER_TUNER"), ("skip", "SKIP_TUNER"),
+                                        ("skip-key-bias", "SKIP_KEY_ORDER_TUNER")])
 def test_the_launch_class_follows_from_the_inputs(case, tuner):
-    """K that the ``permk`` view takes (8-bit, scales per 16 keys or coarser), without key bias, goes to
-    :data:`TUNER`; everything else loads K in key order (:data:`KEY_ORDER_TUNER`)."""
+    """K that the ``permk`` view takes (8-bit, scales per 16 keys or coarser) goes to :data:`TUNER`, with or
+    without a key bias; everything else loads K in key order (:data:`KEY_ORDER_TUNER`). Skip-Softmax launches with a
+    key bias load K in key order too (``trio`` spills with both)."""
     qk = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}.get(case.split("-")[0], torch.int8)
     k_block = {"k1": 1, "k4": 4}.get(case.split("-")[-1], 16)
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs(qk=qk, k_block=k_block)
@@ -103,8 +106,8 @@ def test_the_launch_class_follows_from_the_inputs(case, tuner):
         ks = torch.empty(1, 1, 1, device="meta")
     if case == "bf16":
         ks = None
-    bias = torch.empty(1, k.shape[2], device="meta") if case == "key-bias" else None
-    assert gs.tuner_for(k, ks, kb, bias) is getattr(gs, tuner)
+    bias = torch.empty(1, k.shape[2], device="meta") if "key-bias" in case else None
+    assert gs.tuner_for(k, ks, kb, bias, case.startswith("skip")) is getattr(gs, tuner)
 
 
 def test_cpu_tensors_are_refused_with_the_reason():
@@ -337,18 +340,35 @@ def test_split_tail_launch_compiles_with_the_same_loop(config):
 
 @pytest.mark.parametrize("config", [str(c) for c in gs.KEY_ORDER_TUNED_CONFIGS])
 @pytest.mark.parametrize("d", [128, 64])
-def test_key_bias_launches_compile_in_key_order_without_loop_spills(config, d):
-    """A key bias (masks) is loaded per tile at use (``HAS_BIAS``); such launches read K in key order (no
-    ``permk`` view) and are tuned over configs that keep their registers (``trio`` without ``permk`` spills)."""
-    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
+def test_key_order_key_bias_launches_compile_without_spills(config, d):
+    """A key bias (masks) is loaded per tile at use (``HAS_BIAS``); with K the ``permk`` view cannot take (scales
+    per key here) the launch reads K in key order and is tuned over configs that keep their registers."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d, k_block=1)
     cfg = gs.GluonConfig.parse(config)
     bias = torch.empty(1, k.shape[2], device="meta")
-    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias)
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias,
+                          key_range=gs.bias_range(bias))
     assert plan.meta["HAS_BIAS"] == 1 and plan.meta["PERMK"] == 0 and not plan.permuted_k
     compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)
     report = ts.ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] <= 80, report
     assert gs.tuner_for(k, ks, kb, bias) is gs.KEY_ORDER_TUNER
+
+
+def test_permk_key_bias_launches_keep_the_plain_loop_in_registers():
+    """With K the ``permk`` view takes, a key-bias launch is in the ``trio`` class: the bias is loaded in the
+    permuted key order (a relabeling of registers, checked by ``assert_trivial`` at compile time), and only the
+    tiles the bias's nonzero span meets run the loop with it; the loop without it (the first one in the SASS)
+    touches local memory at most 8 times (``trio`` spills in the biased loop and the last tile)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    cfg = gs.DEFAULT_CONFIGS[128]
+    bias = torch.empty(1, k.shape[2], device="meta")
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias,
+                          key_range=gs.bias_range(bias))
+    assert plan.meta["HAS_BIAS"] == 1 and plan.meta["PERMK"] == 1 and plan.permuted_k
+    assert gs.tuner_for(k, ks, kb, bias) is gs.TUNER
+    body = _loop_body(sass_opcodes(gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)))
+    assert sum(op.startswith(("LDL", "STL")) for op in body) <= 8
 
 
 # ----------------------------------------------------------------------------------------------------------------

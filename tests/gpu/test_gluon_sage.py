@@ -140,9 +140,10 @@ def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path
 
 
 #: One case per launch class and way into it: (Q/K dtype, q_block, k_block, key bias).
-CLASS_CASES = {"permk-int8-k16": ("int8", 1, 16, False), "permk-fp8-k16": ("fp8", 1, 16, False),
-               "key-order-bias": ("int8", 1, 16, True), "key-order-k1": ("int8", 1, 1, False),
-               "key-order-bf16": ("bf16", 0, 0, False)}
+CLASS_CASES = {"permk-int8-k16": ("int8", 1, 16, None), "permk-fp8-k16": ("fp8", 1, 16, None),
+               "permk-bias-suffix": ("int8", 1, 16, "suffix"), "permk-bias-middle": ("int8", 1, 16, "middle"),
+               "key-order-bias-middle": ("int8", 1, 1, "middle"), "key-order-k1": ("int8", 1, 1, None),
+               "key-order-bf16": ("bf16", 0, 0, None)}
 
 
 @needs_sm90
@@ -157,10 +158,14 @@ def test_every_tuned_candidate_gives_the_same_output(case, monkeypatch, qattn_co
     # Skv a multiple of 16: the permk view takes batched K only then (permuted_k)
     args = quantize(*make_qkv(skv=2496), qk, q_block, k_block)
     bias = None
-    if with_bias:  # batch 0 sees 2000 keys, batch 1 sees 1200
+    if with_bias == "suffix":  # batch 0 sees 2000 keys, batch 1 sees 1200
         bias = torch.zeros(2, 2496, device=DEV)
         bias[0, 2000:] = float("-inf")
         bias[1, 1200:] = float("-inf")
+    elif with_bias == "middle":  # biased keys inside the sequence: tiles with and without the bias on both sides
+        bias = torch.zeros(2, 2496, device=DEV)
+        bias[0, 700:1100] = float("-inf")
+        bias[1, 1290] = -2.5
     sm_scale = 1.0 / math.sqrt(128)
     tuner = gs.tuner_for(args[2], args[3], args[7], bias)
     assert (tuner is gs.TUNER) == case.startswith("permk")
@@ -316,6 +321,7 @@ Q_IN_KERNEL_CASES = {
     "d64": (gs.DEFAULT_CONFIGS[64], dict(d=64), {}),
     "lse": (gs.DEFAULT_CONFIGS[128], {}, dict(return_lse=True)),
     "key-bias": (gs.KEY_ORDER_DEFAULT_CONFIG, {}, dict(key_bias="pad")),
+    "key-bias-permk": (gs.DEFAULT_CONFIGS[128], {}, dict(key_bias="pad")),
     "skip": (gs.DEFAULT_CONFIGS[128], {}, dict(skip_threshold=0.05)),
 }
 

@@ -67,6 +67,8 @@ def key_bias(b, skv, pattern, device=DEV):
     bias = torch.zeros(b, skv)
     if pattern == "tail":  # HunyuanVideo: the text padding at the end of the joint sequence
         bias[:, skv - skv // 5:] = float("-inf")
+    elif pattern == "middle":  # a band inside the keys: tiles without the bias before and after it
+        bias[:, skv // 3: skv // 2] = float("-inf")
     elif pattern == "scattered":
         bias[torch.rand(b, skv, generator=g) < 0.4] = float("-inf")
     elif pattern == "finite":
@@ -81,7 +83,7 @@ make_qkv = functools.partial(support.make_qkv, hq=8, hkv=4, sq=1000, skv=1500, d
 
 
 @needs_sm90
-@pytest.mark.parametrize("pattern", ["tail", "scattered", "finite", "all"])
+@pytest.mark.parametrize("pattern", ["tail", "middle", "scattered", "finite", "all"])
 @pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
 @pytest.mark.parametrize("qk, blocks", [("int8", (1, 16)), ("bf16", (0, 0))])
 def test_key_bias_matches_emulation_and_reference(kernel, qk, blocks, pattern):

@@ -99,10 +99,11 @@ class GluonConfig(LaunchConfig):
 # GluonConfig.numerics, and the class follows from the inputs alone (launch.tuner_for), so a call's output does not
 # depend on which candidate the timing picks, on the tuning cache, or on whether the call was tuned at all.
 
-#: Launches that view K through ``permk`` (8-bit K with scales per 16 keys or coarser, per head or per tensor, no
-#: key bias): ``trio,permk,mmasum`` with and without ``tarrive``, within the run-to-run spread of each other and the
-#: fastest at the Wan shapes and d64 (BENCHMARKS.md, "Tuning: gluon_sage's default config") and at flux-1024 (the
-#: autotuner's pick there over two-consumer and ``solo`` configs, BENCHMARKS.md, "Attention op").
+#: Launches that view K through ``permk`` (8-bit K with scales per 16 keys or coarser, per head or per tensor; with
+#: or without a key bias): ``trio,permk,mmasum`` with and without ``tarrive``, within the run-to-run spread of each
+#: other and the fastest at the Wan shapes and d64 (BENCHMARKS.md, "Tuning: gluon_sage's default config"), at
+#: flux-1024 (the autotuner's pick there over two-consumer and ``solo`` configs, BENCHMARKS.md, "Attention op") and
+#: with HunyuanVideo's key-padding mask (BENCHMARKS.md, "Key-padding masks").
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 #: Config per head_dim where none is tuned (graph capture before any tuning, ``qattn_fx.config.autotune`` off), in
@@ -111,9 +112,9 @@ TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
 #: run).
 DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
                    64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
-#: Launches that load K in key order: key-bias launches (masks), bf16/fp16 K, K scales per 1 or 4 keys, layouts the
-#: ``permk`` view cannot take. ``trio`` spills in that loop (offline, d128: over 1 KB), so two consumer warpgroups
-#: with the ``ahead`` schedule, and ``mmasum`` as in the other class.
+#: Launches that load K in key order: bf16/fp16 K, K scales per 1 or 4 keys, layouts the ``permk`` view cannot take.
+#: ``trio`` spills in that loop (P reaches the P·V operand through shuffles), so two consumer warpgroups with the
+#: ``ahead`` schedule, and ``mmasum`` as in the other class.
 KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1))
 #: Untuned key-order launches.
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]

@@ -103,15 +103,29 @@ def _scales_read_early(KS_TMA, K_BLOCK):
 
 
 @jit
-def _key_bias(j, kbsrc, COL_LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _key_bias(j, kbsrc, COL_LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr, HAS_BIAS: gl.constexpr,
+              PERMK: gl.constexpr = 0):
     """Tile ``j``'s key bias in log2 units, ``(BLOCK_N,)`` in ``COL_LAYOUT`` (``-inf`` past ``SEQ_KV``): a global
     load at use (32 registers per thread at BLOCK_N 128: carried a tile ahead, they made ptxas spill); 0.0 without
-    ``HAS_BIAS``. ``kbsrc``: ``(kb_ptr, SEQ_KV)``. Key-bias launches never use ``permk`` (the host's choice), so
-    column ``n`` of ``S`` is key ``n``."""
+    ``HAS_BIAS``. ``kbsrc``: ``(kb_ptr, SEQ_KV)``. ``PERMK``: the tile's K rows were loaded permuted, so column
+    ``16g + 8i + 2c + e`` of ``S`` holds key ``16g + 4c + 2i + e`` (:func:`_pv_issue`): the bias is loaded as
+    ``(BLOCK_N / 16, 16)`` keys in order, in the layout that the inverse relabeling turns into ``COL_LAYOUT``
+    (each thread's 4 keys per group contiguous: plain vector loads), then relabeled; else column ``n`` is key
+    ``n``."""
     if HAS_BIAS:
         kb_ptr, SEQ_KV = kbsrc
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_LAYOUT)
-        kb = gl.load(kb_ptr + offs_n, mask=offs_n < SEQ_KV, other=float("-inf")) * C_LOG2E
+        if PERMK:
+            G: gl.constexpr = BLOCK_N // 16
+            key_layout: gl.constexpr = gl.reshape(gl.permute(gl.reshape(
+                gl.zeros([BLOCK_N], gl.float32, COL_LAYOUT), [G, 2, 4, 2]), [0, 2, 1, 3]), [G, 16]).type.layout
+            offs = (j * BLOCK_N + gl.arange(0, G, layout=gl.SliceLayout(1, key_layout))[:, None] * 16
+                    + gl.arange(0, 16, layout=gl.SliceLayout(0, key_layout))[None, :])
+            kb = gl.load(kb_ptr + offs, mask=offs < SEQ_KV, other=float("-inf"))
+            kb = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(kb, [G, 4, 2, 2]), [0, 2, 1, 3]), [BLOCK_N]),
+                                   COL_LAYOUT, assert_trivial=True) * C_LOG2E
+        else:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=COL_LAYOUT)
+            kb = gl.load(kb_ptr + offs_n, mask=offs_n < SEQ_KV, other=float("-inf")) * C_LOG2E
     else:
         kb = 0.0
     return kb
@@ -160,11 +174,22 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
 
 
 @jit
-def _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
-    """Each row's largest logit (log2 units) in the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV`` ignored).
-    ``HAS_BIAS``: the max of ``t · rs + kb`` (``kb``: :func:`_key_bias`, ``-inf`` past ``SEQ_KV``)."""
+def _add_bias(t, rs, kb, HAS_BIAS: gl.constexpr):
+    """``HAS_BIAS``: the tile's logits in log2 units with the key bias, ``z = t · rs + kb`` (``kb``:
+    :func:`_key_bias`, ``-inf`` past ``SEQ_KV``), computed once in ``t``'s registers so that ``kb`` is dead before
+    the row max; else ``t`` as it is."""
     if HAS_BIAS:
-        return _row_reduce(t * rs[:, None] + kb[None, :], True)
+        return t * rs[:, None] + kb[None, :]
+    else:
+        return t
+
+
+@jit
+def _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
+    """Each row's largest logit (log2 units) in the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV`` ignored).
+    ``HAS_BIAS``: ``t`` is :func:`_add_bias`'s ``z``, already in log2 units and masked."""
+    if HAS_BIAS:
+        return _row_reduce(t, True)
     if MASK:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, t.type.layout))
         t_max = _row_reduce(gl.where((offs_n < SEQ_KV)[None, :], t, float("-inf")), True)
@@ -174,30 +199,31 @@ def _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.conste
 
 
 @jit
-def _running_max(t, rs, kb, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-                 HAS_BIAS: gl.constexpr = 0):
+def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
     """The new running max ``m`` (log2 units) after the scaled tile ``t``: :func:`_tile_max`'s, then the max."""
-    return gl.maximum(m_i, _tile_max(t, rs, kb, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS))
+    return gl.maximum(m_i, _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS))
 
 
 @jit
 def _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
                 BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
-    """First half of an online-softmax step: :func:`_scale_logits` then :func:`_running_max`; ``(t, rs, m)``."""
+    """First half of an online-softmax step: :func:`_scale_logits` (and :func:`_add_bias`) then
+    :func:`_running_max`; ``(t, rs, m)``."""
     t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    return t, rs, _running_max(t, rs, kb, m_i, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
+    t = _add_bias(t, rs, kb, HAS_BIAS)
+    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
 
 
 @jit
-def _exp_sum(t, rs, kb, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
+def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
              MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
     """Second half: ``(p8, alpha, l)``: e4m3 ``448 · exp2(z - m)`` (0 past ``SEQ_KV`` when ``MASK``), the factor
     rescaling earlier tiles, row sum (``MMASUM``: ``l`` is returned as given; the P·V step's ones-MMA sums P).
-    ``HAS_BIAS``: ``z = t · rs + kb``, and a running max of ``-inf`` (every key so far masked) is used as 0, so
-    such rows get P = 0 and alpha = 0 instead of NaN."""
+    ``HAS_BIAS``: ``t`` is :func:`_add_bias`'s ``z``, and a running max of ``-inf`` (every key so far masked) is
+    used as 0, so such rows get P = 0 and alpha = 0 instead of NaN."""
     if HAS_BIAS:
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(t * rs[:, None] + kb[None, :] - (m_use - C_LOG2_448)[:, None])
+        p = gl.exp2(t - (m_use - C_LOG2_448)[:, None])
         alpha = gl.exp2(m_i - m_use)
     else:
         p = gl.exp2(t * rs[:, None] - (m_new - C_LOG2_448)[:, None])  # 448 · exp2(z - m)
@@ -216,7 +242,7 @@ def _softmax(s, ks, kb, m_i, l_i, rs, start_n, SEQ_KV,
              MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
     """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``."""
     t, rs_t, m_new = _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK, HAS_BIAS)
-    p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM, HAS_BIAS)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM, HAS_BIAS)
     return p8, alpha, l_i, m_new
 
 
@@ -345,15 +371,16 @@ def _accumulate(acc, l_i, alpha, pv, pl, row_o: gl.constexpr, MMASUM: gl.constex
 @jit
 def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
                 p_layout: gl.constexpr, row_o: gl.constexpr, flags, MASK: gl.constexpr, LAST: gl.constexpr,
-                PERMK: gl.constexpr, sums):
+                PERMK: gl.constexpr, sums, BIAS: gl.constexpr):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
-    ``flags``: the kernel's :class:`~._gluon.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order);
-    ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums (:func:`_pv_issue`)."""
+    ``flags``: the kernel's :class:`~._gluon.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order;
+    ``BIAS`` apart: whether this tile adds the key bias ``kb``); ``sums``: ``(ones_smem, l_zero)`` of the
+    ``MMASUM`` row sums (:func:`_pv_issue`)."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     MMASUM: gl.constexpr = flags.MMASUM
     p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, flags.QK_KIND, flags.K_BLOCK,
-                                   BLOCK_N, MASK, MMASUM, flags.HAS_BIAS)
+                                   BLOCK_N, MASK, MMASUM, BIAS)
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK, sums[0], sums[1],
                        MMASUM)
     if MMASUM:
@@ -369,7 +396,7 @@ def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_read
 @jit
 def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, skip,
                      p_layout: gl.constexpr, row_o: gl.constexpr, flags, MASK: gl.constexpr, LAST: gl.constexpr,
-                     PERMK: gl.constexpr, sums):
+                     PERMK: gl.constexpr, sums, BIAS: gl.constexpr):
     """:func:`_softmax_pv` behind Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`): when every valid row of
     this warpgroup has ``max z - m < log2 λ`` (``m``: the running max before the tile), the exponentials and P·V
     are not run and ``m``, ``l``, ``acc`` stay as they were; only V's ready barrier is waited (the ring's protocol:
@@ -379,15 +406,14 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
     MMASUM: gl.constexpr = flags.MMASUM
-    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
     log2_thr, row_out, count_ptrs, count_mask = skip
     t, rs_t = _scale_logits(s, ks, rs, flags.QK_KIND, flags.K_BLOCK, BLOCK_N)
-    tile_max = _tile_max(t, rs_t, kb, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
+    t = _add_bias(t, rs_t, kb, BIAS)
+    tile_max = _tile_max(t, rs_t, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, BIAS)
     vote = ((tile_max - m_i) < log2_thr) | row_out  # NaN (a row with every key so far masked) votes no
     if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
         m_new = gl.maximum(m_i, tile_max)
-        p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, MMASUM,
-                                  HAS_BIAS)
+        p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, MMASUM, BIAS)
         pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1],
                            MMASUM)
         if MMASUM:
@@ -409,17 +435,16 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v
 @jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
                 v_ready, ksrc, kbsrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
-                grp_layout: gl.constexpr, flags, sums):
+                grp_layout: gl.constexpr, flags, sums, BIAS: gl.constexpr):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
     and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``flags``, ``sums``: as :func:`_softmax_pv`'s; with
-    ``HAS_BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
+    ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
     QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
     KS_TMA: gl.constexpr = flags.KS_TMA
     MMASUM: gl.constexpr = flags.MMASUM
-    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
@@ -435,9 +460,9 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
         ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    kb = _key_bias(j, kbsrc, col_s, BLOCK_N, HAS_BIAS)
-    m_new = _running_max(t, rs_t, kb, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, HAS_BIAS)
-    p8, alpha, l_i = _exp_sum(t, rs_t, kb, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, HAS_BIAS)
+    t = _add_bias(t, rs_t, _key_bias(j, kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK), BIAS)
+    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, BIAS)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, BIAS)
     m_i = m_new
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK, sums[0], sums[1],
                        MMASUM)
@@ -451,14 +476,56 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 
 @jit
-def _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
+def _serial_tiles(j0, j1, ks, m_i, l_i, acc, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
+                  col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr, BIAS: gl.constexpr):
+    """Full tiles ``[j0, j1)`` of the serial schedule (``SKIP``: behind Skip-Softmax's test; ``BIAS``: adding the
+    key bias); ``ks``: tile ``j0``'s K scales as :func:`_k_scales_ahead` gives them; returns ``(ks, m, l, acc)``,
+    ``ks`` being tile ``j1``'s."""
+    q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    KS_TMA: gl.constexpr = flags.KS_TMA
+    for j in range(j0, j1):
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        s = _qk(j, q, s_init, k_smem, k_ready, kv_free, flags.QK_KIND, BLOCK_N, STAGES, flags.TARRIVE)
+        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        kb = _key_bias(j, kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK)
+        if SKIP:
+            m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
+                                             kv_free, skip, p_layout, row_o, flags, False, False, flags.PERMK, sums,
+                                             BIAS)
+        else:
+            m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+                                        p_layout, row_o, flags, False, False, flags.PERMK, sums, BIAS)
+        ks = ks_next
+    return ks, m_i, l_i, acc
+
+
+@jit
+def _ahead_tiles(j0, j1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
+                 col_s: gl.constexpr, grp_layout: gl.constexpr, BIAS: gl.constexpr):
+    """Full tiles ``[j0, j1)`` of the ``ahead`` schedule (:func:`_ahead_step`; ``BIAS``: adding the key bias),
+    ``s`` and ``ks`` being tile ``j0``'s; returns ``(m, l, acc, s, ks)`` with tile ``j1``'s ``s`` and ``ks``."""
+    q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
+    for j in range(j0, j1):
+        m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
+                                           k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o, col_s,
+                                           grp_layout, flags, sums, BIAS)
+    return m_i, l_i, acc, s, ks
+
+
+@jit
+def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
               col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr):
     """Every key tile of this warpgroup's rows, Q·Kᵀ through P·V: the ``ahead`` or the serial schedule (``SKIP``:
     the serial one with Skip-Softmax's test, :func:`_softmax_pv_skip`; 0 even in a Skip-Softmax kernel: the loop
     without it); ``flags``: the kernel's :class:`~._gluon.KernelFlags`; returns ``(m, l, acc)`` for the epilogue.
-    ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)``; ``loop_args``: ``(q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
-    k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums)``, ``ksrc``, ``kbsrc``, ``skip`` and ``sums`` being the
-    sources of the K scales, the key bias, the test and the ``MMASUM`` sums."""
+    ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)``; ``bias_tiles``: ``(b0, b1)``, with ``HAS_BIAS`` the full tiles
+    ``[b0, b1)`` add the key bias and the others run without it (their bias is 0), else both ``n_tiles - 1``;
+    ``loop_args``: ``(q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc,
+    skip, sums)``, ``ksrc``, ``kbsrc``, ``skip`` and ``sums`` being the sources of the K scales, the key bias, the
+    test and the ``MMASUM`` sums."""
     q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
     QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
@@ -466,43 +533,43 @@ def _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout: gl.constexpr, 
     STAGES: gl.constexpr = flags.STAGES
     KS_TMA: gl.constexpr = flags.KS_TMA
     TARRIVE: gl.constexpr = flags.TARRIVE
+    HAS_BIAS: gl.constexpr = flags.HAS_BIAS
+    b0, b1 = bias_tiles
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
-    # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled).
-    # K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
+    # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled, and the biased tiles run in a loop of
+    # their own). K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
     if flags.AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
             ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        for j in range(n_tiles - 1):
-            m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
-                                               v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o,
-                                               col_s, grp_layout, flags, sums)
+        m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
+                                            grp_layout, 0)
+        if HAS_BIAS:
+            m_i, l_i, acc, s, ks = _ahead_tiles(b0, b1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
+                                                col_s, grp_layout, 1)
+            m_i, l_i, acc, s, ks = _ahead_tiles(b1, n_tiles - 1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout,
+                                                row_o, col_s, grp_layout, 0)
     else:
-        for j in range(n_tiles - 1):
-            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            s = _qk(j, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-            kb = _key_bias(j, kbsrc, col_s, BLOCK_N, flags.HAS_BIAS)
-            if SKIP:
-                m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                                 kv_free, skip, p_layout, row_o, flags, False, False, flags.PERMK,
-                                                 sums)
-            else:
-                m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                            kv_free, p_layout, row_o, flags, False, False, flags.PERMK, sums)
-            ks = ks_next
+        ks, m_i, l_i, acc = _serial_tiles(0, b0, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
+                                          grp_layout, SKIP, 0)
+        if HAS_BIAS:
+            ks, m_i, l_i, acc = _serial_tiles(b0, b1, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
+                                              grp_layout, SKIP, 1)
+            ks, m_i, l_i, acc = _serial_tiles(b1, n_tiles - 1, ks, m_i, l_i, acc, loop_args, flags, p_layout,
+                                              row_o, col_s, grp_layout, SKIP, 0)
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     if not (flags.AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
         ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, flags.HAS_BIAS)
+    kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
     if SKIP:
         m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
-                                         v_ready, kv_free, skip, p_layout, row_o, flags, True, True, 0, sums)
+                                         v_ready, kv_free, skip, p_layout, row_o, flags, True, True, 0, sums,
+                                         HAS_BIAS)
     else:
         m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
-                                    kv_free, p_layout, row_o, flags, True, True, 0, sums)
+                                    kv_free, p_layout, row_o, flags, True, True, 0, sums, HAS_BIAS)
 
     return m_i, l_i, acc
 
@@ -566,7 +633,7 @@ def _consume(args, CID: gl.constexpr, flags):
     q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
     q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
     q_bar, k_ready, v_ready, kv_free = bars
-    QS, KS, VS, Out, Lse, OutWs, LseWs, KB = ptrs
+    QS, KS, VS, Out, Lse, OutWs, LseWs, KB, KBR = ptrs
     (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
      stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh, kv0, piece,
      stride_kbb) = ints
@@ -633,6 +700,13 @@ def _consume(args, CID: gl.constexpr, flags):
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
+    if flags.HAS_BIAS:  # the full tiles that meet the keys with a nonzero bias (from kv0, a split piece's first key)
+        kbr = KBR + 2 * gl.where(stride_kbb != 0, b, 0)
+        b0 = gl.minimum(gl.maximum(gl.load(kbr) - kv0, 0) // BLOCK_N, n_tiles - 1)
+        b1 = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(gl.load(kbr + 1) - kv0, 0), BLOCK_N), b0), n_tiles - 1)
+        bias_tiles = (b0, b1)
+    else:
+        bias_tiles = (n_tiles - 1, n_tiles - 1)
     if SKIP:  # (log2 λ, rows past SEQ_Q, the skip counter per lane, the one lane that counts)
         thr_ptr, count_ptr = skip_src
         count_lane = (offs_m == row0) & (row0 < SEQ_Q)
@@ -649,8 +723,10 @@ def _consume(args, CID: gl.constexpr, flags):
     # runs the loop without the test, which costs 11-13 % (docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
     if SKIP and skip[0] != float("-inf"):
-        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout, row_o, col_s, grp_layout, SKIP)
+        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,
+                                  grp_layout, SKIP)
         _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)
     else:
-        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout, row_o, col_s, grp_layout, 0)
+        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,
+                                  grp_layout, 0)
         _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)

@@ -8,7 +8,7 @@ from .producer import _producer
 
 @jit
 def _sage_fwd_ws(
-    q_desc, k_desc, v_desc, ks_desc, kp_desc, QS, KS, VS, KB, Out, Lse,
+    q_desc, k_desc, v_desc, ks_desc, kp_desc, QS, KS, VS, KB, KBR, Out, Lse,
     qk_scale,
     stride_qsb, stride_qsh, stride_qsn,
     stride_ksb, stride_ksh, stride_ksn,
@@ -44,6 +44,11 @@ def _sage_fwd_ws(
     the Q itself, with its batch/head/token strides in ``stride_qs*``) and quantize them per token into shared
     memory (:func:`.consumer._quantize_q_rows`, the numerics of ``qattn::quantize_per_block``); the producer loads
     no Q and ``q_desc`` only gives the box.
+
+    ``HAS_BIAS``: the key bias ``KB`` (fp32 ``(B|1, Skv)``, batch stride ``stride_kbb``) and ``KBR`` (int32
+    ``(B|1, 2)``: per bias row, the first key whose bias is not 0 and one past the last; :func:`.launch.bias_range`).
+    Only the key tiles that range meets, and the last tile, load and add the bias; the others run the loop without
+    it (a key-padding mask touches a few tiles at the end of the keys).
 
     ``SKIP`` (serial schedules, no tail split): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) with
     ``log2 λ`` read from ``SkipThr`` (fp32, one element, on the device: a schedule may change it between calls
@@ -103,7 +108,7 @@ def _sage_fwd_ws(
 
     args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, ks_smem, ones_smem),
             (q_bar, k_ready, v_ready, kv_free),
-            (QS, KS, VS, Out, Lse, OutWs, LseWs, KB),
+            (QS, KS, VS, Out, Lse, OutWs, LseWs, KB, KBR),
             (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
              stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
              kp_gh, kv0, piece, stride_kbb),

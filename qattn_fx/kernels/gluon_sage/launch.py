@@ -78,12 +78,13 @@ SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
               key_bias: Optional[torch.Tensor] = None, skip: bool = False) -> ConfigTuner:
     """The autotuner of this launch's class, decided by the inputs alone: :data:`TUNER` where K can be viewed
-    through ``permk`` at the class's key tile (:func:`permuted_k`) and there is no key bias, else
-    :data:`KEY_ORDER_TUNER`; Skip-Softmax launches (``skip``): :data:`SKIP_TUNER` / :data:`SKIP_KEY_ORDER_TUNER`,
-    whose serial schedules it needs. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
+    through ``permk`` at the class's key tile (:func:`permuted_k`), else :data:`KEY_ORDER_TUNER`; Skip-Softmax
+    launches (``skip``), whose serial schedules it needs: :data:`SKIP_TUNER` where K can be viewed and there is no
+    key bias (``trio`` spills over 1.5 KB with both), else :data:`SKIP_KEY_ORDER_TUNER`. Each tuner's candidates
+    share their numerics (:attr:`GluonConfig.numerics`)."""
     view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block if k_scale is not None else 0,
                             TUNED_CONFIGS[0].block_n)
-    if key_bias is None and view is not None:
+    if view is not None and not (skip and key_bias is not None):
         return SKIP_TUNER if skip else TUNER
     return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
 
@@ -255,10 +256,10 @@ class LaunchPlan:
 
 def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
                 config: GluonConfig, tail: Optional[tail_split.TailPlan] = None, workspace=None,
-                key_bias=None, skip: Optional[tuple] = None) -> LaunchPlan:
+                key_bias=None, skip: Optional[tuple] = None, key_range=None) -> LaunchPlan:
     """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
     last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
-    ``(B|1, Skv)``; such launches load K in key order (no ``permk`` view). A bf16/fp16 ``q`` with int8 ``k``
+    ``(B|1, Skv)``, with ``key_range`` its :func:`bias_range` (required with it). A bf16/fp16 ``q`` with int8 ``k``
     (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``: ``(log2_threshold,
     count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of skipped tiles
     or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
@@ -270,6 +271,10 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         if tail is not None:
             raise ValueError("gluon_sage: Skip-Softmax launches run without the tail split (its pieces would test "
                              "tiles against their own running max, not the row's); got a tail plan")
+    if (key_bias is None) != (key_range is None):
+        raise ValueError("gluon_sage: key_bias and key_range (its bias_range) go together; got "
+                         f"key_bias {'None' if key_bias is None else 'given'}, key_range "
+                         f"{'None' if key_range is None else 'given'}")
     key = _geometry_key(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config, tail,
                         key_bias, skip)
     geo = GEOMETRIES.get_or_build(key, lambda: launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block,
@@ -278,7 +283,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         *geo.descriptors(q, k, k_scale, v),
         q if geo.quant_q else q_scale if q_scale is not None else v_scale,  # dummies for bf16/fp16 Q/K and no bias
         k_scale if k_scale is not None else v_scale, v_scale, key_bias if key_bias is not None else v_scale,
-        out, lse, float(sm_scale) * common.LOG2E, *geo.scalars,
+        key_range if key_range is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E, *geo.scalars,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
     ]
@@ -336,7 +341,7 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
     q_strides = q.stride()[:3] if quant_q else common.scale_strides(q_scale)
     ks_box = k_scale_box(k_scale, k_block, config.block_n)
     permuted = (permuted_k(k, k_block if k_scale is not None else 0, config.block_n)
-                if config.permk and key_bias is None else None)
+                if config.permk else None)
     kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     n_m = q_blocks(sq, config)
     scalars = (*q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
@@ -439,7 +444,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
             tail = None if skip else tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
             ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
             plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
-                               skip)
+                               skip, None if part[6] is None else bias_range(part[6]))
             _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=_launch_maxnreg(plan.meta))
             if tail:
                 tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)
@@ -456,6 +461,18 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         launch(config)
     LAST.config = config
     return (out, lse) if return_lse else out
+
+
+def bias_range(key_bias: torch.Tensor) -> torch.Tensor:
+    """Per row of an fp32 key bias ``(B|1, Skv)``: ``[first, end)``, the first key whose bias is not 0 and one past
+    the last (``[Skv, 0)`` for a row of zeros), int32 ``(B|1, 2)`` on its device (a few small kernels, no
+    synchronization). The kernel adds the bias only in the key tiles that meet this range (and the last tile)."""
+    skv = key_bias.shape[-1]
+    keys = torch.arange(skv, device=key_bias.device, dtype=torch.int32)
+    nonzero = key_bias != 0  # (NaN counts as nonzero)
+    first = torch.where(nonzero, keys, skv).amin(-1)
+    end = torch.where(nonzero, keys + 1, 0).amax(-1)
+    return torch.stack([first, end], dim=-1).to(torch.int32)
 
 
 def _skip_args(q, skip_threshold, skip_count) -> Optional[tuple]:
@@ -511,7 +528,7 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     count = torch.empty(1, dtype=torch.int32, device=q.device) if skip == 2 else None
     skip_args = (torch.empty(1, device=q.device), count) if skip else None
     plan = plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
-                       tail, ws, key_bias, skip_args)
+                       tail, ws, key_bias, skip_args, None if key_bias is None else bias_range(key_bias))
     kernel = _sage_fwd_ws
     meta = plan.meta
     signature, constexprs, attrs = launch_signature(kernel, plan.args, meta)
