@@ -21,7 +21,8 @@ is the first config's for ``triton_sage``, and triton_sage's ``128,128,8,3,pipe`
 have the same numerics; ``permk`` and ``mmasum`` differ by a summation order or the e4m3-rounded denominator).
 
 ``--masked-keys N`` masks the last ``N`` keys of every row (a key-padding mask, as HunyuanVideo's text padding): the
-kernels get it as ``qattn::key_bias`` and the SDPA baseline as a boolean ``(B, 1, 1, Skv)`` mask.
+kernels get it as ``qattn::key_bias`` and the SDPA baseline as a boolean ``(B, 1, 1, Skv)`` mask; with
+``--mask-spread`` the ``N`` masked keys are spread evenly over the keys instead (every key tile then has some).
 
 Shapes: ``--shapes`` names presets of :mod:`benchmarks.shapes` (default: the self-attention ones), ``--shape
 name:B:H:Sq:Skv:D`` adds others. About 2-4 minutes on an H200 with the defaults (compiles dominate;
@@ -75,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "gluon_sage 'BLOCK_N,STAGES[,flags]' (default: the kernel's CONFIGS)")
     parser.add_argument("--masked-keys", type=int, default=0, metavar="N",
                         help="mask the last N keys of every row (a key-padding mask, passed as key_bias)")
+    parser.add_argument("--mask-spread", action="store_true",
+                        help="spread the --masked-keys evenly over the keys instead of masking the last ones")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "device": torch.cuda.get_device_name(), "capability": f"sm_{cap[0]}{cap[1]}",
         "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe, "kernel": args.kernel,
-        "masked_keys": args.masked_keys, "flops": "4*B*H*Sq*Skv*D",
+        "masked_keys": args.masked_keys, "mask_spread": args.mask_spread, "flops": "4*B*H*Sq*Skv*D",
         "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
         "command": "python -m benchmarks.tune " + " ".join(sys.argv[1:] if argv is None else argv),
         "shapes": [],
@@ -129,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         mask, extra = None, {}
         if args.masked_keys:
             mask = torch.ones(b, 1, 1, skv, dtype=torch.bool, device="cuda")
-            mask[..., skv - args.masked_keys:] = False
+            if args.mask_spread:
+                mask[..., torch.linspace(0, skv - 1, args.masked_keys, device="cuda").long()] = False
+            else:
+                mask[..., skv - args.masked_keys:] = False
             extra["key_bias"] = torch.ops.qattn.key_bias(mask, inputs[2])
         entry = {"name": name, "B": b, "H": h, "Sq": sq, "Skv": skv, "D": d, "results": []}
         if not args.no_baseline:

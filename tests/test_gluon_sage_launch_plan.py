@@ -166,7 +166,7 @@ def test_plan_equals_the_plain_computation_on_first_and_later_calls(case, config
         skip_args = None if skip is None else (torch.zeros(1), torch.zeros(1, dtype=torch.int32) if skip == "count"
                                                else None)
         common_args = (q, qs, k, ks, v, vs, qb, kb, 0.0883883, out, lse, return_lse, config, tail, ws, bias, skip_args,
-                       None if bias is None else gs.bias_range(bias))
+                       None if bias is None else common.bias_range(bias))
         plan = gs.plan_launch(*common_args)
         _assert_plan_is_reference(plan, _reference_plan(*common_args))
         assert len(launch.GEOMETRIES) == 1, "one geometry per layout"
@@ -184,7 +184,7 @@ def test_one_cache_serves_every_case():
             out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows, bhsd_out)
             skip_args = None if skip is None else (torch.zeros(1), None)
             common_args = (q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, return_lse, config, tail, ws, bias, skip_args,
-                           None if bias is None else gs.bias_range(bias))
+                           None if bias is None else common.bias_range(bias))
             _assert_plan_is_reference(gs.plan_launch(*common_args), _reference_plan(*common_args))
     assert launch.GEOMETRIES.misses == 2 * len(CASES)
 
@@ -295,7 +295,7 @@ def test_checks_run_once_per_layout_and_raise_on_every_bad_call():
 def test_bias_range_is_the_span_of_nonzero_keys(row, want):
     """The kernel adds the key bias only in the tiles that meet ``[first, end)``: every key outside has bias 0."""
     bias = torch.tensor([row, [0.0] * 299 + [1.0]])
-    got = gs.bias_range(bias)
+    got = common.bias_range(bias)
     assert got.dtype == torch.int32 and got.tolist() == [list(want), [299, 300]]
 
 

@@ -14,6 +14,7 @@ import torch
 
 import qattn_fx
 
+from qattn_fx.kernels import _sage_common as common
 from qattn_fx.kernels import gluon_sage as gs
 from qattn_fx.kernels import triton_sage as ts
 from qattn_fx.kernels._offline import sass_opcodes
@@ -347,7 +348,7 @@ def test_key_order_key_bias_launches_compile_without_spills(config, d):
     cfg = gs.GluonConfig.parse(config)
     bias = torch.empty(1, k.shape[2], device="meta")
     plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias,
-                          key_range=gs.bias_range(bias))
+                          key_range=common.bias_range(bias))
     assert plan.meta["HAS_BIAS"] == 1 and plan.meta["PERMK"] == 0 and not plan.permuted_k
     compiled = gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)
     report = ts.ptxas_report(compiled, (9, 0))
@@ -364,7 +365,7 @@ def test_permk_key_bias_launches_keep_the_plain_loop_in_registers():
     cfg = gs.DEFAULT_CONFIGS[128]
     bias = torch.empty(1, k.shape[2], device="meta")
     plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, cfg, key_bias=bias,
-                          key_range=gs.bias_range(bias))
+                          key_range=common.bias_range(bias))
     assert plan.meta["HAS_BIAS"] == 1 and plan.meta["PERMK"] == 1 and plan.permuted_k
     assert gs.tuner_for(k, ks, kb, bias) is gs.TUNER
     body = _loop_body(sass_opcodes(gs.compile_for(cfg, q, qs, k, ks, v, vs, qb, kb, key_bias=bias)))

@@ -230,6 +230,19 @@ def bias_stride(key_bias: Optional[torch.Tensor]) -> int:
     return 0 if key_bias is None or key_bias.shape[0] == 1 else key_bias.stride(0)
 
 
+def bias_range(key_bias: torch.Tensor) -> torch.Tensor:
+    """Per row of an fp32 key bias ``(B|1, Skv)``: ``[first, end)``, the first key whose bias is not 0 and one past
+    the last (``[Skv, 0)`` for a row of zeros; NaN counts as nonzero), int32 ``(B|1, 2)`` on its device (a few
+    small kernels, no synchronization). The Sage kernels add the bias only in the key tiles that meet this range
+    (and the last tile); every other key's bias is 0, so those tiles run the loop without it."""
+    skv = key_bias.shape[-1]
+    keys = torch.arange(skv, device=key_bias.device, dtype=torch.int32)
+    nonzero = key_bias != 0  # (NaN counts as nonzero)
+    first = torch.where(nonzero, keys, skv).amin(-1)
+    end = torch.where(nonzero, keys + 1, 0).amax(-1)
+    return torch.stack([first, end], dim=-1).to(torch.int32)
+
+
 def pow2_divisor(n: int, cap: int) -> int:
     """Largest power of two <= ``cap`` dividing ``n`` (``cap`` for 0)."""
     p = 1

@@ -54,10 +54,10 @@ consumers quantize per token themselves (``KernelInfo.quantizes_q``: the lowerin
 the graph has no Q pass; bit-identical to ``qattn::quantize_per_block``). GQA through ``Hq = g · Hkv``. Optional
 ``key_bias`` fp32 ``(B|1, Skv)`` (masks): each tile's bias is loaded at use and added to the logits, whose max is
 then taken over ``t·rs + bias`` (a row with every key masked gives 0), in the key tiles that meet the span of
-keys whose bias is not 0 (:func:`bias_range`: a key-padding mask touches a few tiles at the end) and the last
-tile; the other tiles run without it. Such launches are in the class their K gives (``permk``: the bias is loaded
-in the permuted key order), but Skip-Softmax launches with a bias load K in key order. Output ``(B, Hq, Sq, Dv)``
-stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
+keys whose bias is not 0 (:func:`~qattn_fx.kernels._sage_common.bias_range`: a key-padding mask touches a few
+tiles at the end) and the last tile; the other tiles run without it. Such launches are in the class their K gives
+(``permk``: the bias is loaded in the permuted key order), but Skip-Softmax launches with a bias load K in key
+order. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
 
 Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing), :mod:`.consumer` and
 :mod:`.producer` (the partitions), :mod:`.kernel` (``_sage_fwd_ws``: shared memory, barriers, warp
@@ -74,7 +74,7 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_skip_config, current_config, forced_config, use_config)
 from .consumer import _mma_layout as mma_layout
-from .launch import (KEY_ORDER_TUNER, LAST, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, LaunchPlan, attention, bias_range,
+from .launch import (KEY_ORDER_TUNER, LAST, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, LaunchPlan, attention,
                      compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan, permuted_k,
                      plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for, tuning_key)
 
@@ -82,8 +82,8 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "GluonConfig", "KEY_ORDER_DEFAULT_CONFIG", "KEY_ORDER_TUNED_CONFIGS", "KEY_ORDER_TUNER", "LAST",
            "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "ROWS_PER_CONSUMER", "SKIP_KEY_ORDER_TUNED_CONFIGS",
            "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER", "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG",
-           "TRIO_CONSUMER_REGS", "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "bias_range",
-           "check_skip_config", "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
+           "TRIO_CONSUMER_REGS", "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "check_skip_config",
+           "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
            "k_scale_box", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks",
            "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",
            "use_config"]

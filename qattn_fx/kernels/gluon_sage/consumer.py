@@ -522,7 +522,7 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
     the serial one with Skip-Softmax's test, :func:`_softmax_pv_skip`; 0 even in a Skip-Softmax kernel: the loop
     without it); ``flags``: the kernel's :class:`~._gluon.KernelFlags`; returns ``(m, l, acc)`` for the epilogue.
     ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)``; ``bias_tiles``: ``(b0, b1)``, with ``HAS_BIAS`` the full tiles
-    ``[b0, b1)`` add the key bias and the others run without it (their bias is 0), else both ``n_tiles - 1``;
+    ``[b0, b1)`` add the key bias and the others run without it (their bias is 0);
     ``loop_args``: ``(q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc,
     skip, sums)``, ``ksrc``, ``kbsrc``, ``skip`` and ``sums`` being the sources of the K scales, the key bias, the
     test and the ``MMASUM`` sums."""
@@ -534,7 +534,6 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
     KS_TMA: gl.constexpr = flags.KS_TMA
     TARRIVE: gl.constexpr = flags.TARRIVE
     HAS_BIAS: gl.constexpr = flags.HAS_BIAS
-    b0, b1 = bias_tiles
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled, and the biased tiles run in a loop of
     # their own). K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
@@ -543,21 +542,29 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
             ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
-                                            grp_layout, 0)
         if HAS_BIAS:
+            b0, b1 = bias_tiles
+            m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
+                                                col_s, grp_layout, 0)
             m_i, l_i, acc, s, ks = _ahead_tiles(b0, b1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
                                                 col_s, grp_layout, 1)
             m_i, l_i, acc, s, ks = _ahead_tiles(b1, n_tiles - 1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout,
                                                 row_o, col_s, grp_layout, 0)
+        else:
+            m_i, l_i, acc, s, ks = _ahead_tiles(0, n_tiles - 1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout,
+                                                row_o, col_s, grp_layout, 0)
     else:
-        ks, m_i, l_i, acc = _serial_tiles(0, b0, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
-                                          grp_layout, SKIP, 0)
         if HAS_BIAS:
+            b0, b1 = bias_tiles
+            ks, m_i, l_i, acc = _serial_tiles(0, b0, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
+                                              grp_layout, SKIP, 0)
             ks, m_i, l_i, acc = _serial_tiles(b0, b1, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
                                               grp_layout, SKIP, 1)
             ks, m_i, l_i, acc = _serial_tiles(b1, n_tiles - 1, ks, m_i, l_i, acc, loop_args, flags, p_layout,
                                               row_o, col_s, grp_layout, SKIP, 0)
+        else:
+            ks, m_i, l_i, acc = _serial_tiles(0, n_tiles - 1, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
+                                              col_s, grp_layout, SKIP, 0)
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     if not (flags.AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
@@ -706,7 +713,7 @@ def _consume(args, CID: gl.constexpr, flags):
         b1 = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(gl.load(kbr + 1) - kv0, 0), BLOCK_N), b0), n_tiles - 1)
         bias_tiles = (b0, b1)
     else:
-        bias_tiles = (n_tiles - 1, n_tiles - 1)
+        bias_tiles = (0, 0)  # unused
     if SKIP:  # (log2 λ, rows past SEQ_Q, the skip counter per lane, the one lane that counts)
         thr_ptr, count_ptr = skip_src
         count_lane = (offs_m == row0) & (row0 < SEQ_Q)

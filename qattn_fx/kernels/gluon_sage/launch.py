@@ -259,7 +259,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                 key_bias=None, skip: Optional[tuple] = None, key_range=None) -> LaunchPlan:
     """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
     last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
-    ``(B|1, Skv)``, with ``key_range`` its :func:`bias_range` (required with it). A bf16/fp16 ``q`` with int8 ``k``
+    ``(B|1, Skv)``, with ``key_range`` its :func:`~.._sage_common.bias_range` (required with it). A bf16/fp16 ``q`` with int8 ``k``
     (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``: ``(log2_threshold,
     count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of skipped tiles
     or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
@@ -444,7 +444,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
             tail = None if skip else tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
             ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
             plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
-                               skip, None if part[6] is None else bias_range(part[6]))
+                               skip, None if part[6] is None else common.bias_range(part[6]))
             _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=_launch_maxnreg(plan.meta))
             if tail:
                 tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)
@@ -461,18 +461,6 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         launch(config)
     LAST.config = config
     return (out, lse) if return_lse else out
-
-
-def bias_range(key_bias: torch.Tensor) -> torch.Tensor:
-    """Per row of an fp32 key bias ``(B|1, Skv)``: ``[first, end)``, the first key whose bias is not 0 and one past
-    the last (``[Skv, 0)`` for a row of zeros), int32 ``(B|1, 2)`` on its device (a few small kernels, no
-    synchronization). The kernel adds the bias only in the key tiles that meet this range (and the last tile)."""
-    skv = key_bias.shape[-1]
-    keys = torch.arange(skv, device=key_bias.device, dtype=torch.int32)
-    nonzero = key_bias != 0  # (NaN counts as nonzero)
-    first = torch.where(nonzero, keys, skv).amin(-1)
-    end = torch.where(nonzero, keys + 1, 0).amax(-1)
-    return torch.stack([first, end], dim=-1).to(torch.int32)
 
 
 def _skip_args(q, skip_threshold, skip_count) -> Optional[tuple]:
@@ -528,7 +516,7 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     count = torch.empty(1, dtype=torch.int32, device=q.device) if skip == 2 else None
     skip_args = (torch.empty(1, device=q.device), count) if skip else None
     plan = plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
-                       tail, ws, key_bias, skip_args, None if key_bias is None else bias_range(key_bias))
+                       tail, ws, key_bias, skip_args, None if key_bias is None else common.bias_range(key_bias))
     kernel = _sage_fwd_ws
     meta = plan.meta
     signature, constexprs, attrs = launch_signature(kernel, plan.args, meta)

@@ -217,8 +217,40 @@ def _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV,
 
 
 @triton.jit
+def _pipe_step(acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+               kb_ptr, SEQ_KV, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+               PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Full tile ``start_n`` of the pipelined loop (``S`` given): tile ``start_n + BLOCK_N``'s Q·Kᵀ issued before
+    this tile's softmax and P·V; ``HAS_BIAS``: the tile adds the key bias. Returns ``(acc, l, m, S_next, k_base,
+    v_base)`` with the bases advanced by a tile."""
+    ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
+    kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
+    k_base += k_step
+    s_next = _qk_tile(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+    v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
+    return acc, l_i, m_i, s_next, k_base, v_base + v_step
+
+
+@triton.jit
+def _plain_step(acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                kb_ptr, SEQ_KV, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Full tile ``start_n`` of the plain loop: its Q·Kᵀ, softmax and P·V (``HAS_BIAS``: with the key bias).
+    Returns ``(acc, l, m, k_base, v_base)`` with the bases advanced by a tile."""
+    v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+    ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
+    kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
+    s = _qk_tile(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
+    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
+    return acc, l_i, m_i, k_base + k_step, v_base + v_step
+
+
+@triton.jit
 def _sage_fwd(
-    Q, K, V, QS, KS, VS, KB, Out, Lse,
+    Q, K, V, QS, KS, VS, KB, KBR, Out, Lse,
     qk_scale,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -236,7 +268,12 @@ def _sage_fwd(
     V_ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
 ):
-    """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit."""
+    """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit.
+
+    ``HAS_BIAS``: the key bias ``KB`` (fp32 ``(B|1, Skv)``, batch stride ``stride_kbb``) and ``KBR`` (int32
+    ``(B|1, 2)``, :func:`~qattn_fx.kernels._sage_common.bias_range`): only the full key tiles that meet that span
+    (and the last tile) add the bias; the others run the loop without it. Under the interpreter every tile adds it.
+    """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -289,21 +326,36 @@ def _sage_fwd(
     acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
     PV_FP16: tl.constexpr = not V_SEQ_MAJOR
     # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
-    # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr.
+    # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr and every
+    # full tile takes the loop with the bias.
+    if PIPE == 1:  # the last tile (full or tail) is finished after the loop, masked
+        end = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
+    else:  # full tiles, then the tail tile (if any)
+        end = (SEQ_KV // BLOCK_N) * BLOCK_N
+    if HAS_BIAS:  # the full tiles that meet the keys with a nonzero bias
+        kbr = KBR + 2 * tl.where(stride_kbb != 0, b, 0)
+        lo = tl.minimum((tl.load(kbr) // BLOCK_N) * BLOCK_N, end)
+        hi = tl.minimum(tl.maximum(((tl.load(kbr + 1) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), end)
+    else:
+        lo = end
+        hi = end
     if PIPE == 1:
         # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
-        # work while the exp2s of tile j run. The last tile (full or tail) is finished after the loop, masked.
+        # work while the exp2s of tile j run.
         s = _qk_tile(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-        for start_n in range(0, INTERP_LOOP_END if INTERPRET else ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N, BLOCK_N):
-            ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
-            kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
-            k_base += k_step
-            s_next = _qk_tile(q, k_base, k_offs, start_n + BLOCK_N, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
-                                            BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
-            v_base += v_step
-            s = s_next
+        for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
+            acc, l_i, m_i, s, k_base, v_base = _pipe_step(
+                acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+        if HAS_BIAS:
+            for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
+                acc, l_i, m_i, s, k_base, v_base = _pipe_step(
+                    acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+        for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
+            acc, l_i, m_i, s, k_base, v_base = _pipe_step(
+                acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
         last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
         v = _load_v(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
         ks = _load_ks(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
@@ -311,16 +363,19 @@ def _sage_fwd(
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, last, SEQ_KV, QK_KIND,
                                         K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
     else:
-        # Full tiles without masks, then the tail tile (if any) with masks.
-        for start_n in range(0, INTERP_LOOP_END if INTERPRET else (SEQ_KV // BLOCK_N) * BLOCK_N, BLOCK_N):
-            v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
-            ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
-            kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
-            s = _qk_tile(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
-                                            BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
-            k_base += k_step
-            v_base += v_step
+        for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
+            acc, l_i, m_i, k_base, v_base = _plain_step(
+                acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+        if HAS_BIAS:
+            for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
+                acc, l_i, m_i, k_base, v_base = _plain_step(
+                    acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+        for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
+            acc, l_i, m_i, k_base, v_base = _plain_step(
+                acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
         n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
         if n_full < SEQ_KV:
             v = _load_v(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True)

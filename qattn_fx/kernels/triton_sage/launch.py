@@ -127,8 +127,9 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
     ks = k_scale if k_scale is not None else v_scale
     kb = key_bias if key_bias is not None else v_scale
+    kbr = common.bias_range(key_bias) if key_bias is not None else v_scale
     args = [
-        q, k, v, qs, ks, v_scale, kb, out, lse,
+        q, k, v, qs, ks, v_scale, kb, kbr, out, lse,
         float(sm_scale) * common.LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
