@@ -259,13 +259,14 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                 key_bias=None, skip: Optional[tuple] = None, key_range=None) -> LaunchPlan:
     """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
     last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
-    ``(B|1, Skv)``, with ``key_range`` its :func:`~.._sage_common.bias_range` (required with it). A bf16/fp16 ``q`` with int8 ``k``
-    (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``: ``(log2_threshold,
-    count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of skipped tiles
-    or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
+    ``(B|1, Skv)``, with ``key_range`` its :func:`~.._sage_common.bias_range` (required with it). A bf16/fp16 ``q`` with
+    int8 ``k`` (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``:
+    ``(log2_threshold, count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of
+    skipped tiles or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
 
     What follows from plain values (:class:`LaunchGeometry`) is computed once per key (:data:`GEOMETRIES`); each call
-    builds the descriptors over its own tensors from it and places the tensors among the arguments."""
+    builds the descriptors over its own tensors from it and places the tensors among the arguments.
+    """
     if skip is not None:
         check_skip_config(config)
         if tail is not None:
