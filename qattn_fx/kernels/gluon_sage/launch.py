@@ -58,7 +58,7 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
 #: tuning, autotuning off) it uses :data:`DEFAULT_CONFIGS`.
 TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]),
                     numerics=lambda text: GluonConfig.parse(text).numerics)
-#: The autotuner of launches that load K in key order (key bias, or a K the view cannot take):
+#: The autotuner of launches that load K in key order (a K the view cannot take):
 #: :data:`KEY_ORDER_TUNED_CONFIGS`, untuned :data:`KEY_ORDER_DEFAULT_CONFIG`.
 KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER_TUNED_CONFIGS],
                               default=lambda key: str(KEY_ORDER_DEFAULT_CONFIG),
@@ -80,7 +80,7 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
     """The autotuner of this launch's class, decided by the inputs alone: :data:`TUNER` where K can be viewed
     through ``permk`` at the class's key tile (:func:`permuted_k`), else :data:`KEY_ORDER_TUNER`; Skip-Softmax
     launches (``skip``), whose serial schedules it needs: :data:`SKIP_TUNER` where K can be viewed and there is no
-    key bias (``trio`` spills over 1.5 KB with both), else :data:`SKIP_KEY_ORDER_TUNER`. Each tuner's candidates
+    key bias (``trio`` spills over 1.4 KB with both), else :data:`SKIP_KEY_ORDER_TUNER`. Each tuner's candidates
     share their numerics (:attr:`GluonConfig.numerics`)."""
     view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block if k_scale is not None else 0,
                             TUNED_CONFIGS[0].block_n)
