@@ -14,8 +14,10 @@ FP8, ``flashinfer_fa3_fp8`` per-head FP8; shapes (B·H, Sq, Skv, D) flux-1024 (2
 FP8, cross-512 (40, 32760, 512, 128). The time of a quantized call is Inductor-compiled quantize + kernel, as a model
 pays it, timed as CUDA-graph replays (gluon_sage; cuDNN FP8 but at cross-512) or with CUDA events (triton_sage, FA3
 FP8, cuDNN FP8 at cross-512), which add the host's per-call work and so understate short calls. Other recipes of a
-kernel, masked calls (key bias) and other GPUs of the architecture are predicted from the same points. There is no
-data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
+kernel, masked calls (key bias) and other GPUs of the architecture are predicted from the same points (a
+key-padding-masked call runs within 2 % of the unmasked one on both Sage kernels, and torch SDPA slows down with a
+mask more than they do: BENCHMARKS.md, "Key-padding masks"). There is no data for any other (kernel, arch):
+:func:`predicted_speedup` returns ``None``.
 
 **Between the points.** For the points of the kernel and architecture at the call's head_dim (a head_dim without
 points: the smallest prediction over the measured head dims), two curves, each piecewise linear in the logarithm of
