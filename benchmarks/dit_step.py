@@ -13,8 +13,9 @@ Models (random weights at the published configs, bf16, built on the GPU):
   ``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames (``--resolution 720``: ``90, 160`` → 75,600
   tokens), a 512-token text embedding.
 * ``hunyuan_video``: ``HunyuanVideoTransformer3DModel`` (HunyuanVideo's config: 24 heads, d128, 20 dual- and 40
-  single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` and 256 text tokens of which
-  ``--text-tokens`` are valid: its joint attention masks the padding with a ``(B, 1, 1, N)`` key mask.
+  single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` (``--resolution 720``: ``90, 160``)
+  and 256 text tokens of which ``--text-tokens`` are valid: its joint attention masks the padding with a
+  ``(B, 1, 1, N)`` key mask.
 * ``flux``: ``FluxTransformer2DModel`` (Flux.1-dev's config: 24 heads, d128, 19 double- and 38 single-stream
   blocks, guidance embedding), ``--resolution`` pixels square (default 1024: 4,096 packed latent tokens of 64
   channels) and 512 text tokens: joint attention over 4,608 tokens.
@@ -108,6 +109,16 @@ class Case:
 
 #: Wan2.1's published frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
 WAN_SIZES = {480: (480, 832), 720: (720, 1280)}
+#: HunyuanVideo's frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
+HUNYUAN_SIZES = {480: (480, 848), 720: (720, 1280)}
+
+
+def frame_size(model: str, sizes: dict, resolution: int | None) -> tuple[int, int]:
+    """``(height, width)`` pixels of ``model`` at ``resolution`` (default 480) from its ``sizes``."""
+    resolution = resolution or 480
+    if resolution not in sizes:
+        raise ValueError(f"resolution={resolution} is invalid for {model}; valid: {', '.join(map(str, sizes))}")
+    return sizes[resolution]
 
 
 def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 81, resolution: int | None = None,
@@ -116,10 +127,7 @@ def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 
     diffusers config (small models for CPU tests)."""
     from diffusers import WanTransformer3DModel
 
-    resolution = resolution or 480
-    if resolution not in WAN_SIZES:
-        raise ValueError(f"resolution={resolution} is invalid for Wan; valid: {', '.join(map(str, WAN_SIZES))}")
-    height, width = WAN_SIZES[resolution]
+    height, width = frame_size("Wan", WAN_SIZES, resolution)
 
     cfg = dict(CONFIGS[config])
     if blocks:
@@ -149,8 +157,11 @@ def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 
 
 
 def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None = None, frames: int = 81,
-                        text_tokens: int = 120, device: str = "cuda", dims: dict | None = None, **_) -> Case:
-    """HunyuanVideo at 480p with 256 text tokens, ``text_tokens`` of them valid; ``dims`` as for Wan."""
+                        text_tokens: int = 120, resolution: int | None = None, device: str = "cuda",
+                        dims: dict | None = None, **_) -> Case:
+    """HunyuanVideo at ``resolution`` (480 by default, or 720: :data:`HUNYUAN_SIZES`) with 256 text tokens,
+    ``text_tokens`` of them valid; ``dims`` as for Wan."""
+    height, width = frame_size("HunyuanVideo", HUNYUAN_SIZES, resolution)
     from diffusers import HunyuanVideoTransformer3DModel
 
     cfg = dict(num_attention_heads=24, attention_head_dim=128, num_layers=blocks or 20,
@@ -172,7 +183,7 @@ def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None 
         return torch.tensor([1000.0 * sigma], device=device)
 
     inputs = dict(
-        hidden_states=torch.randn(1, 16, latent_frames, 60, 106, device=device, dtype=torch.bfloat16),
+        hidden_states=torch.randn(1, 16, latent_frames, height // 8, width // 8, device=device, dtype=torch.bfloat16),
         timestep=timestep(0.5),
         encoder_hidden_states=torch.randn(1, text, 4096, device=device, dtype=torch.bfloat16),
         encoder_attention_mask=mask,
@@ -180,10 +191,10 @@ def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None 
         guidance=torch.tensor([6000.0], device=device, dtype=torch.bfloat16),
         return_dict=False,
     )
-    tokens = latent_frames * 30 * 53
+    tokens = latent_frames * (height // 16) * (width // 16)
     header = (f"HunyuanVideo config ({cfg['num_layers']} dual + {cfg['num_single_layers']} single blocks, "
-              f"{cfg['num_attention_heads']} heads, d{cfg['attention_head_dim']}), {frames} frames 480p = {tokens} "
-              f"video tokens + {text} text ({text_tokens} valid, the rest masked)")
+              f"{cfg['num_attention_heads']} heads, d{cfg['attention_head_dim']}), {frames} frames {height}p = "
+              f"{tokens} video tokens + {text} text ({text_tokens} valid, the rest masked)")
     return Case(model, inputs, timestep, header)
 
 
@@ -381,7 +392,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
     parser.add_argument("--resolution", type=int, help="Flux: image side in pixels, a multiple of 16 (default 1024); "
-                        "Wan: 480 (832 x 480, the default) or 720 (1280 x 720)")
+                        "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo: 480 (848 x 480, the "
+                        "default) or 720 (1280 x 720)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "
                                                                          "CUDA graphs)")

@@ -123,6 +123,11 @@ def test_dit_step_arguments():
         dit_step.build_wan(resolution=1024, device="cpu")
     wan720 = dit_step.build_wan(resolution=720, device="cpu", **TINY_DIT["wan"])  # 1280 x 720: 45 x 80 patches
     assert wan720.inputs["hidden_states"].shape[-2:] == (90, 160) and "1 frames 720p = 3600 tokens" in wan720.header
+    with pytest.raises(ValueError, match="resolution=600 is invalid for HunyuanVideo; valid: 480, 720"):
+        dit_step.build_hunyuan_video(resolution=600, device="cpu")
+    for resolution, latent, tokens in ((None, (60, 106), 1590), (720, (90, 160), 3600)):
+        hv = dit_step.build_hunyuan_video(resolution=resolution, device="cpu", **TINY_DIT["hunyuan_video"])
+        assert hv.inputs["hidden_states"].shape[-2:] == latent and f"= {tokens} video tokens" in hv.header
 
 
 def test_dit_step_profile_classes():
