@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", default="int8-1-16", choices=list(common.KERNEL_RECIPES))
     p.add_argument("--q-in-kernel", action=argparse.BooleanOptionalAction, default=True,
                    help="pass the bf16 Q of an int8 q_block-1 recipe (the kernel quantizes it; default: on)")
-    p.add_argument("--key-bias", action="store_true", help="with a key bias (a key-padding mask; its span computed per call)")
+    p.add_argument("--key-bias", action="store_true",
+                   help="with a key bias (a key-padding mask; its span computed per call)")
     p.add_argument("--lse", action="store_true", help="qattn::scaled_attention_lse")
     p.add_argument("--skip", action="store_true", help="with a Skip-Softmax threshold")
     p.add_argument("--config", default=None, help="force a gluon_sage config (default: the tuner's choice)")
