@@ -236,15 +236,17 @@ def _pipe_step(acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base,
 @triton.jit
 def _plain_step(acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
                 kb_ptr, SEQ_KV, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Full tile ``start_n`` of the plain loop: its Q·Kᵀ, softmax and P·V (``HAS_BIAS``: with the key bias).
-    Returns ``(acc, l, m, k_base, v_base)`` with the bases advanced by a tile."""
-    v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
-    ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
-    kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
-    s = _qk_tile(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, False)
+                PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr, MASK_KV: tl.constexpr,
+                HAS_BIAS: tl.constexpr):
+    """Tile ``start_n`` of the plain schedule: its Q·Kᵀ, softmax and P·V (``MASK_KV``: the tail tile, which may
+    run past ``SEQ_KV``; ``HAS_BIAS``: with the key bias). Returns ``(acc, l, m, k_base, v_base)`` with the bases
+    advanced by a tile."""
+    v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, MASK_KV)
+    ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, MASK_KV)
+    kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, MASK_KV, HAS_BIAS)
+    s = _qk_tile(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, MASK_KV)
     acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
-                                BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
+                                BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, MASK_KV, HAS_BIAS)
     return acc, l_i, m_i, k_base + k_step, v_base + v_step
 
 
@@ -356,34 +358,29 @@ def _sage_fwd(
             acc, l_i, m_i, s, k_base, v_base = _pipe_step(
                 acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
                 stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
-        last = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
-        v = _load_v(v_base, v_offs, last, SEQ_KV, BLOCK_N, INTERPRET, True)
-        ks = _load_ks(ks_ptr, stride_ksn, last, SEQ_KV, K_BLOCK, BLOCK_N, True)
-        kb = _load_kb(kb_ptr, last, SEQ_KV, BLOCK_N, True, HAS_BIAS)
-        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, last, SEQ_KV, QK_KIND,
+        v = _load_v(v_base, v_offs, end, SEQ_KV, BLOCK_N, INTERPRET, True)  # the last tile (full or tail), masked
+        ks = _load_ks(ks_ptr, stride_ksn, end, SEQ_KV, K_BLOCK, BLOCK_N, True)
+        kb = _load_kb(kb_ptr, end, SEQ_KV, BLOCK_N, True, HAS_BIAS)
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, end, SEQ_KV, QK_KIND,
                                         K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
     else:
         for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
             acc, l_i, m_i, k_base, v_base = _plain_step(
                 acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
-                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, False)
         if HAS_BIAS:
             for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
                 acc, l_i, m_i, k_base, v_base = _plain_step(
                     acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
-                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, True)
         for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
             acc, l_i, m_i, k_base, v_base = _plain_step(
                 acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
-                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
-        n_full = (SEQ_KV // BLOCK_N) * BLOCK_N
-        if n_full < SEQ_KV:
-            v = _load_v(v_base, v_offs, n_full, SEQ_KV, BLOCK_N, INTERPRET, True)
-            ks = _load_ks(ks_ptr, stride_ksn, n_full, SEQ_KV, K_BLOCK, BLOCK_N, True)
-            kb = _load_kb(kb_ptr, n_full, SEQ_KV, BLOCK_N, True, HAS_BIAS)
-            s = _qk_tile(q, k_base, k_offs, n_full, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, n_full, SEQ_KV, QK_KIND, K_BLOCK,
-                                            BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, False)
+        if end < SEQ_KV:  # the tail tile, masked
+            acc, l_i, m_i, _, _ = _plain_step(
+                acc, l_i, m_i, q, rs, end, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
