@@ -51,16 +51,18 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 
 
 @jit
-def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, K_BLOCK: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KS_TMA: gl.constexpr):
-    """K scales of tile ``j`` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn,
-    ks_smem, SEQ_KV)``. ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with the
-    K tile (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already be
+def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
+    """K scales of tile ``j`` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn, ks_smem,
+    SEQ_KV)``; ``flags``: the kernel's :class:`~._gluon.KernelFlags` (``K_BLOCK``, ``BLOCK_N``, ``STAGES``,
+    ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with the K tile
+    (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already be
     released); a shared-memory broadcast read instead of masked global loads (zeros past the tensor; values past
     ``SEQ_KV`` only meet masked columns). Else a global load (issue it a tile ahead of use)."""
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
     ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
-    if KS_TMA:
-        tile = ks_smem.index(j % (2 * STAGES))
+    if flags.KS_TMA:
+        tile = ks_smem.index(j % (2 * flags.STAGES))
         if K_BLOCK > 1 and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
             ks = tile.slice(0, BLOCK_N // K_BLOCK).load(GROUP_LAYOUT)
         elif K_BLOCK > 1:
@@ -74,22 +76,20 @@ def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr
 
 
 @jit
-def _k_scales_ahead(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, K_BLOCK: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KS_TMA: gl.constexpr):
+def _k_scales_ahead(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
     """Issued a tile ahead of use: tile ``j``'s K scales from global memory, or (``KS_TMA``) a placeholder, the
     scales being read from the ring at use (:func:`_k_scales_at_use`); carried through the loop either way."""
-    if KS_TMA:
+    if flags.KS_TMA:
         return 0.0
     else:
-        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, flags)
 
 
 @jit
-def _k_scales_at_use(j, ks, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, K_BLOCK: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KS_TMA: gl.constexpr):
+def _k_scales_at_use(j, ks, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
     """Tile ``j``'s K scales where ``S_j`` is scaled: ``ks`` from :func:`_k_scales_ahead`, or read from the ring."""
-    if KS_TMA:
-        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    if flags.KS_TMA:
+        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, flags)
     else:
         return ks
 
@@ -448,16 +448,16 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
-            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, flags)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         if EARLY:  # tile j+1's K and scales have arrived (waited just above): the shared load's latency then
             # passes under this tile's exponentials instead of stalling the next tile's scaling
-            ks_next = _tile_k_scales(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            ks_next = _tile_k_scales(j + 1, ksrc, col_s, grp_layout, flags)
         else:
-            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, flags)
     else:  # the global load first, as early as possible (this order measured ~10 % faster for this path)
-        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, flags)
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, _key_bias(j, kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK), BIAS)
@@ -482,14 +482,11 @@ def _serial_tiles(j0, j1, ks, m_i, l_i, acc, loop_args, flags, p_layout: gl.cons
     key bias); ``ks``: tile ``j0``'s K scales as :func:`_k_scales_ahead` gives them; returns ``(ks, m, l, acc)``,
     ``ks`` being tile ``j1``'s."""
     q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
-    K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
-    STAGES: gl.constexpr = flags.STAGES
-    KS_TMA: gl.constexpr = flags.KS_TMA
     for j in range(j0, j1):
-        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
-        s = _qk(j, q, s_init, k_smem, k_ready, kv_free, flags.QK_KIND, BLOCK_N, STAGES, flags.TARRIVE)
-        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, flags)
+        s = _qk(j, q, s_init, k_smem, k_ready, kv_free, flags.QK_KIND, BLOCK_N, flags.STAGES, flags.TARRIVE)
+        ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, flags)
         kb = _key_bias(j, kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK)
         if SKIP:
             m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
@@ -537,11 +534,11 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled, and the biased tiles run in a loop of
     # their own). K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
-    ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+    ks = _k_scales_ahead(0, ksrc, col_s, grp_layout, flags)
     if flags.AHEAD:
         s = _qk(0, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
-            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+            ks = _tile_k_scales(0, ksrc, col_s, grp_layout, flags)
         if HAS_BIAS:
             b0, b1 = bias_tiles
             m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
@@ -568,7 +565,7 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
         s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     if not (flags.AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
-        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, K_BLOCK, BLOCK_N, STAGES, KS_TMA)
+        ks = _k_scales_at_use(n_tiles - 1, ks, ksrc, col_s, grp_layout, flags)
     kb = _key_bias(n_tiles - 1, kbsrc, col_s, BLOCK_N, HAS_BIAS)
     if SKIP:
         m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
