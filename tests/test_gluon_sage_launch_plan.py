@@ -243,27 +243,43 @@ def _recorded_launches(monkeypatch):
     yield launches
 
 
-@pytest.mark.parametrize("case,config,return_lse,chunked", [
-    ("int8", TRIO, False, False), ("qbf16", TRIO, True, False), ("bf16", AHEAD, True, True), ("int8", TRIO, True, True),
+@pytest.mark.parametrize("case,config,return_lse,chunked,bias_rows", [
+    ("int8", TRIO, False, False, 0), ("qbf16", TRIO, True, False, 0), ("bf16", AHEAD, True, True, 0),
+    ("int8", TRIO, True, True, 0), ("int8", TRIO, False, True, 3), ("int8", TRIO, False, True, 1),
 ])
-def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse, chunked):
+def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse, chunked, bias_rows):
     """Whole calls, batch chunks (the grid limit, made small here) included: every launch's grid, arguments and
-    meta are the plain plan's on the tensors it received."""
+    meta are the plain plan's on the tensors it received; a key bias's range is taken once per call and each
+    chunk gets its rows (equal to the chunk's own :func:`bias_range`)."""
     if chunked:
         monkeypatch.setattr(common, "MAX_GRID_Y", 4)  # B=3, H=4: one batch element per launch
     q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=3 if chunked else 1)
+    bias = None
+    if bias_rows:
+        bias = torch.zeros(bias_rows, k.shape[2])
+        for r in range(bias_rows):  # a different masked suffix per row
+            bias[r, k.shape[2] - 100 * (r + 1):] = float("-inf")
+    ranges, bias_range = [], common.bias_range
+    monkeypatch.setattr(common, "bias_range", lambda b: ranges.append(b) or bias_range(b))
     with _recorded_launches(monkeypatch) as launches, gs.use_config(config):
         for _ in range(2):
             launches.clear()
-            gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, return_lse=return_lse)
+            ranges.clear()
+            gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, return_lse=return_lse, key_bias=bias)
             assert len(launches) == (3 if chunked else 1)
+            assert len(ranges) == (1 if bias_rows else 0) and (not ranges or ranges[0] is bias)
             for i, (grid, args, meta) in enumerate(launches):
                 lo, hi = (i, i + 1) if chunked else (0, 1)
-                part = [common.batch_chunk(t, lo, hi) for t in (q, qs, k, ks, v, vs)]
+                part = [common.batch_chunk(t, lo, hi) for t in (q, qs, k, ks, v, vs, bias)]
                 assert args[0].base.data_ptr() == part[0].data_ptr()
                 tail = None if meta["SPLIT_TAIL"] == 0 else gs.last_tail_plan()
                 ws = tuple(args[-4:-2]) if tail else None
-                reference = _reference_plan(*part, qb, kb, 0.09, args[10], args[11], return_lse, config, tail, ws)
+                key_range = None
+                if bias is not None:
+                    key_range = args[9]
+                    assert torch.equal(key_range, bias_range(part[6]))
+                reference = _reference_plan(*part[:6], qb, kb, 0.09, args[10], args[11], return_lse, config, tail, ws,
+                                            part[6], None, key_range)
                 meta = dict(meta)
                 assert meta.pop("num_warps") == 4 and meta.pop("maxnreg") == launch._launch_maxnreg(meta)
                 _assert_plan_is_reference(launch.LaunchPlan(config, grid, args, meta, None, False, tail, 0),

@@ -436,16 +436,17 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
     chunks = common.batch_chunks(bsz, hq)
+    key_range = None if key_bias is None else common.bias_range(key_bias)  # once per call, chunked with the bias
 
     def launch(config: GluonConfig, skip=skip) -> None:
         for lo, hi in chunks:
-            part = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
+            part = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias, key_range)]
             o = common.batch_chunk(out, lo, hi)
             ls = common.batch_chunk(lse, lo, hi) if return_lse else o
             tail = None if skip else tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config)
             ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
             plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
-                               skip, None if part[6] is None else common.bias_range(part[6]))
+                               skip, part[7])
             _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=_launch_maxnreg(plan.meta))
             if tail:
                 tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)

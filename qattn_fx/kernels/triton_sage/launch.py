@@ -114,9 +114,10 @@ def check_device(x: torch.Tensor) -> Optional[tuple[int, int]]:
 
 
 def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, return_lse, cap, interpret,
-            key_bias=None, out=None, lse=None):
+            key_bias=None, out=None, lse=None, key_range=None):
     """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT);
-    ``out``/``lse`` given: write into them (a batch chunk of a larger call)."""
+    ``out``/``lse`` given: write into them (a batch chunk of a larger call); ``key_range``: ``key_bias``'s
+    :func:`~.._sage_common.bias_range` if the caller has it (a batch chunk's rows), else computed here."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     if out is None:
@@ -127,7 +128,10 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
     ks = k_scale if k_scale is not None else v_scale
     kb = key_bias if key_bias is not None else v_scale
-    kbr = common.bias_range(key_bias) if key_bias is not None else v_scale
+    if key_bias is None:
+        kbr = v_scale
+    else:
+        kbr = common.bias_range(key_bias) if key_range is None else key_range
     args = [
         q, k, v, qs, ks, v_scale, kb, kbr, out, lse,
         float(sm_scale) * common.LOG2E,
@@ -177,16 +181,18 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     cap = check_device(q)
     interpret = interpreter_active()
     config = forced_config() or (INTERPRET_CONFIG if interpret else None)
+    key_range = None if key_bias is None else common.bias_range(key_bias)  # once per call, chunked with the bias
     out, lse, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                                   return_lse, cap, interpret, key_bias)
+                                   return_lse, cap, interpret, key_bias, key_range=key_range)
     bsz, hq, sq = q.shape[0], q.shape[1], q.shape[2]
     if sq == 0 or bsz == 0 or hq == 0:
         return (out, lse) if return_lse else out
     for lo, hi in common.batch_chunks(bsz, hq):
         if (lo, hi) != (0, bsz):
-            chunk = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias)]
+            chunk = [common.batch_chunk(t, lo, hi) for t in (q, q_scale, k, k_scale, v, v_scale, key_bias, key_range)]
             _, _, args, meta = _launch(*chunk[:6], q_block, k_block, sm_scale, out_dtype, return_lse, cap,
-                                       interpret, chunk[6], out[lo:hi], lse[lo:hi] if return_lse else None)
+                                       interpret, chunk[6], out[lo:hi], lse[lo:hi] if return_lse else None,
+                                       chunk[7])
         _run(interpret, config, args, meta, hi - lo, hq, sq, k.shape[2], q.device)
     return (out, lse) if return_lse else out
 
