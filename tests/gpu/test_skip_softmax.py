@@ -33,10 +33,13 @@ needs_sm90 = pytest.mark.skipif(
     not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != gs.CAPABILITY,
     reason="gluon_sage needs sm_90")
 
-#: (config, Q/K recipe, blocks): the permk class (trio), the key-order class (two consumers, serial), bf16 Q/K, fp8.
+#: (config, Q/K recipe, blocks): the permk class (trio, and two consumers with ``ahead``), the key-order class (two
+#: consumers, serial and ``ahead``), bf16 Q/K, fp8.
 CASES = [("128,3,trio,permk,tarrive,mmasum", "int8", (1, 16)), ("128,3,permk,mmasum", "int8", (1, 16)),
          ("128,3,tarrive,mmasum", "int8", (1, 4)), ("128,3,mmasum", "bf16", (0, 0)),
-         ("128,3,trio,permk,mmasum", "fp8", (1, 16)), ("128,3,permk,solo,mmasum", "int8", (1, 16))]
+         ("128,3,trio,permk,mmasum", "fp8", (1, 16)), ("128,3,permk,solo,mmasum", "int8", (1, 16)),
+         ("128,3,ahead,permk,mmasum", "int8", (1, 16)), ("128,3,ahead,tarrive,mmasum", "int8", (1, 4)),
+         ("128,3,ahead,mmasum", "bf16", (0, 0))]
 IDS = [f"{c}-{q}" for c, q, _ in CASES]
 
 
@@ -88,24 +91,41 @@ def test_tile_skip_matches_the_emulation(config, qk, blocks, threshold):
 
 
 @needs_sm90
-def test_key_bias_rows_with_every_key_masked_never_skip():
+@pytest.mark.parametrize("pair", [("128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk,mmasum"),
+                                  ("128,3,mmasum", "128,3,ahead,tarrive,mmasum")], ids=["permk", "key-order"])
+def test_skip_configs_of_one_class_give_the_same_bits(pair):
+    """Skip-Softmax launches run without the tail split and vote per 64-row warpgroup, so the CTA's row count and
+    the schedule (serial or ``ahead``) do not change the output or the skipped tiles."""
+    args = _inputs("int8", (1, 16) if "permk" in pair[0] else (1, 4), sq=1100)
+    outs, counts = [], []
+    for config in pair:
+        count = torch.zeros(1, dtype=torch.int32, device=DEV)
+        outs.append(_run(args, config, 1e-3, count))
+        counts.append(int(count))
+    assert counts[0] == counts[1] > 0
+    assert torch.equal(outs[0], outs[1]), (outs[0] - outs[1]).abs().max()
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", ["128,3,mmasum", "128,3,ahead,mmasum"])
+def test_key_bias_rows_with_every_key_masked_never_skip(config):
     args = _inputs("int8", (1, 16), b=1, sq=700, skv=900)
     bias = torch.zeros(1, 900, device=DEV)
     bias[:, :300] = float("-inf")  # the first key tiles masked: m = -inf votes no
-    out = _run(args, "128,3,mmasum", 0.01, key_bias=bias)
+    out = _run(args, config, 0.01, key_bias=bias)
     want = emulation.emulate(*args, 1.0 / math.sqrt(128), 128, True, key_bias=bias, skip_threshold=0.01)
     support.assert_fp32_level(out.float(), want, "bias λ=0.01", name="gluon_sage", mmasum=True)
 
 
 @needs_sm90
-def test_op_records_measured_sparsity_and_ahead_configs_are_refused():
+def test_op_records_measured_sparsity_and_64_key_tiles_are_refused():
     args = _inputs("int8", (1, 16), b=1)
     thr = torch.tensor(0.01, device=DEV)
     with skip_softmax.measure() as measured:
         torch.ops.qattn.scaled_attention(*args, 0.088, torch.bfloat16, "gluon_sage", skip_threshold=thr,
                                          skip_label="blocks_0_attn1")
     assert measured.sites["blocks_0_attn1"].sparsity > 0.05
-    with gs.use_config("128,3,ahead,mmasum"), pytest.raises(ValueError, match="cannot run Skip-Softmax"):
+    with gs.use_config("64,3,ahead,mmasum"), pytest.raises(ValueError, match="cannot run Skip-Softmax"):
         gs.attention(*args, 0.088, torch.bfloat16, skip_threshold=thr)
 
 

@@ -434,11 +434,13 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v
 
 @jit
 def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free,
-                v_ready, ksrc, kbsrc, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
-                grp_layout: gl.constexpr, flags, sums, BIAS: gl.constexpr):
+                v_ready, ksrc, kbsrc, skip, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
+                grp_layout: gl.constexpr, flags, sums, BIAS: gl.constexpr, SKIP: gl.constexpr):
     """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
     and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``flags``, ``sums``: as :func:`_softmax_pv`'s; with
-    ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
+    ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits; with ``SKIP`` the tile is behind
+    Skip-Softmax's test (:func:`_softmax_pv_skip`'s ``skip``): a skipped tile only waits for ``S_{j+1}`` and its
+    V slot, so the next Q·Kᵀ also runs under a skipped tile's scaling, row max and vote."""
     QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
@@ -461,9 +463,39 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, _key_bias(j, kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK), BIAS)
-    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, BIAS)
+    if SKIP:
+        log2_thr, row_out, count_ptrs, count_mask = skip
+        tile_max = _tile_max(t, rs_t, j * BLOCK_N, SEQ_KV, BLOCK_N, False, BIAS)
+        vote = ((tile_max - m_i) < log2_thr) | row_out  # as in _softmax_pv_skip
+        if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
+            m_i, l_i, acc, s_waited = _ahead_softmax_pv(j, t, rs_t, gl.maximum(m_i, tile_max), m_i, l_i, acc,
+                                                        s_next, pv_zero, SEQ_KV, v_smem, v_ready, kv_free, p_layout,
+                                                        row_o, flags, sums, BIAS)
+        else:
+            mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+            s_waited = warpgroup_mma_wait(num_outstanding=0, deps=(s_next,))
+            _release(j + 1, kv_free, STAGES, flags.TARRIVE)
+            if SKIP == 2:
+                gl.atomic_add(count_ptrs, gl.full(count_ptrs.type.shape, 1, gl.int32, count_mask.type.layout),
+                              mask=count_mask)
+        s_next = s_waited
+    else:
+        m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, BIAS)
+        m_i, l_i, acc, s_next = _ahead_softmax_pv(j, t, rs_t, m_new, m_i, l_i, acc, s_next, pv_zero, SEQ_KV, v_smem,
+                                                  v_ready, kv_free, p_layout, row_o, flags, sums, BIAS)
+    return m_i, l_i, acc, s_next, ks_next
+
+
+@jit
+def _ahead_softmax_pv(j, t, rs_t, m_new, m_i, l_i, acc, s_next, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
+                      p_layout: gl.constexpr, row_o: gl.constexpr, flags, sums, BIAS: gl.constexpr):
+    """:func:`_ahead_step`'s exponentials and P·V of the scaled tile ``t`` (new running max ``m_new``), waited
+    together with ``S_{j+1}``, then the release of tile ``j+1``'s K slot and tile ``j``'s V slot; returns
+    ``(m, l, acc, S_{j+1})``."""
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    MMASUM: gl.constexpr = flags.MMASUM
     p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, BIAS)
-    m_i = m_new
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK, sums[0], sums[1],
                        MMASUM)
     if MMASUM:
@@ -472,7 +504,7 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
         s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
     _release(j + 1, kv_free, STAGES, flags.TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
     acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
-    return m_i, l_i, acc, s_next, ks_next
+    return m_new, l_i, acc, s_next
 
 
 @jit
@@ -501,14 +533,15 @@ def _serial_tiles(j0, j1, ks, m_i, l_i, acc, loop_args, flags, p_layout: gl.cons
 
 @jit
 def _ahead_tiles(j0, j1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
-                 col_s: gl.constexpr, grp_layout: gl.constexpr, BIAS: gl.constexpr):
-    """Full tiles ``[j0, j1)`` of the ``ahead`` schedule (:func:`_ahead_step`; ``BIAS``: adding the key bias),
-    ``s`` and ``ks`` being tile ``j0``'s; returns ``(m, l, acc, s, ks)`` with tile ``j1``'s ``s`` and ``ks``."""
+                 col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr, BIAS: gl.constexpr):
+    """Full tiles ``[j0, j1)`` of the ``ahead`` schedule (:func:`_ahead_step`; ``SKIP``: behind Skip-Softmax's
+    test; ``BIAS``: adding the key bias), ``s`` and ``ks`` being tile ``j0``'s; returns ``(m, l, acc, s, ks)`` with
+    tile ``j1``'s ``s`` and ``ks``."""
     q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
     for j in range(j0, j1):
         m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem,
-                                           k_ready, kv_free, v_ready, ksrc, kbsrc, p_layout, row_o, col_s,
-                                           grp_layout, flags, sums, BIAS)
+                                           k_ready, kv_free, v_ready, ksrc, kbsrc, skip, p_layout, row_o, col_s,
+                                           grp_layout, flags, sums, BIAS, SKIP)
     return m_i, l_i, acc, s, ks
 
 
@@ -542,14 +575,14 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
         if HAS_BIAS:
             b0, b1 = bias_tiles
             m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
-                                                col_s, grp_layout, 0)
+                                                col_s, grp_layout, SKIP, 0)
             m_i, l_i, acc, s, ks = _ahead_tiles(b0, b1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout, row_o,
-                                                col_s, grp_layout, 1)
+                                                col_s, grp_layout, SKIP, 1)
             m_i, l_i, acc, s, ks = _ahead_tiles(b1, n_tiles - 1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout,
-                                                row_o, col_s, grp_layout, 0)
+                                                row_o, col_s, grp_layout, SKIP, 0)
         else:
             m_i, l_i, acc, s, ks = _ahead_tiles(0, n_tiles - 1, s, ks, m_i, l_i, acc, loop_args, flags, p_layout,
-                                                row_o, col_s, grp_layout, 0)
+                                                row_o, col_s, grp_layout, SKIP, 0)
     else:
         if HAS_BIAS:
             b0, b1 = bias_tiles
