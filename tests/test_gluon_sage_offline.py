@@ -48,10 +48,13 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,permk\]\[,solo\]\[,tarrive\]"
-            r"\[,mmasum\]\[,trio\]'"),
+            r"\[,mmasum\]\[,trio\]\[,quad\]'"),
     ("128,3,trio,ahead", r"trio \(three consumers of 160 registers\) runs the serial schedule only; got "
                          r"WS_BN128_s3_ahead_trio; valid: 'BLOCK_N,STAGES,trio\[,permk\]\[,tarrive\]\[,mmasum\]'"),
     ("128,3,trio,solo", r"trio .* runs the serial schedule only"),
+    ("128,3,trio,quad", r"trio .* runs the serial schedule only"),
+    ("128,3,quad,ahead", r"quad \(four consumers of 112 registers\) runs the serial schedule only; got "
+                         r"WS_BN128_s3_ahead_quad; valid: 'BLOCK_N,STAGES,quad\[,permk\]\[,tarrive\]\[,mmasum\]'"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
     ("128,3,ahead,tree", r"config '128,3,ahead,tree' is invalid"),  # removed flags are unknown words
 ])
@@ -75,19 +78,23 @@ def test_tuning_key_and_tuned_configs():
     assert gs.tuning_key(q[:1, :3], k, 0, 0, True)[-1] == 4
     assert gs.TUNER.candidates == [str(c) for c in gs.TUNED_CONFIGS]
     assert gs.KEY_ORDER_TUNER.candidates == [str(c) for c in gs.KEY_ORDER_TUNED_CONFIGS]
-    # every tuned config is also GPU-tested
+    assert gs.QUAD_TUNER.candidates == [str(c) for c in gs.QUAD_TUNED_CONFIGS]
+    # every tuned config is also GPU-tested (the quad ones at head_dim 64: tests/gpu/test_gluon_sage.py)
     assert set(gs.TUNED_CONFIGS) | set(gs.KEY_ORDER_TUNED_CONFIGS) <= set(gs.CONFIGS)
-    assert gs.TUNER.default((64,)) == str(gs.DEFAULT_CONFIGS[64])
+    assert gs.TUNER.default((64,)) == gs.TUNER.default((128,)) == str(gs.TRIO_DEFAULT_CONFIG)
+    assert gs.QUAD_TUNER.default((64,)) == str(gs.DEFAULT_CONFIGS[64]) and gs.DEFAULT_CONFIGS[64].quad
 
 
 def test_each_tuner_chooses_among_configs_of_one_numerics_with_its_default():
     """The output never depends on the timing or the tuning cache: a tuner's candidates and its untuned default
     share :attr:`GluonConfig.numerics` (key tile, permk, mmasum, CTA rows)."""
-    for tuner, defaults in ((gs.TUNER, list(gs.DEFAULT_CONFIGS.values())),
-                            (gs.KEY_ORDER_TUNER, [gs.KEY_ORDER_DEFAULT_CONFIG])):
-        classes = {gs.GluonConfig.parse(c).numerics for c in tuner.candidates} | {c.numerics for c in defaults}
+    for tuner in (gs.TUNER, gs.QUAD_TUNER, gs.KEY_ORDER_TUNER, gs.SKIP_TUNER, gs.SKIP_KEY_ORDER_TUNER):
+        configs = tuner.candidates + [tuner.default((64,)), tuner.default((128,))]
+        classes = {gs.GluonConfig.parse(c).numerics for c in configs}
         assert len(classes) == 1, (tuner.kernel, classes)
+    assert gs.DEFAULT_CONFIGS == {128: gs.TRIO_DEFAULT_CONFIG, 64: gs.QUAD_TUNED_CONFIGS[0]}
     assert all(c.permk and c.trio for c in gs.TUNED_CONFIGS)
+    assert all(c.permk and c.quad for c in gs.QUAD_TUNED_CONFIGS)
     assert not any(c.permk or c.trio for c in gs.KEY_ORDER_TUNED_CONFIGS)
 
 
@@ -95,14 +102,19 @@ def test_each_tuner_chooses_among_configs_of_one_numerics_with_its_default():
                                         ("int8-k1", "KEY_ORDER_TUNER"), ("int8-k4", "KEY_ORDER_TUNER"),
                                         ("bf16", "KEY_ORDER_TUNER"), ("key-bias", "TUNER"),
                                         ("key-bias-k1", "KEY_ORDER_TUNER"), ("skip", "SKIP_TUNER"),
-                                        ("skip-key-bias", "SKIP_KEY_ORDER_TUNER")])
+                                        ("skip-key-bias", "SKIP_KEY_ORDER_TUNER"), ("int8-k16-d64", "QUAD_TUNER"),
+                                        ("fp8-k16-d64", "QUAD_TUNER"), ("key-bias-d64", "TUNER"),
+                                        ("skip-d64", "SKIP_TUNER"), ("int8-k1-d64", "KEY_ORDER_TUNER")])
 def test_the_launch_class_follows_from_the_inputs(case, tuner):
     """K that the ``permk`` view takes (8-bit, scales per 16 keys or coarser) goes to :data:`TUNER`, with or
-    without a key bias; everything else loads K in key order (:data:`KEY_ORDER_TUNER`). Skip-Softmax launches with a
-    key bias load K in key order too (``trio`` spills with both)."""
+    without a key bias (at head_dim 64 without one: :data:`QUAD_TUNER`); everything else loads K in key order
+    (:data:`KEY_ORDER_TUNER`). Skip-Softmax launches with a key bias load K in key order too (``trio`` spills with
+    both)."""
+    d = 64 if case.endswith("-d64") else 128
+    case = case.removesuffix("-d64")
     qk = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}.get(case.split("-")[0], torch.int8)
     k_block = {"k1": 1, "k4": 4}.get(case.split("-")[-1], 16)
-    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(qk=qk, k_block=k_block)
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d, qk=qk, k_block=k_block)
     if case == "int8-tensor":
         ks = torch.empty(1, 1, 1, device="meta")
     if case == "bf16":
@@ -389,7 +401,7 @@ def test_skip_launches_have_tuners_of_their_own_whose_bits_agree():
     assert gs.tuning_key(q, k, 1, 16, False, skip=True)[-1] == "skip"
 
 
-@pytest.mark.parametrize("config", ["128,3,ahead,mmasum", "64,3,mmasum"])
+@pytest.mark.parametrize("config", ["128,3,ahead,mmasum", "64,3,mmasum", "128,4,quad,permk,mmasum"])
 def test_skip_refuses_configs_without_its_schedule_or_tile(config):
     with pytest.raises(ValueError, match=rf"gluon_sage config {gs.GluonConfig.parse(config)} cannot run "
                                          r"Skip-Softmax; valid: serial schedules with 128-key tiles"):
@@ -449,3 +461,37 @@ def test_q_quantized_in_the_kernel_compiles_without_the_q_load(config):
     assert "div.rn.f32" in bf16_q.asm["ptx"] and "div.rn.f32" not in int8_q.asm["ptx"]
     reports = [ts.ptxas_report(c, (9, 0)) for c in (int8_q, bf16_q)]
     assert reports[1]["ptxas_ok"] and reports[1]["spill_stores"] <= reports[0]["spill_stores"], reports
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# quad (four consumers at head_dim 64)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d,bias,message", [
+    (128, False, r"head_dim 64 without a key bias; got head_dim 128; valid there: e\.g\. "
+                 r"'WS_BN128_s3_permk_tarrive_mmasum_trio'"),
+    (64, True, r"head_dim 64 without a key bias; got head_dim 64 with a key bias"),
+])
+def test_quad_runs_head_dim_64_without_a_key_bias(d, bias, message):
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
+    key_bias = torch.empty(1, k.shape[2], device="meta") if bias else None
+    key_range = torch.empty(1, 2, dtype=torch.int32, device="meta") if bias else None
+    with pytest.raises(ValueError, match=r"gluon_sage config WS_BN128_s4_permk_tarrive_mmasum_quad \(four consumers of "
+                                         r"112 registers\) runs " + message):
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, gs.QUAD_TUNED_CONFIGS[0], None, None,
+                       key_bias, None, key_range)
+
+
+@pytest.mark.parametrize("config", [str(c) for c in gs.QUAD_TUNED_CONFIGS])
+def test_quad_compiles_with_four_consumers_and_few_spills(config):
+    """Four consumer warpgroups of 112 registers (consumer 0: 120) and the producer's 24 in a CTA launched at 96
+    registers per thread; at head_dim 64 ptxas spills ~200 bytes (a key bias: 1.8 KB, hence its refusal)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=64)
+    compiled = gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb)
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("setmaxnreg.inc.sync.aligned.u32 \t112") == 3 and "setmaxnreg.dec.sync.aligned.u32 \t120" in ptx
+    assert compiled.metadata.num_warps == 20  # (4 + 4 + 4 + 4 + the padded producer: 5 warpgroups)
+    report = ts.ptxas_report(compiled, (9, 0))
+    assert report["ptxas_ok"] and report["spill_stores"] <= 256, report
+

@@ -119,7 +119,7 @@ def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path
     qattn_config(gluon_sage_config=None)
     monkeypatch.setattr(gs.TUNER, "cache_path", tmp_path / "tuning.json")
     gs.TUNER.clear()
-    args = quantize(*make_qkv(skv=1536), "int8", 1, 16)  # a K the permk view takes: gs.TUNER's class
+    args = quantize(*make_qkv(skv=1536, d=128), "int8", 1, 16)  # a K the permk view takes: gs.TUNER's class
     assert gs.tuner_for(args[2], args[3], 16) is gs.TUNER
     sm_scale = 1.0 / math.sqrt(128)
     out = gs.scaled_attention(*args, sm_scale, torch.float32)
@@ -139,11 +139,16 @@ def test_autotuned_call_times_the_candidates_once_and_caches_the_choice(tmp_path
     gs.TUNER.clear()
 
 
-#: One case per launch class and way into it: (Q/K dtype, q_block, k_block, key bias).
-CLASS_CASES = {"permk-int8-k16": ("int8", 1, 16, None), "permk-fp8-k16": ("fp8", 1, 16, None),
-               "permk-bias-suffix": ("int8", 1, 16, "suffix"), "permk-bias-middle": ("int8", 1, 16, "middle"),
-               "key-order-bias-middle": ("int8", 1, 1, "middle"), "key-order-k1": ("int8", 1, 1, None),
-               "key-order-bf16": ("bf16", 0, 0, None)}
+#: One case per launch class and way into it: (Q/K dtype, q_block, k_block, key bias, head_dim, its tuner).
+CLASS_CASES = {"permk-int8-k16": ("int8", 1, 16, None, 128, "TUNER"),
+               "permk-fp8-k16": ("fp8", 1, 16, None, 128, "TUNER"),
+               "quad-int8-k16-d64": ("int8", 1, 16, None, 64, "QUAD_TUNER"),
+               "quad-fp8-k16-d64": ("fp8", 1, 16, None, 64, "QUAD_TUNER"),
+               "permk-bias-suffix-d64": ("int8", 1, 16, "suffix", 64, "TUNER"),
+               "permk-bias-middle": ("int8", 1, 16, "middle", 128, "TUNER"),
+               "key-order-bias-middle": ("int8", 1, 1, "middle", 64, "KEY_ORDER_TUNER"),
+               "key-order-k1": ("int8", 1, 1, None, 64, "KEY_ORDER_TUNER"),
+               "key-order-bf16": ("bf16", 0, 0, None, 64, "KEY_ORDER_TUNER")}
 
 
 @needs_sm90
@@ -154,9 +159,9 @@ def test_every_tuned_candidate_gives_the_same_output(case, monkeypatch, qattn_co
     make the last wave partial for 128- and 192-row CTAs alike); the result matches the reference."""
     monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)
     qattn_config(gluon_tail_split=True, gluon_sage_config=None)
-    qk, q_block, k_block, with_bias = CLASS_CASES[case]
+    qk, q_block, k_block, with_bias, d, tuner_name = CLASS_CASES[case]
     # Skv a multiple of 16: the permk view takes batched K only then (permuted_k)
-    args = quantize(*make_qkv(skv=2496), qk, q_block, k_block)
+    args = quantize(*make_qkv(skv=2496, d=d), qk, q_block, k_block)
     bias = None
     if with_bias == "suffix":  # batch 0 sees 2000 keys, batch 1 sees 1200
         bias = torch.zeros(2, 2496, device=DEV)
@@ -168,7 +173,7 @@ def test_every_tuned_candidate_gives_the_same_output(case, monkeypatch, qattn_co
         bias[1, 1290] = -2.5
     sm_scale = 1.0 / math.sqrt(128)
     tuner = gs.tuner_for(args[2], args[3], args[7], bias)
-    assert (tuner is gs.TUNER) == case.startswith("permk")
+    assert tuner is getattr(gs, tuner_name)
     outs = {}
     for config in tuner.candidates:
         with gs.use_config(config):
@@ -275,6 +280,31 @@ def test_exact_when_row_max_is_in_first_tile(config):
     else:
         expected = reference.scaled_attention(*args, sm_scale, torch.float32)
     assert_fp32_level(out, expected, f"{config} first-tile max", mmasum=bool(config.mmasum))
+
+
+@needs_sm90
+@pytest.mark.parametrize("config", [str(c) for c in gs.QUAD_TUNED_CONFIGS])
+@pytest.mark.parametrize("qk", ["int8", "fp8", "q-in-kernel"])
+def test_quad_gives_the_bits_of_trio_without_the_tail_split(config, qk, qattn_config, monkeypatch):
+    """``quad`` (256-row CTAs at head_dim 64) changes only the CTA's row count: without the tail split (which cuts
+    the last wave by CTA rows) its output equals ``trio``'s bit for bit; with it, the launch matches the emulation
+    of its pieces and the reference (:func:`check`)."""
+    q, k, v = make_qkv(b=2, hq=8, hkv=4, sq=1500, skv=1200, d=64)
+    args = quantize(q, k, v, "fp8" if qk == "fp8" else "int8", 1, 16)
+    if qk == "q-in-kernel":
+        args = (q, None, *args[2:])
+    qattn_config(gluon_tail_split=False)
+    outs = []
+    for cfg in (config, gs.TRIO_DEFAULT_CONFIG):
+        with gs.use_config(cfg):
+            outs.append(gs.attention(*args, 0.125, torch.float32, return_lse=True))
+    for got, want in zip(*outs):
+        assert torch.equal(got, want), (got - want).abs().max()
+    if qk != "q-in-kernel":  # (check emulates pre-quantized Q)
+        monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)  # a partial last wave: the tail split runs
+        qattn_config(gluon_tail_split=True)
+        check(args, f"quad {qk}", sm_scale=0.125, config=gs.GluonConfig.parse(config))
+        assert gs.last_tail_plan() is not None
 
 
 TAIL_CASES = [(gs.DEFAULT_CONFIGS[128], 16), (gs.GluonConfig(128, 3, ahead=1), 16),

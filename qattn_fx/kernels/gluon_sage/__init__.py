@@ -6,7 +6,8 @@ docstring: exact int32→fp32 with the 1.5·2^23 magic number, K scales per colu
 softmax on ``448·P``, e4m3 P, two-level P·V accumulation, ``O = acc · v_scale / l``). What differs is the
 schedule, which plain Triton 3.6 cannot express:
 
-* one CTA owns ``2 · 64`` query rows of one (batch, head) (``trio``: ``3 · 64``; ``solo``: 64). A **producer
+* one CTA owns ``2 · 64`` query rows of one (batch, head) (``trio``: ``3 · 64``; ``quad``: ``4 · 64``; ``solo``:
+  64). A **producer
   warp** streams K and V tiles through
   ``STAGES``-deep shared-memory rings with TMA (``ready`` mbarriers carry the byte count; rows past the sequence
   arrive as zeros). Per-column / per-group K scales ride on the K tile's barrier as a 1-D TMA box into a
@@ -21,7 +22,8 @@ schedule, which plain Triton 3.6 cannot express:
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
   bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
-  warp on every SM sub-partition to hide it, which measured fastest at video lengths (BENCHMARKS.md, "Tuning").
+  warp on every SM sub-partition to hide it, which measured fastest at video lengths (BENCHMARKS.md, "Tuning");
+  at head_dim 64, whose running output takes half the registers, ``quad`` runs a fourth (112 registers each).
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
   ``ahead`` (the next tile's Q·Kᵀ in flight during this tile's exponentials); docs/kernel-design.md describes
   them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
@@ -29,7 +31,8 @@ schedule, which plain Triton 3.6 cannot express:
   Gluon (wrong values and NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change
   the data layout, the CTA shape and the slot release. Calls are autotuned per problem key (cached on disk) over
   the candidates of their class, decided by the inputs (:func:`tuner_for`): :data:`TUNED_CONFIGS` where K can be
-  viewed through ``permk``, :data:`KEY_ORDER_TUNED_CONFIGS` otherwise. The candidates of a class share their
+  viewed through ``permk`` (:data:`QUAD_TUNED_CONFIGS` at head_dim 64 without a key bias),
+  :data:`KEY_ORDER_TUNED_CONFIGS` otherwise. The candidates of a class share their
   numerics (:attr:`GluonConfig.numerics`), so the output never depends on the timing or on the tuning cache.
 * a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
   (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
@@ -70,19 +73,22 @@ from . import tail_split
 from ._gluon import GLUON_ERROR
 from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONFIGS, FORCED,
                      KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS,
-                     ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SOLO_CONSUMER_REGS,
-                     SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
-                     check_skip_config, current_config, forced_config, use_config)
+                     QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG, QUAD_TUNED_CONFIGS, ROWS_PER_CONSUMER,
+                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SOLO_CONSUMER_REGS, SOLO_LAUNCH_MAXNREG,
+                     TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
+                     check_quad_config, check_skip_config, current_config, forced_config, use_config)
 from .consumer import _mma_layout as mma_layout
-from .launch import (KEY_ORDER_TUNER, LAST, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, LaunchPlan, attention,
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, LaunchPlan, attention,
                      compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan, permuted_k,
                      plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for, tuning_key)
 
 __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR",
            "GluonConfig", "KEY_ORDER_DEFAULT_CONFIG", "KEY_ORDER_TUNED_CONFIGS", "KEY_ORDER_TUNER", "LAST",
-           "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "ROWS_PER_CONSUMER", "SKIP_KEY_ORDER_TUNED_CONFIGS",
-           "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER", "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG",
-           "TRIO_CONSUMER_REGS", "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "check_skip_config",
+           "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "QUAD_CONSUMER_REGS", "QUAD_HEAD_DIM",
+           "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "ROWS_PER_CONSUMER",
+           "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
+           "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG", "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
+           "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "check_quad_config", "check_skip_config",
            "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
            "k_scale_box", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks",
            "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",

@@ -30,6 +30,14 @@ SOLO_CONSUMER_REGS = 232
 #: 16·128). Enough for the serial schedule only (offline: ``ahead`` spills ~530 bytes at 160).
 TRIO_LAUNCH_MAXNREG = 128
 TRIO_CONSUMER_REGS = 160
+#: ``quad`` configs (four consumer warpgroups, 256 query rows per CTA): 4 · 4 + 4 (the padded producer) warps
+#: launched with 96 registers each (20 · 128 · 96 ≤ 64 K); ``setmaxnreg`` gives consumers 1-3
+#: :data:`QUAD_CONSUMER_REGS` and consumer 0 the rest, 120 (3·4·112 + 4·120 + 4·24 = 20·96). Enough for head_dim
+#: :data:`QUAD_HEAD_DIM` without a key bias or Skip-Softmax (offline, ``128,4,quad,permk,tarrive,mmasum``: ~200 bytes
+#: spilled; with a key bias 1.8 KB, with Skip-Softmax's test 576 bytes, at head_dim 128 3.2 KB).
+QUAD_LAUNCH_MAXNREG = 96
+QUAD_CONSUMER_REGS = 112
+QUAD_HEAD_DIM = 64
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,10 @@ class GluonConfig(LaunchConfig):
     warpgroups per CTA (192 query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule
     fits: three warps per SM sub-partition hide more of the MMA and exponential latency than ``ahead`` does with
     two (4-5 % faster at the Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50
-    instructions per tile it saves, 8-12 %). Schedules tried and removed: docs/kernel-design.md."""
+    instructions per tile it saves, 8-12 %); ``quad``: four consumer warpgroups (256 query rows) at
+    :data:`QUAD_CONSUMER_REGS` registers, serial, for head_dim :data:`QUAD_HEAD_DIM` only (its running output
+    takes half the registers of head_dim 128's; :func:`check_quad_config`): 7 % faster than ``trio`` at d64.
+    Schedules tried and removed: docs/kernel-design.md."""
 
     block_n: int
     stages: int
@@ -58,9 +69,10 @@ class GluonConfig(LaunchConfig):
     tarrive: int = 0
     mmasum: int = 0
     trio: int = 0
+    quad: int = 0
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
-    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio")
+    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"
@@ -71,14 +83,17 @@ class GluonConfig(LaunchConfig):
         if self.stages not in (2, 3, 4):
             raise ValueError(f"stages={self.stages!r} is invalid; valid: 2, 3, 4")
         self._check_flags()
-        if self.trio and (self.ahead or self.solo):
+        if self.trio and (self.ahead or self.solo or self.quad):
             raise ValueError(f"trio (three consumers of {TRIO_CONSUMER_REGS} registers) runs the serial schedule "
                              f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,permk][,tarrive][,mmasum]'")
+        if self.quad and (self.ahead or self.solo):
+            raise ValueError(f"quad (four consumers of {QUAD_CONSUMER_REGS} registers) runs the serial schedule "
+                             f"only; got {self}; valid: 'BLOCK_N,STAGES,quad[,permk][,tarrive][,mmasum]'")
 
     @property
     def consumers(self) -> int:
         """Consumer warpgroups per CTA (each owns 64 query rows)."""
-        return 1 if self.solo else (3 if self.trio else CONSUMERS)
+        return 1 if self.solo else (3 if self.trio else (4 if self.quad else CONSUMERS))
 
     @property
     def rows(self) -> int:
@@ -106,12 +121,16 @@ class GluonConfig(LaunchConfig):
 #: with HunyuanVideo's key-padding mask (BENCHMARKS.md, "Key-padding masks").
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
-#: Config per head_dim where none is tuned (graph capture before any tuning, ``qattn_fx.config.autotune`` off), in
-#: the class of :data:`TUNED_CONFIGS`: ``128,3,trio,permk,tarrive,mmasum`` (892.6 TFLOP/s at wan1.3b-480p, 866.5 at
-#: wan14b-720p, 537.7 at d64; the best two-consumer config, ``128,3,ahead,permk``, 801.2 / 791.2 / 496.5 in the same
-#: run).
-DEFAULT_CONFIGS = {128: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
-                   64: GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)}
+#: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 4 and 2 stages, 577.5 /
+#: 575.9 TFLOP/s at d64 against 536.6 for ``trio,permk,tarrive,mmasum`` (BENCHMARKS.md, "head_dim 64").
+QUAD_TUNED_CONFIGS = (GluonConfig(128, 4, permk=1, tarrive=1, mmasum=1, quad=1),
+                      GluonConfig(128, 2, permk=1, mmasum=1, quad=1))
+#: The untuned config (graph capture before any tuning, ``qattn_fx.config.autotune`` off) of a ``permk`` launch
+#: per head_dim (with a key bias or Skip-Softmax at head_dim 64: :data:`TRIO_DEFAULT_CONFIG`):
+#: ``128,3,trio,permk,tarrive,mmasum`` (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p; the best two-consumer
+#: config, ``128,3,ahead,permk``, 801.2 / 791.2 in the same run) and ``128,4,quad,permk,tarrive,mmasum``.
+TRIO_DEFAULT_CONFIG = TUNED_CONFIGS[1]
+DEFAULT_CONFIGS = {128: TRIO_DEFAULT_CONFIG, 64: QUAD_TUNED_CONFIGS[0]}
 #: Launches that load K in key order: bf16/fp16 K, K scales per 1 or 4 keys, layouts the ``permk`` view cannot take.
 #: ``trio`` spills in that loop (P reaches the P·V operand through shuffles), so two consumer warpgroups with the
 #: ``ahead`` schedule, and ``mmasum`` as in the other class.
@@ -129,11 +148,21 @@ SKIP_KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, mmasum=1), GluonConfig(128, 
 
 
 def check_skip_config(config: GluonConfig) -> None:
-    """Skip-Softmax runs serial schedules (``trio`` or two/one consumers without ``ahead``) with 128-key tiles (the
-    contract's tile, :data:`qattn_fx.skip_softmax.TILE_KEYS`); ``ValueError`` naming the config otherwise."""
-    if config.ahead or config.block_n != 128:
+    """Skip-Softmax runs serial schedules (``trio`` or two/one consumers without ``ahead``; not ``quad``, whose 112
+    registers do not hold the test) with 128-key tiles (the contract's tile,
+    :data:`qattn_fx.skip_softmax.TILE_KEYS`); ``ValueError`` naming the config otherwise."""
+    if config.ahead or config.quad or config.block_n != 128:
         raise ValueError(f"gluon_sage config {config} cannot run Skip-Softmax; valid: serial schedules with 128-key "
-                         "tiles, e.g. '128,3,trio,permk,mmasum' or '128,3,mmasum' (no 'ahead')")
+                         "tiles, e.g. '128,3,trio,permk,mmasum' or '128,3,mmasum' (no 'ahead', no 'quad')")
+
+
+def check_quad_config(config: GluonConfig, head_dim: int, key_bias: bool) -> None:
+    """``quad`` runs head_dim :data:`QUAD_HEAD_DIM` without a key bias (:data:`QUAD_CONSUMER_REGS` registers hold
+    nothing more); ``ValueError`` naming the config and the launch otherwise."""
+    if config.quad and (head_dim != QUAD_HEAD_DIM or key_bias):
+        raise ValueError(f"gluon_sage config {config} (four consumers of {QUAD_CONSUMER_REGS} registers) runs "
+                         f"head_dim {QUAD_HEAD_DIM} without a key bias; got head_dim {head_dim}"
+                         f"{' with a key bias' if key_bias else ''}; valid there: e.g. '{TRIO_DEFAULT_CONFIG}'")
 
 
 #: Every config the GPU tests run (and ``python -m benchmarks.tune --kernel gluon_sage`` sweeps by default).

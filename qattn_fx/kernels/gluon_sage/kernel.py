@@ -25,7 +25,8 @@ def _sage_fwd_ws(
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
-    producer); ``CONSUMERS=3`` (``trio``): 192 rows and a third consumer; ``CONSUMERS=1`` (``solo``): 64 rows,
+    producer); ``CONSUMERS=3`` (``trio``): 192 rows and a third consumer; ``CONSUMERS=4`` (``quad``): 256 rows and
+    a fourth; ``CONSUMERS=1`` (``solo``): 64 rows,
     consumer 0 and the producer only, two CTAs per SM (each consumer then has a K/V ring of its own instead of
     sharing one with the other consumer).
 
@@ -118,6 +119,10 @@ def _sage_fwd_ws(
                         SPLIT_TAIL, HAS_BIAS, SKIP)
     if CONSUMERS == 1:
         gl.warp_specialize([(_consume, (args, 0, flags)), (_producer, (args, flags))], [1], [PRODUCER_NREG])
+    elif CONSUMERS == 4:
+        gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_consume, (args, 2, flags)),
+                            (_consume, (args, 3, flags)), (_producer, (args, flags))], [4, 4, 4, 1],
+                           [CONSUMER_NREG, CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     elif CONSUMERS == 3:
         gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_consume, (args, 2, flags)),
                             (_producer, (args, flags))], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])

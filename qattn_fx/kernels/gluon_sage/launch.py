@@ -19,9 +19,10 @@ from .._cuda_utils import FifoCache, empty_bshd, layout_key
 from . import tail_split
 from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
 from .config import (CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS,
-                     LAUNCH_MAXNREG, PRODUCER_REGS, ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS,
-                     SKIP_TUNED_CONFIGS, SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS,
-                     GluonConfig, check_skip_config, forced_config)
+                     LAUNCH_MAXNREG, PRODUCER_REGS, QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG,
+                     QUAD_TUNED_CONFIGS, ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
+                     SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS,
+                     GluonConfig, check_quad_config, check_skip_config, forced_config)
 from .kernel import _sage_fwd_ws
 
 KERNEL = "gluon_sage"
@@ -55,9 +56,14 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
 
 #: The autotuner of launches that view K through ``permk``: one timing of :data:`TUNED_CONFIGS` per
 #: :func:`tuning_key`, cached in memory and on disk (:mod:`.._config_tuner`); untuned (graph capture before any
-#: tuning, autotuning off) it uses :data:`DEFAULT_CONFIGS`.
-TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(DEFAULT_CONFIGS[key[0]]),
+#: tuning, autotuning off) it uses :data:`TRIO_DEFAULT_CONFIG`.
+TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(TRIO_DEFAULT_CONFIG),
                     numerics=lambda text: GluonConfig.parse(text).numerics)
+#: The autotuner of those launches at head_dim 64 without a key bias or Skip-Softmax: :data:`QUAD_TUNED_CONFIGS`,
+#: untuned :data:`DEFAULT_CONFIGS` [64].
+QUAD_TUNER = ConfigTuner("gluon_sage_quad", [str(c) for c in QUAD_TUNED_CONFIGS],
+                         default=lambda key: str(DEFAULT_CONFIGS[QUAD_HEAD_DIM]),
+                         numerics=lambda text: GluonConfig.parse(text).numerics)
 #: The autotuner of launches that load K in key order (a K the view cannot take):
 #: :data:`KEY_ORDER_TUNED_CONFIGS`, untuned :data:`KEY_ORDER_DEFAULT_CONFIG`.
 KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER_TUNED_CONFIGS],
@@ -66,9 +72,9 @@ KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER
 
 
 #: The autotuners of Skip-Softmax launches (serial schedules, no tail split): :data:`SKIP_TUNED_CONFIGS` where K is
-#: viewed through ``permk`` (untuned: :data:`DEFAULT_CONFIGS`), else :data:`SKIP_KEY_ORDER_TUNED_CONFIGS`.
+#: viewed through ``permk`` (untuned: :data:`TRIO_DEFAULT_CONFIG`), else :data:`SKIP_KEY_ORDER_TUNED_CONFIGS`.
 SKIP_TUNER = ConfigTuner("gluon_sage_skip", [str(c) for c in SKIP_TUNED_CONFIGS],
-                         default=lambda key: str(DEFAULT_CONFIGS[key[0]]),
+                         default=lambda key: str(TRIO_DEFAULT_CONFIG),
                          numerics=lambda text: GluonConfig.parse(text).numerics)
 SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in SKIP_KEY_ORDER_TUNED_CONFIGS],
                                    default=lambda key: str(SKIP_KEY_ORDER_TUNED_CONFIGS[0]),
@@ -78,14 +84,16 @@ SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
               key_bias: Optional[torch.Tensor] = None, skip: bool = False) -> ConfigTuner:
     """The autotuner of this launch's class, decided by the inputs alone: :data:`TUNER` where K can be viewed
-    through ``permk`` at the class's key tile (:func:`permuted_k`), else :data:`KEY_ORDER_TUNER`; Skip-Softmax
-    launches (``skip``), whose serial schedules it needs: :data:`SKIP_TUNER` where K can be viewed and there is no
-    key bias (``trio`` spills over 1.4 KB with both), else :data:`SKIP_KEY_ORDER_TUNER`. Each tuner's candidates
-    share their numerics (:attr:`GluonConfig.numerics`)."""
+    through ``permk`` at the class's key tile (:func:`permuted_k`; :data:`QUAD_TUNER` at head_dim 64 without a key
+    bias), else :data:`KEY_ORDER_TUNER`; Skip-Softmax launches (``skip``), whose serial schedules it needs:
+    :data:`SKIP_TUNER` where K can be viewed and there is no key bias (``trio`` spills over 1.4 KB with both), else
+    :data:`SKIP_KEY_ORDER_TUNER`. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
     view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block if k_scale is not None else 0,
                             TUNED_CONFIGS[0].block_n)
     if view is not None and not (skip and key_bias is not None):
-        return SKIP_TUNER if skip else TUNER
+        if skip:
+            return SKIP_TUNER
+        return QUAD_TUNER if k.shape[-1] == QUAD_HEAD_DIM and key_bias is None else TUNER
     return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
 
 
@@ -267,6 +275,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
     What follows from plain values (:class:`LaunchGeometry`) is computed once per key (:data:`GEOMETRIES`); each call
     builds the descriptors over its own tensors from it and places the tensors among the arguments.
     """
+    check_quad_config(config, q.shape[-1], key_bias is not None)
     if skip is not None:
         check_skip_config(config)
         if tail is not None:
@@ -353,7 +362,7 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages,
-                CONSUMER_NREG=TRIO_CONSUMER_REGS if config.trio else CONSUMER_REGS,
+                CONSUMER_NREG={3: TRIO_CONSUMER_REGS, 4: QUAD_CONSUMER_REGS}.get(config.consumers, CONSUMER_REGS),
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
@@ -393,7 +402,8 @@ def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfi
 
 
 def _launch_maxnreg(meta: dict) -> int:
-    return {1: SOLO_LAUNCH_MAXNREG, 3: TRIO_LAUNCH_MAXNREG}.get(meta["CONSUMERS"], LAUNCH_MAXNREG)
+    return {1: SOLO_LAUNCH_MAXNREG, 3: TRIO_LAUNCH_MAXNREG, 4: QUAD_LAUNCH_MAXNREG}.get(meta["CONSUMERS"],
+                                                                                       LAUNCH_MAXNREG)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
