@@ -198,17 +198,23 @@ def local_qkv(b: int, h: int, sq: int, skv: int, d: int, *, sharpness: float = 4
     return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
 
 
-def quantized_inputs(shape, recipe: str, seed: int = 0) -> tuple:
+def quantized_inputs(shape, recipe: str, seed: int = 0, *, bf16_q: bool = False) -> tuple:
     """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` for ``scaled_attention(*args, sm_scale,
     out_dtype)`` of a Sage kernel: random bf16 Q/K/V of ``shape`` (``(B, H, Sq, Skv, D)``, BSHD storage) quantized
-    by the recipe's ops (smoothed K, BSHD Q/K views, sequence-major V), as the compiled graph feeds the kernel."""
+    by the recipe's ops (smoothed K, BSHD Q/K views, sequence-major V), as the compiled graph feeds the kernel.
+    ``bf16_q``: Q stays bf16 with ``q_scale`` ``None``, as the graph feeds a kernel that quantizes Q itself
+    (``KernelInfo.quantizes_q``: int8 recipes with a scale per token)."""
     b, h, sq, skv, d = shape
     if recipe not in KERNEL_RECIPES:
         raise ValueError(f"recipe {recipe!r} is invalid; valid: {', '.join(KERNEL_RECIPES)}")
+    if bf16_q and KERNEL_RECIPES[recipe][:2] != ("int8", 1):
+        raise ValueError(f"bf16_q: recipe {recipe!r} is not quantized in the kernel; valid: int8 recipes with "
+                         "q_block 1, e.g. 'int8-1-16'")
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                for s in (sq, skv, skv))
-    return quantize_qkv(q, k, v, recipe)
+    args = quantize_qkv(q, k, v, recipe)
+    return (q, None, *args[2:]) if bf16_q else args
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe: str) -> tuple:

@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="mask the last N keys of every row (a key-padding mask, passed as key_bias)")
     parser.add_argument("--mask-spread", action="store_true",
                         help="spread the --masked-keys evenly over the keys instead of masking the last ones")
+    parser.add_argument("--bf16-q", action="store_true",
+                        help="gluon_sage: pass Q in bf16, which the kernel quantizes itself (what int8 recipes with "
+                             "a scale per token run in a graph); default: the pre-quantized Q")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from qattn_fx.kernels import triton_sage  # noqa: PLC0415
 
+    if args.bf16_q and args.kernel != "gluon_sage":
+        log(f"benchmarks.tune: --bf16-q needs --kernel gluon_sage (it quantizes Q itself); got {args.kernel}")
+        return 2
     if args.kernel == "gluon_sage":
         from qattn_fx.kernels import gluon_sage as kernel  # noqa: PLC0415
 
@@ -115,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "device": torch.cuda.get_device_name(), "capability": f"sm_{cap[0]}{cap[1]}",
         "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe, "kernel": args.kernel,
-        "masked_keys": args.masked_keys, "mask_spread": args.mask_spread, "flops": "4*B*H*Sq*Skv*D",
+        "masked_keys": args.masked_keys, "mask_spread": args.mask_spread, "bf16_q": args.bf16_q,
+        "flops": "4*B*H*Sq*Skv*D",
         "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
         "command": "python -m benchmarks.tune " + " ".join(sys.argv[1:] if argv is None else argv),
         "shapes": [],
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         flops = shape.flops
         log(f"\n## {name}: {shape} ({flops / 1e12:.1f} TFLOP per call)")
         inputs = common.quantized_inputs(shape, args.recipe)
+        timed = common.quantized_inputs(shape, args.recipe, bf16_q=True) if args.bf16_q else inputs
         sm_scale = 1.0 / math.sqrt(d)
         mask, extra = None, {}
         if args.masked_keys:
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with kernel.use_config(config):
                     t0 = time.time()
-                    out = kernel.scaled_attention(*inputs, sm_scale, torch.bfloat16, **extra)
+                    out = kernel.scaled_attention(*timed, sm_scale, torch.bfloat16, **extra)
                     torch.cuda.synchronize()
                     row["first_call_s"] = round(time.time() - t0, 2)
                     if first is None:
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                         diff = (out.float() - first).abs().max() / first.abs().max()
                         row["max_rel_vs_first"] = float(diff)
                     del out
-                    ms = bench(lambda: kernel.scaled_attention(*inputs, sm_scale, torch.bfloat16, **extra),
+                    ms = bench(lambda: kernel.scaled_attention(*timed, sm_scale, torch.bfloat16, **extra),
                                args.warmup_ms, args.rep_ms)
                 row["ms"] = ms
                 row["tflops"] = flops / ms / 1e9
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["best"] = best
             log(f"  best: {best['config']}  {best['ms']:.3f} ms  {best['tflops']:.1f} TFLOP/s")
         report["shapes"].append(entry)
-        del inputs, first
+        del inputs, timed, first
         torch.cuda.empty_cache()
         if stopped:
             break

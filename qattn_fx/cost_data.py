@@ -14,6 +14,7 @@ COMMAND = (
     " benchmarks/results/2026-11-30_h200_attention_ops_wan1.3b-480p_d64.json"
     " benchmarks/results/2026-12-01_h200_attention_ops.json:gluon_sage/int8-1-16-1,cudnn_fp8"
     " benchmarks/results/2026-12-01_h200_attention_ops_q_in_kernel.json:gluon_sage/int8-1-16-1"
+    " benchmarks/results/2026-12-01_h200_attention_ops_d64_quad.json:gluon_sage/int8-1-16-1,cudnn_fp8"
     " > qattn_fx/cost_data.py"
 )
 
@@ -32,13 +33,6 @@ SOURCES = {
         "date": "2026-11-30",
         "timer": "events",
     },
-    "2026-11-30_h200_attention_ops_wan1.3b-480p_d64": {
-        "file": "benchmarks/results/2026-11-30_h200_attention_ops_wan1.3b-480p_d64.json",
-        "device": "NVIDIA H200",
-        "arch": "sm_90",
-        "date": "2026-11-30",
-        "timer": "graph",
-    },
     "2026-12-01_h200_attention_ops": {
         "file": "benchmarks/results/2026-12-01_h200_attention_ops.json",
         "device": "NVIDIA H200",
@@ -53,11 +47,18 @@ SOURCES = {
         "date": "2026-12-01",
         "timer": "graph",
     },
+    "2026-12-01_h200_attention_ops_d64_quad": {
+        "file": "benchmarks/results/2026-12-01_h200_attention_ops_d64_quad.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-12-01",
+        "timer": "graph",
+    },
 }
 
 #: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)
 POINTS = (
-    ("cudnn_fp8", "2026-11-30_h200_attention_ops_wan1.3b-480p_d64", "d64", 32, 16384, 16384, 64, 1.1064),
+    ("cudnn_fp8", "2026-12-01_h200_attention_ops_d64_quad", "d64", 32, 16384, 16384, 64, 1.0953),
     ("cudnn_fp8", "2026-11-29_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.2964),
     ("cudnn_fp8", "2026-12-01_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.8132),
     ("cudnn_fp8", "2026-12-01_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.3656),
@@ -67,7 +68,7 @@ POINTS = (
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.5769),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4528),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5078),
-    ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "d64", 32, 16384, 16384, 64, 1.0613),
+    ("gluon_sage", "2026-12-01_h200_attention_ops_d64_quad", "d64", 32, 16384, 16384, 64, 1.102),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "cross-512", 40, 32760, 512, 128, 0.6565),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "flux-1024", 24, 4608, 4608, 128, 0.9109),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4932),

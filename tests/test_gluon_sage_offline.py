@@ -477,7 +477,7 @@ def test_quad_runs_head_dim_64_without_a_key_bias(d, bias, message):
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
     key_bias = torch.empty(1, k.shape[2], device="meta") if bias else None
     key_range = torch.empty(1, 2, dtype=torch.int32, device="meta") if bias else None
-    with pytest.raises(ValueError, match=r"gluon_sage config WS_BN128_s4_permk_tarrive_mmasum_quad \(four consumers of "
+    with pytest.raises(ValueError, match=rf"gluon_sage config {gs.QUAD_TUNED_CONFIGS[0]} \(four consumers of "
                                          r"112 registers\) runs " + message):
         gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, gs.QUAD_TUNED_CONFIGS[0], None, None,
                        key_bias, None, key_range)

@@ -58,7 +58,8 @@ class GluonConfig(LaunchConfig):
     two (4-5 % faster at the Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50
     instructions per tile it saves, 8-12 %); ``quad``: four consumer warpgroups (256 query rows) at
     :data:`QUAD_CONSUMER_REGS` registers, serial, for head_dim :data:`QUAD_HEAD_DIM` only (its running output
-    takes half the registers of head_dim 128's; :func:`check_quad_config`): 7 % faster than ``trio`` at d64.
+    takes half the registers of head_dim 128's; :func:`check_quad_config`): at d64 3 % faster than ``trio`` with Q
+    quantized in the kernel, 7 % on a pre-quantized Q.
     Schedules tried and removed: docs/kernel-design.md."""
 
     block_n: int
@@ -121,14 +122,15 @@ class GluonConfig(LaunchConfig):
 #: with HunyuanVideo's key-padding mask (BENCHMARKS.md, "Key-padding masks").
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
-#: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 4 and 2 stages, 577.5 /
-#: 575.9 TFLOP/s at d64 against 536.6 for ``trio,permk,tarrive,mmasum`` (BENCHMARKS.md, "head_dim 64").
-QUAD_TUNED_CONFIGS = (GluonConfig(128, 4, permk=1, tarrive=1, mmasum=1, quad=1),
-                      GluonConfig(128, 2, permk=1, mmasum=1, quad=1))
+#: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 2 stages and with 4
+#: and ``tarrive``, at d64 563.7 / 546.3 TFLOP/s with Q quantized in the kernel (``trio``: 544.8 / 531.4 without /
+#: with ``tarrive``) and 571.5 / 573.9 on a pre-quantized Q (``trio``: 535.8 / 537.0; BENCHMARKS.md, "head_dim 64").
+QUAD_TUNED_CONFIGS = (GluonConfig(128, 2, permk=1, mmasum=1, quad=1),
+                      GluonConfig(128, 4, permk=1, tarrive=1, mmasum=1, quad=1))
 #: The untuned config (graph capture before any tuning, ``qattn_fx.config.autotune`` off) of a ``permk`` launch
 #: per head_dim (with a key bias or Skip-Softmax at head_dim 64: :data:`TRIO_DEFAULT_CONFIG`):
 #: ``128,3,trio,permk,tarrive,mmasum`` (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p; the best two-consumer
-#: config, ``128,3,ahead,permk``, 801.2 / 791.2 in the same run) and ``128,4,quad,permk,tarrive,mmasum``.
+#: config, ``128,3,ahead,permk``, 801.2 / 791.2 in the same run) and ``128,2,quad,permk,mmasum``.
 TRIO_DEFAULT_CONFIG = TUNED_CONFIGS[1]
 DEFAULT_CONFIGS = {128: TRIO_DEFAULT_CONFIG, 64: QUAD_TUNED_CONFIGS[0]}
 #: Launches that load K in key order: bf16/fp16 K, K scales per 1 or 4 keys, layouts the ``permk`` view cannot take.
