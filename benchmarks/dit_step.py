@@ -4,6 +4,7 @@
     python -m benchmarks.dit_step --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
     python -m benchmarks.dit_step --config 14b --resolution 720 --blocks 4 --compile whole  # 75,600 tokens
     python -m benchmarks.dit_step --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
+    python -m benchmarks.dit_step --model ltx_video --blocks 8 --resolution 704 --compile whole --steps 4
     python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
     python -m benchmarks.dit_step --model flux --compile whole --mode reduce-overhead --steps 8
 
@@ -16,6 +17,10 @@ Models (random weights at the published configs, bf16, built on the GPU):
   single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` (``--resolution 720``: ``90, 160``)
   and 256 text tokens of which ``--text-tokens`` are valid: its joint attention masks the padding with a
   ``(B, 1, 1, N)`` key mask.
+* ``ltx_video``: ``LTXVideoTransformer3DModel`` (LTX-Video's config: 32 heads, **d64**, 28 blocks), packed latents
+  ``(1, N, 128)`` with N = (1 + (frames-1)/8) · 16 · 22 at the default 704 x 512 (3,872 tokens at 81 frames;
+  ``--resolution 704``: 1216 x 704, 9,196 tokens) and 128 text tokens of which ``--text-tokens`` are valid (its
+  cross-attention masks the padding with a finite bias).
 * ``flux``: ``FluxTransformer2DModel`` (Flux.1-dev's config: 24 heads, d128, 19 double- and 38 single-stream
   blocks, guidance embedding), ``--resolution`` pixels square (default 1024: 4,096 packed latent tokens of 64
   channels) and 512 text tokens: joint attention over 4,608 tokens.
@@ -111,6 +116,9 @@ class Case:
 WAN_SIZES = {480: (480, 832), 720: (720, 1280)}
 #: HunyuanVideo's frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
 HUNYUAN_SIZES = {480: (480, 848), 720: (720, 1280)}
+#: LTX-Video's frame sizes, (height, width) pixels by ``--resolution``: its pipeline's default 704 x 512, and
+#: 1216 x 704 (multiples of its VAE's 32).
+LTX_SIZES = {512: (512, 704), 704: (704, 1216)}
 
 
 def frame_size(model: str, sizes: dict, resolution: int | None) -> tuple[int, int]:
@@ -198,6 +206,43 @@ def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None 
     return Case(model, inputs, timestep, header)
 
 
+def build_ltx_video(*, blocks: int | None = None, frames: int = 81, resolution: int | None = None,
+                    text_tokens: int = 120, device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """LTX-Video at ``resolution`` (512 by default, or 704: :data:`LTX_SIZES`) with 128 text tokens, ``text_tokens``
+    of them valid, inputs as ``LTXPipeline`` makes them (packed latents of 128 channels, 32x spatial and 8x temporal
+    compression, RoPE scale ``(8 / 25, 32, 32)`` at 25 fps); its head_dim is 64. ``dims`` as for Wan."""
+    from diffusers import LTXVideoTransformer3DModel
+
+    height, width = frame_size("LTX-Video", LTX_SIZES, resolution or 512)
+    if (frames - 1) % 8:
+        raise ValueError(f"frames={frames} is invalid for LTX-Video; valid: 8·k + 1 (its VAE's temporal factor)")
+    cfg = dict(num_attention_heads=32, attention_head_dim=64, cross_attention_dim=2048, num_layers=blocks or 28)
+    cfg.update(dims or {})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LTXVideoTransformer3DModel(in_channels=128, out_channels=128, caption_channels=4096,
+                                           **cfg).to(torch.bfloat16).eval()
+    latent_frames, latent_h, latent_w = 1 + (frames - 1) // 8, height // 32, width // 32
+    tokens = latent_frames * latent_h * latent_w
+    text = 128
+    mask = torch.zeros(1, text, device=device)
+    mask[:, :text_tokens] = 1
+
+    def timestep(sigma: float) -> torch.Tensor:  # LTXPipeline: the scheduler's timestep, sigma x 1000
+        return torch.tensor([1000.0 * sigma], device=device)
+
+    inputs = dict(
+        hidden_states=torch.randn(1, tokens, 128, device=device, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, text, 4096, device=device, dtype=torch.bfloat16),
+        timestep=timestep(0.5), encoder_attention_mask=mask, num_frames=latent_frames, height=latent_h,
+        width=latent_w, rope_interpolation_scale=(8 / 25, 32, 32), return_dict=False,
+    )
+    header = (f"LTX-Video config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {frames} frames {width}x{height} = {tokens} tokens, text {text} "
+              f"({text_tokens} valid)")
+    return Case(model, inputs, timestep, header)
+
+
 def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, resolution: int | None = None,
                device: str = "cuda", dims: dict | None = None, **_) -> Case:
     """Flux.1-dev at ``resolution`` x ``resolution`` pixels (a multiple of 16) with 512 text tokens, inputs as
@@ -241,7 +286,7 @@ def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, r
     return Case(model, inputs, timestep, header)
 
 
-MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "flux": build_flux}
+MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "ltx_video": build_ltx_video, "flux": build_flux}
 
 
 def no_attention_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -389,11 +434,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                    "dual-stream blocks; Flux: double-stream blocks)")
     parser.add_argument("--single-blocks", type=int, help="single-stream blocks of HunyuanVideo (default 40) and Flux "
                                                           "(default 38)")
-    parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256")
+    parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256; "
+                                                                     "LTX-Video: of 128")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
     parser.add_argument("--resolution", type=int, help="Flux: image side in pixels, a multiple of 16 (default 1024); "
                         "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo: 480 (848 x 480, the "
-                        "default) or 720 (1280 x 720)")
+                        "default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "
                                                                          "CUDA graphs)")

@@ -96,6 +96,8 @@ TINY_DIT = {
     "hunyuan_video": dict(frames=1, text_tokens=7, dims=dict(num_attention_heads=2, attention_head_dim=16,
                                                              num_layers=1, num_single_layers=1, num_refiner_layers=1,
                                                              rope_axes_dim=(4, 6, 6))),
+    "ltx_video": dict(frames=9, text_tokens=5, dims=dict(num_attention_heads=2, attention_head_dim=16,
+                                                         cross_attention_dim=32, num_layers=1)),
     "flux": dict(resolution=128, blocks=1, single_blocks=1,
                  dims=dict(num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(4, 6, 6))),
 }
@@ -128,6 +130,14 @@ def test_dit_step_arguments():
     for resolution, latent, tokens in ((None, (60, 106), 1590), (720, (90, 160), 3600)):
         hv = dit_step.build_hunyuan_video(resolution=resolution, device="cpu", **TINY_DIT["hunyuan_video"])
         assert hv.inputs["hidden_states"].shape[-2:] == latent and f"= {tokens} video tokens" in hv.header
+    with pytest.raises(ValueError, match="resolution=480 is invalid for LTX-Video; valid: 512, 704"):
+        dit_step.build_ltx_video(resolution=480, device="cpu")
+    with pytest.raises(ValueError, match=r"frames=10 is invalid for LTX-Video; valid: 8·k \+ 1"):
+        dit_step.build_ltx_video(device="cpu", **{**TINY_DIT["ltx_video"], "frames": 10})
+    for resolution, grid, tokens in ((None, (2, 16, 22), 704), (704, (2, 22, 38), 1672)):  # 9 frames: 2 latent
+        ltx = dit_step.build_ltx_video(resolution=resolution, device="cpu", **TINY_DIT["ltx_video"])
+        assert (ltx.inputs["num_frames"], ltx.inputs["height"], ltx.inputs["width"]) == grid
+        assert ltx.inputs["hidden_states"].shape == (1, tokens, 128) and f"= {tokens} tokens" in ltx.header
 
 
 def test_dit_step_profile_classes():
