@@ -32,7 +32,8 @@ The prediction is the smaller of the two, since either alone limits the gain; at
 is the measurement. Beyond the largest key length or work, the value at the largest is held (the measured gain
 flattens: gluon_sage 1.53x at wan1.3b-480p, 1.51x at wan14b-720p). Below the smallest, the value at the smallest is
 held but never above 1.0: no gain is predicted for a size smaller than every measured one, and as the gain shrinks
-with size, the held value is an upper bound there (:attr:`Prediction.upper_bound`).
+with size, the held value is an upper bound there (:attr:`Prediction.upper_bound`). :func:`no_gain` says when a
+prediction promises nothing (``auto`` then keeps the site dense).
 """
 
 from __future__ import annotations
@@ -93,6 +94,18 @@ class Prediction:
     speedup: float
     upper_bound: bool
     data: str
+
+    def no_gain(self, minimum: float) -> bool:
+        """:func:`no_gain` of this prediction."""
+        return no_gain(self.speedup, self.upper_bound, minimum)
+
+
+def no_gain(speedup: float, upper_bound: bool, minimum: float) -> bool:
+    """Whether a call predicted ``speedup`` (``upper_bound``: at most that) is not expected to beat ``minimum``: below
+    it, or an upper bound that does not exceed it (below the measured sizes the held value is capped at 1.0, so no
+    gain is predicted there; a call measured slower than dense, LTX-Video's d64 self-attention at 3,872 tokens, lay
+    there)."""
+    return speedup < minimum or (upper_bound and speedup <= minimum)
 
 
 def covered() -> tuple[tuple[str, str], ...]:

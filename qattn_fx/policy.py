@@ -352,8 +352,9 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | 
     """Whether ``auto`` keeps ``site`` dense instead of running ``kernel`` on ``hardware``, and what to say.
 
     * ``(True, "gluon_sage predicted 0.89x of cuDNN bf16 at Sq 4608, Skv 4608 (cost data: H200 2026-12-01)")``:
-      the predicted speedup (:func:`qattn_fx.cost.predict`) is below :data:`MIN_PREDICTED_SPEEDUP`; ``at most``
-      marks an upper bound (a length below the measured ones, or the query length not known);
+      the predicted speedup (:func:`qattn_fx.cost.predict`) is below :data:`MIN_PREDICTED_SPEEDUP`, or an upper
+      bound that does not exceed it (:func:`qattn_fx.cost.no_gain`); ``at most`` marks an upper bound (a length below
+      the measured ones, or the query length not known);
     * ``(False, "no prediction: symbolic lengths")``: the lengths are symbolic (dynamic shapes) and what is static
       (a key length alone bounds the speedup) does not predict a loss. Nothing here guards on a symbolic size, so
       the decision neither adds a recompile nor depends on the sizes of the call that compiled the graph;
@@ -369,7 +370,7 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | 
         return symbolic
     prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                               batch_heads=batch_heads)
-    if prediction.speedup < MIN_PREDICTED_SPEEDUP:
+    if prediction.no_gain(MIN_PREDICTED_SPEEDUP):
         bound = "at most " if prediction.upper_bound else ""
         q = "symbolic" if q_len is None else q_len
         return True, (f"{kernel} predicted {bound}{prediction.speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "

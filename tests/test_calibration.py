@@ -232,11 +232,11 @@ def test_cost_data_ranks_candidates_and_dense_wins_when_faster():
 def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule():
     """Without a speed source the plan ranks by qattn_fx.cost, and keeps a site dense exactly where auto's cost rule
     on sm_90 would: head_dim 128 at these lengths is predicted below 1x (held from the smallest measured call),
-    head_dim 64 at most 1x."""
+    head_dim 64 at most 1x (below its measured lengths: no gain)."""
     args = dict(q_len=4608, kv_len=4608, head_dim=128, batch_heads=24)
     assert cost_data("gluon_sage", "sm_90", **args) == cost.predict("gluon_sage", "sm_90", **args)
     assert cost_data("gluon_sage", "sm_100", **args) is None
-    for head_dim, quantized in ((64, 4), (128, 0)):
+    for head_dim, quantized, reason in ((64, 0, "no gain is predicted"), (128, 0, "dense is faster")):
         model, _ = tiny_models.wan(head_dim=head_dim)
         calls, labels = tiny_models.example_calls(model, 1)
         torch._dynamo.reset()
@@ -250,10 +250,10 @@ def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule
         for row in result.table:
             assert row.deploy == "gluon_sage on sm_90" and row.speed_upper_bound
             assert row.speed_source == "cost data (H200 2026-12-01)"
-        if not quantized:
-            assert all(s.reason.startswith("dense is faster: the fastest candidate inside the budget, int8-1-16-1, "
-                                           "is predicted at most 0.66x of dense") for s in result.sites)
-            assert "<=0.66x" in str(result.table)
+        bound = "1.00x" if head_dim == 64 else "0.66x"
+        assert all(s.reason.startswith(f"{reason}: the fastest candidate inside the budget, int8-1-16-1, is "
+                                       f"predicted at most {bound} of dense") for s in result.sites)
+        assert f"<={bound}" in str(result.table)
 
 
 def test_a_speed_source_that_returns_nonsense_is_named():

@@ -496,7 +496,9 @@ def test_rule_reasons_and_sources():
     assert cross == Decision(False, "dense: rule 2 (role=cross)", source="rule 2 (role=cross)")
     assert resolve(site(layer=0), SM90, RULES).reason == "dense: rule 3 (layers=0,-1)"
     assert resolve(site(d=64), SM90, RULES).reason == "dense: rule 5 (head_dim=64, min_kv_len=1024)"
-    assert resolve(site(d=64, skv=512), SM90, RULES).quantized
+    short = resolve(site(d=64, skv=512), SM90, RULES)  # rule 5 does not match: the default's auto decides
+    assert short.source == "default" and short.reason.startswith("dense: gluon_sage predicted at most 1.00x")
+    assert resolve(site(d=64, skv=512), SM90, RULES, apply_cost_rule=False).quantized
     joint = resolve(site(role="joint"), SM90, RULES)
     assert joint.source == "rule 1 (role=joint)" and joint.recipe == Recipe("int8", "fp8", 1, 4, 1)
     default = resolve(site(layer=4), SM90, RULES)

@@ -3,8 +3,9 @@
 A *unit* is what a spec rule can tell apart: the sites of one module path and layer (a module that calls SDPA
 twice is one unit; its choice must keep the budget at both). Per unit, :func:`choose` takes the fastest candidate
 inside the budget at every call, by predicted speed where every candidate has cost data, else the first in
-recipe-table order; dense when no candidate is inside the budget or when the fastest one is predicted below
-:data:`qattn_fx.policy.MIN_PREDICTED_SPEEDUP` (``auto``'s cost rule, on the same data).
+recipe-table order; dense when no candidate is inside the budget or when the fastest one is predicted no faster
+than :data:`qattn_fx.policy.MIN_PREDICTED_SPEEDUP` (:func:`qattn_fx.cost.no_gain`: ``auto``'s cost rule, on the same
+data).
 
 :func:`spec_for` writes the plan as rules that mean the same under whole-model and regional compilation. Units are
 grouped by their module path with the layer index replaced by ``*`` (``blocks.*.attn1``). Each group gets a rule
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .. import cost
 from ..fx.match import split_layer
 from ..policy import MIN_PREDICTED_SPEEDUP, Site, select
 from ..spec import DENSE, Match, Rule, Spec
@@ -82,9 +84,10 @@ def choose(options: Sequence[Option], budget: Budget, *, limit: tuple[str, float
         return Choice(DENSE, "no candidate inside the budget (" + "; ".join(outside) + ")", "")
     if all(o.speedup is not None for o in inside):
         best = max(inside, key=lambda o: o.speedup)
-        if best.speedup < MIN_PREDICTED_SPEEDUP:
-            return Choice(DENSE, f"dense is faster: the fastest candidate inside the budget, {best.candidate.name}, "
-                                 f"is predicted {best.speed_text} of dense (auto's cost rule keeps it dense too)",
+        if cost.no_gain(best.speedup, best.upper_bound, MIN_PREDICTED_SPEEDUP):
+            verdict = "dense is faster" if best.speedup < MIN_PREDICTED_SPEEDUP else "no gain is predicted"
+            return Choice(DENSE, f"{verdict}: the fastest candidate inside the budget, {best.candidate.name}, is "
+                                 f"predicted {best.speed_text} of dense (auto's cost rule keeps it dense too)",
                           "cost data")
         tied = [o.candidate.name for o in inside if o is not best and o.speedup == best.speedup]
         tie = f" (tied with {', '.join(tied)}: first in table order)" if tied else ""
