@@ -129,6 +129,19 @@ def frame_size(model: str, sizes: dict, resolution: int | None) -> tuple[int, in
     return sizes[resolution]
 
 
+def timestep_x1000(device: str) -> Callable[[float], torch.Tensor]:
+    """The timestep input of Wan's, HunyuanVideo's and LTX-Video's pipelines at noise level ``sigma``: the
+    scheduler's timestep, ``sigma · 1000``, shape ``(1,)``."""
+    return lambda sigma: torch.tensor([1000.0 * sigma], device=device)
+
+
+def text_mask(length: int, valid: int, device: str) -> torch.Tensor:
+    """A ``(1, length)`` text attention mask: 1 for the first ``valid`` tokens, 0 for the padding."""
+    mask = torch.zeros(1, length, device=device)
+    mask[:, :valid] = 1
+    return mask
+
+
 def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 81, resolution: int | None = None,
               device: str = "cuda", dims: dict | None = None, **_) -> Case:
     """Wan2.1 at ``resolution`` (480 by default, or 720: :data:`WAN_SIZES`); ``dims`` overrides entries of the
@@ -148,9 +161,7 @@ def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 
             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **cfg,
         ).to(torch.bfloat16).eval()
     latent_frames = 1 + (frames - 1) // 4
-
-    def timestep(sigma: float) -> torch.Tensor:  # WanPipeline: the scheduler's timestep, sigma x 1000
-        return torch.tensor([1000.0 * sigma], device=device)
+    timestep = timestep_x1000(device)
 
     inputs = dict(
         hidden_states=torch.randn(1, 16, latent_frames, height // 8, width // 8, device=device, dtype=torch.bfloat16),
@@ -184,11 +195,8 @@ def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None 
         ).to(torch.bfloat16).eval()
     latent_frames = 1 + (frames - 1) // 4
     text = 256
-    mask = torch.zeros(1, text, device=device)
-    mask[:, :text_tokens] = 1
-
-    def timestep(sigma: float) -> torch.Tensor:  # HunyuanVideoPipeline: the scheduler's timestep, sigma x 1000
-        return torch.tensor([1000.0 * sigma], device=device)
+    mask = text_mask(text, text_tokens, device)
+    timestep = timestep_x1000(device)
 
     inputs = dict(
         hidden_states=torch.randn(1, 16, latent_frames, height // 8, width // 8, device=device, dtype=torch.bfloat16),
@@ -225,11 +233,8 @@ def build_ltx_video(*, blocks: int | None = None, frames: int = 81, resolution: 
     latent_frames, latent_h, latent_w = 1 + (frames - 1) // 8, height // 32, width // 32
     tokens = latent_frames * latent_h * latent_w
     text = 128
-    mask = torch.zeros(1, text, device=device)
-    mask[:, :text_tokens] = 1
-
-    def timestep(sigma: float) -> torch.Tensor:  # LTXPipeline: the scheduler's timestep, sigma x 1000
-        return torch.tensor([1000.0 * sigma], device=device)
+    mask = text_mask(text, text_tokens, device)
+    timestep = timestep_x1000(device)
 
     inputs = dict(
         hidden_states=torch.randn(1, tokens, 128, device=device, dtype=torch.bfloat16),
