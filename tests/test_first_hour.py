@@ -154,11 +154,12 @@ def test_inspect_a_diffusers_config_emulated(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "hidden_states (1, 4, 1, 8, 8)" in out
-    assert "blocks.0.attn2  0      cross  16/5   64  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: " \
-           "gluon_sage" in out
+    assert "blocks.0.attn2  0      cross  16/5   64  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: " in out
     assert main(args + ["--json"]) == 0
     sites = json.loads(capsys.readouterr().out)["sites"]
-    assert [s["deployment"] for s in sites] == ["(as bf16) on sm_90: gluon_sage"] * 2
+    # gluon_sage is what sm_90 runs; at 16 tokens (below every measured call) auto keeps such sites dense there
+    assert [s["deployment"].split(" of ")[0] for s in sites] == [
+        "(as bf16) on sm_90: dense (gluon_sage predicted at most 1.00x"] * 2
 
 
 # ------------------------------------------------------------------------------------------------------------------
