@@ -62,7 +62,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages,
-                CONSUMER_NREG=gs.TRIO_CONSUMER_REGS if config.trio else gs.CONSUMER_REGS,
+                CONSUMER_NREG=gs.REGISTERS[config.consumers][1],
                 PRODUCER_NREG=gs.PRODUCER_REGS,
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,

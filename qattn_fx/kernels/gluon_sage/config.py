@@ -38,6 +38,10 @@ TRIO_CONSUMER_REGS = 160
 QUAD_LAUNCH_MAXNREG = 96
 QUAD_CONSUMER_REGS = 112
 QUAD_HEAD_DIM = 64
+#: Per CTA shape (consumer warpgroups): ``(registers per thread at launch, setmaxnreg of the consumer partitions
+#: after the first)``; ``solo`` has no such partition and passes :data:`CONSUMER_REGS` unused.
+REGISTERS = {1: (SOLO_LAUNCH_MAXNREG, CONSUMER_REGS), CONSUMERS: (LAUNCH_MAXNREG, CONSUMER_REGS),
+             3: (TRIO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS), 4: (QUAD_LAUNCH_MAXNREG, QUAD_CONSUMER_REGS)}
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,11 @@ class GluonConfig(LaunchConfig):
     def consumers(self) -> int:
         """Consumer warpgroups per CTA (each owns 64 query rows)."""
         return 1 if self.solo else (3 if self.trio else (4 if self.quad else CONSUMERS))
+
+    @property
+    def registers(self) -> tuple[int, int]:
+        """``(launch maxnreg, consumer setmaxnreg)`` of this CTA shape (:data:`REGISTERS`)."""
+        return REGISTERS[self.consumers]
 
     @property
     def rows(self) -> int:

@@ -47,9 +47,9 @@ def _sage_fwd_ws(
     no Q and ``q_desc`` only gives the box.
 
     ``HAS_BIAS``: the key bias ``KB`` (fp32 ``(B|1, Skv)``, batch stride ``stride_kbb``) and ``KBR`` (int32
-    ``(B|1, 2)``: per bias row, the first key whose bias is not 0 and one past the last; :func:`.launch.bias_range`).
-    Only the key tiles that range meets, and the last tile, load and add the bias; the others run the loop without
-    it (a key-padding mask touches a few tiles at the end of the keys).
+    ``(B|1, 2)``: per bias row, the first key whose bias is not 0 and one past the last;
+    :func:`.._sage_common.bias_range`). Only the key tiles that range meets, and the last tile, load and add the
+    bias; the others run the loop without it (a key-padding mask touches a few tiles at the end of the keys).
 
     ``SKIP`` (serial schedules, no tail split): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) with
     ``log2 λ`` read from ``SkipThr`` (fp32, one element, on the device: a schedule may change it between calls

@@ -18,11 +18,10 @@ from .._config_tuner import ConfigTuner
 from .._cuda_utils import FifoCache, empty_bshd, layout_key
 from . import tail_split
 from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
-from .config import (CAPABILITY, CONSUMER_REGS, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS,
-                     LAUNCH_MAXNREG, PRODUCER_REGS, QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG,
-                     QUAD_TUNED_CONFIGS, ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
-                     SOLO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS,
-                     GluonConfig, check_quad_config, check_skip_config, forced_config)
+from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, PRODUCER_REGS,
+                     QUAD_HEAD_DIM, QUAD_TUNED_CONFIGS, REGISTERS, ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS,
+                     SKIP_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, check_quad_config,
+                     check_skip_config, forced_config)
 from .kernel import _sage_fwd_ws
 
 KERNEL = "gluon_sage"
@@ -362,7 +361,7 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                 BLOCK_N=config.block_n, STAGES=config.stages,
-                CONSUMER_NREG={3: TRIO_CONSUMER_REGS, 4: QUAD_CONSUMER_REGS}.get(config.consumers, CONSUMER_REGS),
+                CONSUMER_NREG=config.registers[1],
                 PRODUCER_NREG=PRODUCER_REGS,
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
@@ -402,8 +401,7 @@ def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfi
 
 
 def _launch_maxnreg(meta: dict) -> int:
-    return {1: SOLO_LAUNCH_MAXNREG, 3: TRIO_LAUNCH_MAXNREG, 4: QUAD_LAUNCH_MAXNREG}.get(meta["CONSUMERS"],
-                                                                                       LAUNCH_MAXNREG)
+    return REGISTERS[meta["CONSUMERS"]][0]
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
