@@ -95,10 +95,6 @@ class Prediction:
     upper_bound: bool
     data: str
 
-    def no_gain(self, minimum: float) -> bool:
-        """:func:`no_gain` of this prediction."""
-        return no_gain(self.speedup, self.upper_bound, minimum)
-
 
 def no_gain(speedup: float, upper_bound: bool, minimum: float) -> bool:
     """Whether a call predicted ``speedup`` (``upper_bound``: at most that) is not expected to beat ``minimum``: below

@@ -370,7 +370,7 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | 
         return symbolic
     prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                               batch_heads=batch_heads)
-    if prediction.no_gain(MIN_PREDICTED_SPEEDUP):
+    if cost.no_gain(prediction.speedup, prediction.upper_bound, MIN_PREDICTED_SPEEDUP):
         bound = "at most " if prediction.upper_bound else ""
         q = "symbolic" if q_len is None else q_len
         return True, (f"{kernel} predicted {bound}{prediction.speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "
