@@ -112,7 +112,8 @@ class Case:
     header: str
 
 
-#: Wan2.1's published frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
+#: Frame sizes, (height, width) pixels by ``--resolution``; a model's first entry is its default.
+#: Wan2.1's published frame sizes (480p, 720p).
 WAN_SIZES = {480: (480, 832), 720: (720, 1280)}
 #: HunyuanVideo's frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
 HUNYUAN_SIZES = {480: (480, 848), 720: (720, 1280)}
@@ -122,8 +123,8 @@ LTX_SIZES = {512: (512, 704), 704: (704, 1216)}
 
 
 def frame_size(model: str, sizes: dict, resolution: int | None) -> tuple[int, int]:
-    """``(height, width)`` pixels of ``model`` at ``resolution`` (default 480) from its ``sizes``."""
-    resolution = resolution or 480
+    """``(height, width)`` pixels of ``model`` at ``resolution`` from its ``sizes`` (default: their first entry)."""
+    resolution = resolution or next(iter(sizes))
     if resolution not in sizes:
         raise ValueError(f"resolution={resolution} is invalid for {model}; valid: {', '.join(map(str, sizes))}")
     return sizes[resolution]
@@ -221,7 +222,7 @@ def build_ltx_video(*, blocks: int | None = None, frames: int = 81, resolution: 
     compression, RoPE scale ``(8 / 25, 32, 32)`` at 25 fps); its head_dim is 64. ``dims`` as for Wan."""
     from diffusers import LTXVideoTransformer3DModel
 
-    height, width = frame_size("LTX-Video", LTX_SIZES, resolution or 512)
+    height, width = frame_size("LTX-Video", LTX_SIZES, resolution)
     if (frames - 1) % 8:
         raise ValueError(f"frames={frames} is invalid for LTX-Video; valid: 8·k + 1 (its VAE's temporal factor)")
     cfg = dict(num_attention_heads=32, attention_head_dim=64, cross_attention_dim=2048, num_layers=blocks or 28)
