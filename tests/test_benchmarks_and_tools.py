@@ -45,6 +45,17 @@ def test_host_overhead_times_a_mocked_gluon_sage_call_on_the_cpu():
         host_overhead.main(["--lse", "--skip"])
 
 
+def test_host_overhead_mocks_every_tuner_head_dim_64_included(capsys):
+    """At head_dim 64 the quad class's tuner serves the call: its timing is mocked like every other tuner's."""
+    pytest.importorskip("triton.experimental.gluon")
+    from tools import host_overhead
+
+    with qattn_fx.config.patch(tuning_cache=""):
+        assert host_overhead.main(["--shape", "d64-small:1:2:1024:1024:64", "--iters", "3", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "config WS_BN128_s2_permk_mmasum_quad" in out and "launches mocked" in out
+
+
 def test_one_shape_table_serves_the_benchmarks_and_the_tools():
     from benchmarks import attention_ops
     from tools import profile_quantize  # noqa: F401  (imports benchmarks.attention_ops and benchmarks.shapes)

@@ -88,7 +88,7 @@ def test_tuning_key_and_tuned_configs():
 def test_each_tuner_chooses_among_configs_of_one_numerics_with_its_default():
     """The output never depends on the timing or the tuning cache: a tuner's candidates and its untuned default
     share :attr:`GluonConfig.numerics` (key tile, permk, mmasum, CTA rows)."""
-    for tuner in (gs.TUNER, gs.QUAD_TUNER, gs.KEY_ORDER_TUNER, gs.SKIP_TUNER, gs.SKIP_KEY_ORDER_TUNER):
+    for tuner in gs.TUNERS:
         configs = tuner.candidates + [tuner.default((64,)), tuner.default((128,))]
         classes = {gs.GluonConfig.parse(c).numerics for c in configs}
         assert len(classes) == 1, (tuner.kernel, classes)

@@ -1,5 +1,6 @@
-"""Host (CPU) time of one gluon_sage attention call, without a GPU: what runs in Python between
-``torch.ops.qattn.scaled_attention(..., kernel="gluon_sage")`` and the Gluon kernel's launch.
+"""Host (CPU) time of one gluon_sage attention call: what runs in Python between
+``torch.ops.qattn.scaled_attention(..., kernel="gluon_sage")`` and the Gluon kernel's launch; without a GPU by
+default (launches mocked), on it with ``--cuda``.
 
 When to use: after changing gluon_sage's host path (``qattn_fx/kernels/gluon_sage/launch.py``, the tail-split
 planner, ``_sage_common.validate``, the op's checks in ``qattn_fx/ops/attention.py``), to see what one call costs
@@ -23,6 +24,11 @@ key, the tuner's timing (the first call, which picks a config; later calls look 
 allocations stand in for CUDA's caching allocator (glibc's mmap is turned off so that a large output is not
 mapped and unmapped on every call). Compare figures from one machine only.
 
+With ``--cuda`` nothing is mocked: the calls launch on the GPU, in groups of 20 queued behind ~100 ms of GPU work
+(then a synchronization), so no call waits for the GPU and the times are the host's, Triton's launcher included::
+
+    python -m tools.host_overhead --cuda --shape ltx-512:1:32:3872:3872:64 --iters 400 --warmup 20 --profile 25
+
 Prints the median, 10th and 90th percentile of ``--iters`` timed calls (after ``--warmup`` calls) in µs, and with
 ``--profile N`` the top ``N`` functions of a cProfile run of the same calls (``--sort``: tottime or cumulative).
 """
@@ -34,6 +40,7 @@ import contextlib
 import ctypes
 import cProfile
 import functools
+import math
 import pstats
 import statistics
 import time
@@ -49,12 +56,13 @@ from benchmarks.shapes import SHAPES, Shape, parse_shape
 SM_COUNT = 132
 
 
-def inputs(shape: Shape, recipe: str, q_in_kernel: bool) -> tuple:
-    """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` on the CPU: zeros quantized by ``recipe``'s ops
+def inputs(shape: Shape, recipe: str, q_in_kernel: bool, device: str = "cpu") -> tuple:
+    """``(q, q_scale, k, k_scale, v, v_scale, q_block, k_block)`` on ``device``: zeros quantized by ``recipe``'s ops
     (BSHD Q/K views, sequence-major V padded to 16 tokens); with ``q_in_kernel`` the bf16 Q in place of the int8
     one where the recipe is int8 with ``q_block`` 1 (gluon_sage quantizes that Q itself)."""
     b, h, sq, skv, d = shape
-    q, k, v = (torch.zeros(b, s, h, d, dtype=torch.bfloat16).transpose(1, 2) for s in (sq, skv, skv))
+    q, k, v = (torch.zeros(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
+               for s in (sq, skv, skv))
     args = common.quantize_qkv(q, k, v, recipe)
     if q_in_kernel and args[0].dtype == torch.int8 and args[6] == 1:
         args = (q, None, *args[2:])
@@ -82,13 +90,12 @@ def mocked_device() -> Iterator[None]:
     from qattn_fx.kernels import _config_tuner
     from qattn_fx.kernels.gluon_sage import launch, tail_split
 
-    tuners = (launch.TUNER, launch.KEY_ORDER_TUNER, launch.SKIP_TUNER, launch.SKIP_KEY_ORDER_TUNER)
     patches = [(launch, "device_reason", lambda device: None), (launch, "_sage_fwd_ws", _NoLaunch()),
                (launch, "sm_count", lambda index: SM_COUNT), (tail_split, "merge", lambda *a, **kw: None),
                (torch.cuda, "device", lambda device: contextlib.nullcontext()),
                (torch.cuda, "current_device", lambda: 0),
                (_config_tuner, "_cuda_device_tag", functools.lru_cache(None)(lambda index: "H200 (mocked)"))]
-    for tuner in tuners:
+    for tuner in launch.TUNERS:
         patches += [(tuner, "timer", lambda run: (run(), 1.0)[1]), (tuner, "capturing", lambda: False),
                     (tuner, "cache_path", None)]
     with contextlib.ExitStack() as stack:
@@ -97,37 +104,74 @@ def mocked_device() -> Iterator[None]:
         yield
 
 
-def call(args: tuple, shape: Shape, *, key_bias: bool, lse: bool, skip: bool) -> Callable[[], object]:
+def call(args: tuple, shape: Shape, *, key_bias: bool, lse: bool, skip: bool,
+         device: str = "cpu") -> Callable[[], object]:
     """One ``qattn::scaled_attention`` (or ``_lse``) call on gluon_sage with these inputs."""
     import qattn_fx.ops  # noqa: F401  (registers qattn::*)
 
     extra = {}
     if key_bias:
-        extra["key_bias"] = torch.zeros(shape.b, shape.skv)
+        extra["key_bias"] = torch.zeros(shape.b, shape.skv, device=device)
     if skip:
-        extra["skip_threshold"] = torch.full((1,), 1e-3)
+        extra["skip_threshold"] = torch.full((1,), 1e-3, device=device)
     op = torch.ops.qattn.scaled_attention_lse if lse else torch.ops.qattn.scaled_attention
     return functools.partial(op, *args, shape.d ** -0.5, torch.bfloat16, "gluon_sage", **extra)
 
 
-def time_calls(fn: Callable[[], object], iters: int, warmup: int) -> list[float]:
-    """Microseconds of each of ``iters`` calls of ``fn`` after ``warmup`` untimed ones."""
+def time_calls(fn: Callable[[], object], iters: int, warmup: int, busy: Callable[[], None] | None = None,
+               chunk: int = 1) -> list[float]:
+    """Microseconds of each of ``iters`` calls of ``fn`` after ``warmup`` untimed ones. With ``busy`` (a GPU
+    workload longer than ``chunk`` calls' kernels), each group of ``chunk`` calls is queued behind one ``busy()`` and
+    the stream is synchronized after it, so that no call waits for the GPU: the times are the host's alone."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append((time.perf_counter_ns() - t0) / 1e3)
+    times: list[float] = []
+    while len(times) < iters:
+        if busy is not None:
+            torch.cuda.synchronize()
+            busy()
+        for _ in range(min(chunk, iters - len(times))):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append((time.perf_counter_ns() - t0) / 1e3)
+    if busy is not None:
+        torch.cuda.synchronize()
     return times
 
 
-def profile(fn: Callable[[], object], iters: int, top: int, sort: str) -> None:
+def gpu_busy(ms: float) -> Callable[[], None]:
+    """A function that queues about ``ms`` milliseconds of GPU work (bf16 matmuls) without waiting for it."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one[0].record()
+    a @ a
+    one[1].record()
+    torch.cuda.synchronize()
+    reps = max(1, math.ceil(ms / one[0].elapsed_time(one[1])))
+
+    def busy() -> None:
+        for _ in range(reps):
+            a @ a
+
+    return busy
+
+
+def profile(fn: Callable[[], object], iters: int, top: int, sort: str, busy: Callable[[], None] | None = None,
+            chunk: int = 1) -> None:
+    """cProfile's top ``top`` functions over ``iters`` calls of ``fn`` (queued as :func:`time_calls` does)."""
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(iters):
-        fn()
-    prof.disable()
+    done = 0
+    while done < iters:
+        if busy is not None:
+            torch.cuda.synchronize()
+            busy()
+        prof.enable()
+        for _ in range(min(chunk, iters - done)):
+            fn()
+        prof.disable()
+        done += chunk
+    if busy is not None:
+        torch.cuda.synchronize()
     pstats.Stats(prof).strip_dirs().sort_stats(sort).print_stats(top)
 
 
@@ -145,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", action="store_true", help="with a Skip-Softmax threshold")
     p.add_argument("--config", default=None, help="force a gluon_sage config (default: the tuner's choice)")
     p.add_argument("--tail-split", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--cuda", action="store_true",
+                   help="launch for real on the GPU (nothing mocked; calls queued behind a GPU workload, so the "
+                        "times stay host time); default: mocked launches on the CPU")
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
@@ -157,18 +204,24 @@ def main(argv: list[str] | None = None) -> int:
 
     name, shape = (a.shape, SHAPES[a.shape]) if a.shape in SHAPES else parse_shape(a.shape)
     _glibc_without_mmap()
-    args = inputs(shape, a.recipe, a.q_in_kernel)
-    fn = call(args, shape, key_bias=a.key_bias, lse=a.lse, skip=a.skip)
-    with mocked_device(), qattn_fx.config.patch(gluon_tail_split=a.tail_split), gluon_sage.use_config(a.config):
-        times = time_calls(fn, a.iters, a.warmup)
+    device = "cuda" if a.cuda else "cpu"
+    args = inputs(shape, a.recipe, a.q_in_kernel, device)
+    fn = call(args, shape, key_bias=a.key_bias, lse=a.lse, skip=a.skip, device=device)
+    busy, chunk = (None, 1)
+    if a.cuda:  # a chunk of calls behind one workload: enough GPU time that the calls never wait for it
+        busy, chunk = gpu_busy(100.0), 20
+    where = contextlib.nullcontext() if a.cuda else mocked_device()
+    with where, qattn_fx.config.patch(gluon_tail_split=a.tail_split), gluon_sage.use_config(a.config):
+        times = time_calls(fn, a.iters, a.warmup, busy, chunk)
         deciles = statistics.quantiles(times, n=10)
         print(f"{name} ({shape}) {a.recipe}{' q-in-kernel' if a.q_in_kernel else ''}"
               f"{' key-bias' if a.key_bias else ''}{' lse' if a.lse else ''}{' skip' if a.skip else ''}: "
               f"config {gluon_sage.last_config()}, tail {gluon_sage.last_tail_plan()}")
+        how = "launched on the GPU behind a GPU workload" if a.cuda else "launches mocked"
         print(f"host time per call: median {statistics.median(times):.1f} us (p10 {deciles[0]:.1f}, "
-              f"p90 {deciles[-1]:.1f}; {a.iters} calls, launches mocked)")
+              f"p90 {deciles[-1]:.1f}; {a.iters} calls, {how})")
         if a.profile:
-            profile(fn, a.iters, a.profile, a.sort)
+            profile(fn, a.iters, a.profile, a.sort, busy, chunk)
     return 0
 
 

@@ -79,9 +79,10 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, current_config, forced_config, use_config)
 from .consumer import _mma_layout as mma_layout
-from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, LaunchPlan, attention,
-                     compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan, permuted_k,
-                     plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for, tuning_key)
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, LaunchPlan,
+                     attention, compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan,
+                     permuted_k, plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for,
+                     tuning_key)
 
 __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR",
            "GluonConfig", "KEY_ORDER_DEFAULT_CONFIG", "KEY_ORDER_TUNED_CONFIGS", "KEY_ORDER_TUNER", "LAST",
@@ -89,8 +90,8 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "REGISTERS", "ROWS_PER_CONSUMER",
            "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
            "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG", "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
-           "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "attention", "check_quad_config", "check_skip_config",
-           "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
+           "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",
+           "check_skip_config", "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
            "k_scale_box", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks",
            "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",
            "use_config"]

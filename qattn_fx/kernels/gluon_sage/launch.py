@@ -78,6 +78,8 @@ SKIP_TUNER = ConfigTuner("gluon_sage_skip", [str(c) for c in SKIP_TUNED_CONFIGS]
 SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in SKIP_KEY_ORDER_TUNED_CONFIGS],
                                    default=lambda key: str(SKIP_KEY_ORDER_TUNED_CONFIGS[0]),
                                    numerics=lambda text: GluonConfig.parse(text).numerics)
+#: Every autotuner of this kernel, one per launch class (:func:`tuner_for` picks among them).
+TUNERS = (TUNER, QUAD_TUNER, KEY_ORDER_TUNER, SKIP_TUNER, SKIP_KEY_ORDER_TUNER)
 
 
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
