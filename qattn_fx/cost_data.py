@@ -15,6 +15,7 @@ COMMAND = (
     " benchmarks/results/2026-12-01_h200_attention_ops.json:gluon_sage/int8-1-16-1,cudnn_fp8"
     " benchmarks/results/2026-12-01_h200_attention_ops_q_in_kernel.json:gluon_sage/int8-1-16-1"
     " benchmarks/results/2026-12-01_h200_attention_ops_d64_quad.json:gluon_sage/int8-1-16-1,cudnn_fp8"
+    " benchmarks/results/2026-12-02_h200_attention_ops_d64_short.json:gluon_sage/int8-1-16-1"
     " > qattn_fx/cost_data.py"
 )
 
@@ -54,6 +55,13 @@ SOURCES = {
         "date": "2026-12-01",
         "timer": "graph",
     },
+    "2026-12-02_h200_attention_ops_d64_short": {
+        "file": "benchmarks/results/2026-12-02_h200_attention_ops_d64_short.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-12-02",
+        "timer": "graph",
+    },
 }
 
 #: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)
@@ -68,6 +76,9 @@ POINTS = (
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.5769),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4528),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5078),
+    ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-512", 32, 3872, 3872, 64, 0.9352),
+    ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "sd3-1024", 24, 4429, 4429, 64, 0.879),
+    ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-704", 32, 9196, 9196, 64, 1.0677),
     ("gluon_sage", "2026-12-01_h200_attention_ops_d64_quad", "d64", 32, 16384, 16384, 64, 1.102),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "cross-512", 40, 32760, 512, 128, 0.6565),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "flux-1024", 24, 4608, 4608, 128, 0.9109),

@@ -120,7 +120,7 @@ def test_site_errors_are_the_reference_kernel_on_the_sites_real_inputs():
         want = errors(quantized_attention(q, k, v, recipe, kernel="reference"), F.scaled_dot_product_attention(q, k, v))
         row = result.table.lookup(label, "int8-1-16-1")
         assert row.kernel == "reference"
-        assert row.per_call[i].cos == pytest.approx(want.cos, abs=1e-7)
+        assert row.per_call[i].cos == pytest.approx(want.cos, abs=1e-6)  # sums ordered by the thread count
         assert row.per_call[i].rel_l1 == pytest.approx(want.rel_l1, rel=1e-5)
 
 
@@ -231,12 +231,12 @@ def test_cost_data_ranks_candidates_and_dense_wins_when_faster():
 
 def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule():
     """Without a speed source the plan ranks by qattn_fx.cost, and keeps a site dense exactly where auto's cost rule
-    on sm_90 would: head_dim 128 at these lengths is predicted below 1x (held from the smallest measured call),
-    head_dim 64 at most 1x (below its measured lengths: no gain)."""
+    on sm_90 would: at these lengths both head dims are predicted below 1x (held from their smallest measured
+    calls, as upper bounds)."""
     args = dict(q_len=4608, kv_len=4608, head_dim=128, batch_heads=24)
     assert cost_data("gluon_sage", "sm_90", **args) == cost.predict("gluon_sage", "sm_90", **args)
     assert cost_data("gluon_sage", "sm_100", **args) is None
-    for head_dim, quantized, reason in ((64, 0, "no gain is predicted"), (128, 0, "dense is faster")):
+    for head_dim, quantized, reason in ((64, 0, "dense is faster"), (128, 0, "dense is faster")):
         model, _ = tiny_models.wan(head_dim=head_dim)
         calls, labels = tiny_models.example_calls(model, 1)
         torch._dynamo.reset()
@@ -249,8 +249,8 @@ def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule
             s.choice != "dense" for s in result.sites], [s.deployment for s in report.sites]
         for row in result.table:
             assert row.deploy == "gluon_sage on sm_90" and row.speed_upper_bound
-            assert row.speed_source == "cost data (H200 2026-12-01)"
-        bound = "1.00x" if head_dim == 64 else "0.66x"
+            assert row.speed_source == "cost data (H200 2026-12-02)"
+        bound = "0.88x" if head_dim == 64 else "0.66x"
         assert all(s.reason.startswith(f"{reason}: the fastest candidate inside the budget, int8-1-16-1, is "
                                        f"predicted at most {bound} of dense") for s in result.sites)
         assert f"<={bound}" in str(result.table)

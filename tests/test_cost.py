@@ -76,9 +76,22 @@ def test_outside_the_measured_range_no_gain_is_extrapolated():
                                            batch_heads=40)
     tiny = cost.predict("gluon_sage", "sm_90", q_len=256, kv_len=256, head_dim=128, batch_heads=24)
     assert tiny.speedup == shortest_keys and tiny.upper_bound  # held below the range, as an upper bound
-    # the smallest measured d64 point is a gain (1.11x at 16384): below it no gain is predicted
-    small_d64 = cost.predict("gluon_sage", "sm_90", q_len=4096, kv_len=4096, head_dim=64, batch_heads=24)
-    assert small_d64.speedup == 1.0 and small_d64.upper_bound
+    # below the smallest d64 work (sd3-1024, 0.879x) that value is held, as an upper bound
+    small_d64 = cost.predict("gluon_sage", "sm_90", q_len=2048, kv_len=2048, head_dim=64, batch_heads=24)
+    assert small_d64 == cost.Prediction(0.879, True, "H200 2026-12-02")
+
+
+def test_below_the_measured_range_a_gain_is_not_extrapolated(monkeypatch):
+    """Where the smallest measured call is a gain, a smaller one is predicted at most 1.0: no gain."""
+    source = next(iter(cost_data.SOURCES))
+    points = (cost.Point("k", source, "a", 24, 4096, 4096, 64, 1.2),
+              cost.Point("k", source, "b", 24, 8192, 8192, 64, 1.4))
+    monkeypatch.setitem(cost._TABLE, ("k", "sm_90"), points)
+    small = cost.predict("k", "sm_90", q_len=1024, kv_len=1024, head_dim=64, batch_heads=24)
+    assert small.speedup == 1.0 and small.upper_bound
+    assert cost.no_gain(small.speedup, small.upper_bound, 1.0)
+    mid = cost.predict("k", "sm_90", q_len=5793, kv_len=5793, head_dim=64, batch_heads=24)
+    assert 1.2 < mid.speedup < 1.4 and not mid.upper_bound
 
 
 def test_short_keys_limit_the_prediction_whatever_the_query_length():
@@ -127,7 +140,7 @@ def test_auto_keeps_wan_cross_attention_dense_on_sm90():
     assert not decision.quantized
     assert decision.reason == _reason("gluon_sage", 32760, 512, 40)  # the measured cross-512 point
     assert decision.reason.startswith("dense: gluon_sage predicted 0.66x of cuDNN bf16 at Sq 32760, Skv 512 "
-                                      "(cost data: H200 2026-12-01)")
+                                      "(cost data: H200 2026-12-02)")
 
 
 def test_auto_quantizes_wan_self_attention_and_keeps_flux_dense_on_sm90():
@@ -180,7 +193,7 @@ def test_symbolic_lengths_get_no_prediction_and_a_static_key_length_bounds_it():
     assert decision.quantized and decision.reason.endswith("(sm_90); no prediction: symbolic lengths")
     cross = Site(q_shape=(1, 12, s0, 128), k_shape=(1, 12, 512, 128), v_shape=(1, 12, 512, 128), role="cross")
     assert resolve(cross, SM90).reason == (
-        "dense: gluon_sage predicted at most 0.66x of cuDNN bf16 at Sq symbolic, Skv 512 (cost data: H200 2026-12-01)")
+        "dense: gluon_sage predicted at most 0.66x of cuDNN bf16 at Sq symbolic, Skv 512 (cost data: H200 2026-12-02)")
     assert not env.guards  # nothing was guarded on
 
 
@@ -211,7 +224,7 @@ def test_symbolic_lengths_add_no_recompile_and_decide_the_same_at_every_length()
     assert self_attn.rewritten and cross.rewritten  # emulated: both run on the reference kernel
     assert self_attn.deployment == "(as bf16) on sm_90: gluon_sage (no prediction: symbolic lengths)"
     assert cross.deployment == ("(as bf16) on sm_90: dense (gluon_sage predicted at most 0.66x of cuDNN bf16 at Sq "
-                                "symbolic, Skv 512 (cost data: H200 2026-12-01))")
+                                "symbolic, Skv 512 (cost data: H200 2026-12-02))")
 
 
 def test_a_graph_whose_sites_all_stay_dense_reaches_the_compiler_unchanged():

@@ -497,7 +497,7 @@ def test_rule_reasons_and_sources():
     assert resolve(site(layer=0), SM90, RULES).reason == "dense: rule 3 (layers=0,-1)"
     assert resolve(site(d=64), SM90, RULES).reason == "dense: rule 5 (head_dim=64, min_kv_len=1024)"
     short = resolve(site(d=64, skv=512), SM90, RULES)  # rule 5 does not match: the default's auto decides
-    assert short.source == "default" and short.reason.startswith("dense: gluon_sage predicted at most 1.00x")
+    assert short.source == "default" and short.reason.startswith("dense: gluon_sage predicted at most 0.88x")
     assert resolve(site(d=64, skv=512), SM90, RULES, apply_cost_rule=False).quantized
     joint = resolve(site(role="joint"), SM90, RULES)
     assert joint.source == "rule 1 (role=joint)" and joint.recipe == Recipe("int8", "fp8", 1, 4, 1)
