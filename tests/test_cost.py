@@ -161,10 +161,15 @@ def test_auto_applies_the_rule_to_the_kernel_it_picks():
 @pytest.mark.parametrize("use", [AttentionSpec("TRITON", SAGE_INT8), AttentionSpec("auto", SAGE_INT8,
                                                                                      kernel="gluon_sage")],
                          ids=["explicit-backend", "pinned-kernel"])
-def test_an_explicit_backend_or_kernel_still_quantizes(use):
+def test_an_explicit_backend_or_kernel_still_quantizes_and_says_it_is_predicted_slower(use):
     decision = resolve(site(sq=32760, skv=512), SM90, Spec(default=use))
     assert decision.quantized and decision.kernel == "gluon_sage"
-    assert decision.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
+    assert decision.reason == ("quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90); slower "
+                               "than dense: " + _reason("gluon_sage", 32760, 512, 40).removeprefix("dense: ")
+                               + "; auto would keep it dense")
+    # where the cost data promise a gain (or have no data) the reason is the plain one
+    wan = resolve(site(sq=32760, skv=32760), SM90, Spec(default=use))
+    assert wan.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
 
 
 def test_without_cost_data_auto_behaves_as_without_the_rule():
