@@ -117,6 +117,8 @@ def _sage_fwd_ws(
     # every partition takes the constexprs as one aggregate (in a plain tuple Gluon would turn them into tensors)
     flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
                         SPLIT_TAIL, HAS_BIAS, SKIP)
+    # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
+    # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop
     if CONSUMERS == 1:
         gl.warp_specialize([(_consume, (args, 0, flags)), (_producer, (args, flags))], [1], [PRODUCER_NREG])
     elif CONSUMERS == 4:
