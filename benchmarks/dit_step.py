@@ -37,8 +37,9 @@ without attention, giving attention's share; ``--skip-no-attention`` leaves it o
 
 Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
 denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
-model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events), speedup over
-compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
+model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events), median host
+time to issue a step (the call's return, before the GPU finishes: at the step time the step is host-bound), speedup
+over compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
 compiled on the first call and the recompiles after it (graphs compiled during warm-up and timed steps), and the
 site summary. Prints one table and writes JSON. ``--profile`` adds, per variant, one call under ``torch.profiler``:
 its GPU time by kernel class (:data:`KERNEL_CLASSES`) and its heaviest kernels, to say where a speedup goes.
@@ -318,17 +319,24 @@ def compile_model(model: torch.nn.Module, backend, how: str, mode: str):
     raise ValueError(f"how={how!r} is invalid; valid: regional, whole")
 
 
-def cuda_timer(times: list[float]):
-    """A context manager factory: each ``with`` block's GPU time in ms (CUDA events) is appended to ``times``."""
+def cuda_timer(times: list[float], host_times: list[float] | None = None):
+    """A context manager factory: each ``with`` block's GPU time in ms (CUDA events, from the block's start to the
+    end of the work it queued) is appended to ``times``, and the host's time to run the block (to issue the work,
+    without waiting for it) to ``host_times``. A step whose host time reaches its GPU time is host-bound: the GPU
+    waits for the launches."""
 
     @contextlib.contextmanager
     def timed():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         yield
+        issued = time.perf_counter() - t0
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+        if host_times is not None:
+            host_times.append(issued * 1e3)
 
     return timed
 
@@ -404,14 +412,15 @@ def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, 
         print(f"{name}: compiled {graphs} graph(s) in {compile_s:.0f} s; timing {args.warmup} + {timed}", flush=True)
         repeat(step, case, args.warmup)
         times: list[float] = []
+        host: list[float] = []
         if args.steps:
-            denoise(step, case, args.steps, cuda_timer(times))
+            denoise(step, case, args.steps, cuda_timer(times, host))
         else:
-            repeat(step, case, args.iters, cuda_timer(times))
+            repeat(step, case, args.iters, cuda_timer(times, host))
         recompiles = graphs_compiled() - graphs
         profiled = profile_call(step, case) if args.profile else None
-    row = {"variant": name, "step_ms": statistics.median(times), "compile_s": compile_s, "graphs": graphs,
-           "recompiles": recompiles}
+    row = {"variant": name, "step_ms": statistics.median(times), "host_ms": statistics.median(host),
+           "compile_s": compile_s, "graphs": graphs, "recompiles": recompiles}
     if profiled:
         row["profile"] = profiled
     if dense_out is not None:
@@ -508,16 +517,16 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_no_attention and "step_ms" in rows[1]:
         share = (dense_ms - rows[1]["step_ms"]) / dense_ms
         print(f"attention share of the compiled dense step: {share:.1%}")
-    print(f"{'variant':38} {'step ms':>9} {'speedup':>8} {'cos':>9} {'rel L2':>8} {'compile s':>9} {'graphs':>6} "
-          f"{'recompiles':>10}")
+    print(f"{'variant':38} {'step ms':>9} {'host ms':>8} {'speedup':>8} {'cos':>9} {'rel L2':>8} {'compile s':>9} "
+          f"{'graphs':>6} {'recompiles':>10}")
     for r in rows:
         if "error" in r:
             print(f"{r['variant']:38} error: {r['error']}")
             continue
         cos = f"{r['cos_vs_dense']:.5f}" if "cos_vs_dense" in r else "-"
         rel = f"{r['rel_l2_vs_dense']:.4f}" if "rel_l2_vs_dense" in r else "-"
-        print(f"{r['variant']:38} {r['step_ms']:9.1f} {dense_ms / r['step_ms']:7.2f}x {cos:>9} {rel:>8} "
-              f"{r['compile_s']:9.1f} {r['graphs']:6d} {r['recompiles']:10d}")
+        print(f"{r['variant']:38} {r['step_ms']:9.1f} {r['host_ms']:8.1f} {dense_ms / r['step_ms']:7.2f}x {cos:>9} "
+              f"{rel:>8} {r['compile_s']:9.1f} {r['graphs']:6d} {r['recompiles']:10d}")
     for r in rows:
         if "sites" in r:
             print(f"{r['variant']}: {r['sites']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 
 import pytest
 import torch
@@ -149,6 +150,30 @@ def test_dit_step_arguments():
         ltx = dit_step.build_ltx_video(resolution=resolution, device="cpu", **TINY_DIT["ltx_video"])
         assert (ltx.inputs["num_frames"], ltx.inputs["height"], ltx.inputs["width"]) == grid
         assert ltx.inputs["hidden_states"].shape == (1, tokens, 128) and f"= {tokens} tokens" in ltx.header
+
+
+def test_dit_step_timer_keeps_the_gpu_and_the_host_time_of_each_step(monkeypatch):
+    """cuda_timer: the GPU time between its events and, apart, the host's time to run the block (to issue it)."""
+    from benchmarks import dit_step
+
+    class Event:  # CUDA events on the CPU: 5 ms apart, whatever the block did
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 5.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    gpu, host = [], []
+    timed = dit_step.cuda_timer(gpu, host)
+    for _ in range(2):
+        with timed():
+            time.sleep(0.02)
+    assert gpu == [5.0, 5.0] and len(host) == 2 and all(20.0 <= ms < 1000.0 for ms in host)
 
 
 def test_dit_step_profile_classes():
