@@ -334,6 +334,9 @@ def _skip_calibrated(use: AttentionSpec, source: str) -> None:
 #: ``auto`` keeps a site dense when the kernel it would pick is predicted to be less than this many times as fast as
 #: dense attention (torch SDPA on cuDNN, bf16) at the site's shape: :func:`cost_rule`, :mod:`qattn_fx.cost`.
 MIN_PREDICTED_SPEEDUP = 1.0
+#: How the reason of a site that an explicit backend or a pinned kernel quantizes, but :func:`cost_rule` would keep
+#: dense, gives the prediction (after the kernel; :meth:`qattn_fx.report.Report.summary` counts such sites).
+PREDICTED_SLOWER = "slower than dense: "
 
 
 def _auto(use: AttentionSpec) -> bool:
@@ -475,7 +478,7 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
             return Decision(False, f"dense: {said}", recipe, None, None, source, notes)
         if not _auto(use):  # run as asked, but say where the cost data expect it to be slower than dense
             slower, why = cost_rule(req.kernel, site, hardware)
-            said = f"slower than dense: {why}; auto would keep it dense" if slower else None
+            said = f"{PREDICTED_SLOWER}{why}; auto would keep it dense" if slower else None
         return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"
                         + (f"; {said}" if said else ""), recipe, req.kernel, row.backend, source, notes,
                         skip_softmax=skip)

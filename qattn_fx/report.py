@@ -33,6 +33,7 @@ import torch
 
 from . import config
 from .fx.rewrite import SiteOutcome
+from .policy import PREDICTED_SLOWER
 
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe",
@@ -183,9 +184,15 @@ class Report:
         return self
 
     def summary(self) -> str:
+        """One line: sites quantized (and how many of them an explicit backend runs although the cost data predict
+        them slower than dense), sites dense, and the dense sites' reasons by count."""
         total, quantized = len(self.sites), self.quantized
         dense = Counter(s.reason.removeprefix("dense: ") for s in self.sites if not s.rewritten)
-        line = f"qattn_fx: {quantized}/{total} attention sites quantized, {total - quantized} dense"
+        slower = sum(s.rewritten and f"; {PREDICTED_SLOWER}" in s.reason for s in self.sites)
+        line = f"qattn_fx: {quantized}/{total} attention sites quantized"
+        if slower:
+            line += f" ({slower} predicted slower than dense: auto would keep them dense)"
+        line += f", {total - quantized} dense"
         if dense:
             line += ": " + "; ".join(f"{n}x {reason}" for reason, n in dense.most_common())
         return line

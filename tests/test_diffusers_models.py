@@ -168,6 +168,16 @@ blocks.1.attn2  1      cross  128/12   12  -                       -          de
                             for s in hopper.sites), [s.reason for s in hopper.sites])
         self.assertEqual({s.kernel for s in blackwell.sites}, {None})  # head_dim 64: trtllm-gen Sage needs 128
         self.assertIn("TRTLLM: head_dim 64 not in 128", blackwell.sites[0].reason)
+        # an explicit backend quantizes them anyway, and the report says auto would not
+        with torch.no_grad():
+            forced = qattn_fx.explain(model, **inputs, spec={"default": {"backend": "TRITON"}},
+                                      hardware=qattn_fx.Hardware.for_arch("sm_90", libs))
+        self.assertEqual({s.kernel for s in forced.sites}, {"gluon_sage"})
+        self.assertTrue(all("on gluon_sage (sm_90); slower than dense: gluon_sage predicted at most 0.88x of cuDNN "
+                            "bf16" in s.reason and s.reason.endswith("; auto would keep it dense")
+                            for s in forced.sites), [s.reason for s in forced.sites])
+        self.assertEqual(forced.summary(), "qattn_fx: 4/4 attention sites quantized (4 predicted slower than dense: "
+                                           "auto would keep them dense), 0 dense")
 
 
 @pytest.mark.parametrize("row", recipes.TABLE, ids=lambda r: f"{r.backend}-{r.qk_dtype}-{r.v_dtype}")
