@@ -46,6 +46,19 @@ def test_host_overhead_times_a_mocked_gluon_sage_call_on_the_cpu():
         host_overhead.main(["--lse", "--skip"])
 
 
+def test_host_overhead_on_the_gpu_queues_each_group_of_calls_behind_a_workload(monkeypatch):
+    """--cuda: calls go in groups of ``chunk``, each after a synchronization and one queued ``busy()``."""
+    from tools import host_overhead
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    times = host_overhead.time_calls(lambda: events.append("call"), iters=45, warmup=2,
+                                     busy=lambda: events.append("busy"), chunk=20)
+    assert len(times) == 45
+    group = ["sync", "busy"]
+    assert events == ["call"] * 2 + group + ["call"] * 20 + group + ["call"] * 20 + group + ["call"] * 5 + ["sync"]
+
+
 def test_host_overhead_mocks_every_tuner_head_dim_64_included(capsys):
     """At head_dim 64 the quad class's tuner serves the call: its timing is mocked like every other tuner's."""
     pytest.importorskip("triton.experimental.gluon")

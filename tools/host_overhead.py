@@ -118,36 +118,46 @@ def call(args: tuple, shape: Shape, *, key_bias: bool, lse: bool, skip: bool,
     return functools.partial(op, *args, shape.d ** -0.5, torch.bfloat16, "gluon_sage", **extra)
 
 
-def time_calls(fn: Callable[[], object], iters: int, warmup: int, busy: Callable[[], None] | None = None,
-               chunk: int = 1) -> list[float]:
-    """Microseconds of each of ``iters`` calls of ``fn`` after ``warmup`` untimed ones. With ``busy`` (a GPU
-    workload longer than ``chunk`` calls' kernels), each group of ``chunk`` calls is queued behind one ``busy()`` and
-    the stream is synchronized after it, so that no call waits for the GPU: the times are the host's alone."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    while len(times) < iters:
+def _groups(iters: int, busy: Callable[[], None] | None, chunk: int) -> Iterator[int]:
+    """The sizes of the groups of calls to make, ``iters`` in all. With ``busy`` (a GPU workload longer than
+    ``chunk`` calls' kernels) each group is queued behind one ``busy()`` after a synchronization, and the stream is
+    synchronized after the last, so that no call waits for the GPU."""
+    done = 0
+    while done < iters:
         if busy is not None:
             torch.cuda.synchronize()
             busy()
-        for _ in range(min(chunk, iters - len(times))):
+        size = min(chunk, iters - done)
+        yield size
+        done += size
+    if busy is not None:
+        torch.cuda.synchronize()
+
+
+def time_calls(fn: Callable[[], object], iters: int, warmup: int, busy: Callable[[], None] | None = None,
+               chunk: int = 1) -> list[float]:
+    """Microseconds of each of ``iters`` calls of ``fn`` after ``warmup`` untimed ones, in groups of ``chunk``
+    behind ``busy()`` where given (:func:`_groups`: the times are then the host's alone)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    for size in _groups(iters, busy, chunk):
+        for _ in range(size):
             t0 = time.perf_counter_ns()
             fn()
             times.append((time.perf_counter_ns() - t0) / 1e3)
-    if busy is not None:
-        torch.cuda.synchronize()
     return times
 
 
 def gpu_busy(ms: float) -> Callable[[], None]:
     """A function that queues about ``ms`` milliseconds of GPU work (bf16 matmuls) without waiting for it."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    one[0].record()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     a @ a
-    one[1].record()
+    end.record()
     torch.cuda.synchronize()
-    reps = max(1, math.ceil(ms / one[0].elapsed_time(one[1])))
+    reps = max(1, math.ceil(ms / start.elapsed_time(end)))
 
     def busy() -> None:
         for _ in range(reps):
@@ -158,20 +168,13 @@ def gpu_busy(ms: float) -> Callable[[], None]:
 
 def profile(fn: Callable[[], object], iters: int, top: int, sort: str, busy: Callable[[], None] | None = None,
             chunk: int = 1) -> None:
-    """cProfile's top ``top`` functions over ``iters`` calls of ``fn`` (queued as :func:`time_calls` does)."""
+    """cProfile's top ``top`` functions over ``iters`` calls of ``fn`` (grouped as :func:`time_calls` does)."""
     prof = cProfile.Profile()
-    done = 0
-    while done < iters:
-        if busy is not None:
-            torch.cuda.synchronize()
-            busy()
+    for size in _groups(iters, busy, chunk):
         prof.enable()
-        for _ in range(min(chunk, iters - done)):
+        for _ in range(size):
             fn()
         prof.disable()
-        done += chunk
-    if busy is not None:
-        torch.cuda.synchronize()
     pstats.Stats(prof).strip_dirs().sort_stats(sort).print_stats(top)
 
 
