@@ -167,10 +167,15 @@ def check_skip_config(config: GluonConfig) -> None:
                          "tiles, e.g. '128,3,trio,permk,mmasum' or '128,3,mmasum' (no 'ahead', no 'quad')")
 
 
+def quad_serves(head_dim: int, key_bias: bool) -> bool:
+    """Whether a launch fits ``quad``: head_dim :data:`QUAD_HEAD_DIM` without a key bias (:data:`QUAD_CONSUMER_REGS`
+    registers hold nothing more)."""
+    return head_dim == QUAD_HEAD_DIM and not key_bias
+
+
 def check_quad_config(config: GluonConfig, head_dim: int, key_bias: bool) -> None:
-    """``quad`` runs head_dim :data:`QUAD_HEAD_DIM` without a key bias (:data:`QUAD_CONSUMER_REGS` registers hold
-    nothing more); ``ValueError`` naming the config and the launch otherwise."""
-    if config.quad and (head_dim != QUAD_HEAD_DIM or key_bias):
+    """``quad`` runs only where :func:`quad_serves`; ``ValueError`` naming the config and the launch otherwise."""
+    if config.quad and not quad_serves(head_dim, key_bias):
         raise ValueError(f"gluon_sage config {config} (four consumers of {QUAD_CONSUMER_REGS} registers) runs "
                          f"head_dim {QUAD_HEAD_DIM} without a key bias; got head_dim {head_dim}"
                          f"{' with a key bias' if key_bias else ''}; valid there: e.g. '{TRIO_DEFAULT_CONFIG}'")

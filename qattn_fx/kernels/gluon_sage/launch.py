@@ -21,7 +21,7 @@ from ._gluon import GLUON_ERROR, TensorDescriptor, gl, triton
 from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, PRODUCER_REGS,
                      QUAD_HEAD_DIM, QUAD_TUNED_CONFIGS, REGISTERS, ROWS_PER_CONSUMER, SKIP_KEY_ORDER_TUNED_CONFIGS,
                      SKIP_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, check_quad_config,
-                     check_skip_config, forced_config)
+                     check_skip_config, forced_config, quad_serves)
 from .kernel import _sage_fwd_ws
 
 KERNEL = "gluon_sage"
@@ -94,7 +94,7 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
     if view is not None and not (skip and key_bias is not None):
         if skip:
             return SKIP_TUNER
-        return QUAD_TUNER if k.shape[-1] == QUAD_HEAD_DIM and key_bias is None else TUNER
+        return QUAD_TUNER if quad_serves(k.shape[-1], key_bias is not None) else TUNER
     return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
 
 
