@@ -129,6 +129,10 @@ class Decision:
     deployment: str | None = None
     #: Skip-Softmax on top of the recipe (quantized sites only; :mod:`qattn_fx.skip_softmax`).
     skip_softmax: SkipSoftmax | None = None
+    #: The cost rule's prediction where it expects the site's kernel to be slower than dense (:func:`cost_rule`),
+    #: e.g. ``gluon_sage predicted 0.94x of cuDNN bf16 at Sq 3872, Skv 3872 (cost data: H200 2026-12-02)``: set on
+    #: a site ``auto`` keeps dense for it and on a site an explicit backend or a pinned kernel runs anyway.
+    predicted_slower: str | None = None
 
 
 def module_matches(glob: str, site: Site) -> str | None:
@@ -335,7 +339,7 @@ def _skip_calibrated(use: AttentionSpec, source: str) -> None:
 #: dense attention (torch SDPA on cuDNN, bf16) at the site's shape: :func:`cost_rule`, :mod:`qattn_fx.cost`.
 MIN_PREDICTED_SPEEDUP = 1.0
 #: How the reason of a site that an explicit backend or a pinned kernel quantizes, but :func:`cost_rule` would keep
-#: dense, gives the prediction (after the kernel; :meth:`qattn_fx.report.Report.summary` counts such sites).
+#: dense, gives the prediction (after the kernel; the prediction itself is :attr:`Decision.predicted_slower`).
 PREDICTED_SLOWER = "slower than dense: "
 
 
@@ -475,13 +479,15 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
         row, req = found
         dense, said = cost_rule(req.kernel, site, hardware) if _auto(use) and apply_cost_rule else (False, None)
         if dense:
-            return Decision(False, f"dense: {said}", recipe, None, None, source, notes)
+            return Decision(False, f"dense: {said}", recipe, None, None, source, notes, predicted_slower=said)
+        slower = None
         if not _auto(use):  # run as asked, but say where the cost data expect it to be slower than dense
-            slower, why = cost_rule(req.kernel, site, hardware)
-            said = f"{PREDICTED_SLOWER}{why}; auto would keep it dense" if slower else None
+            predicted, why = cost_rule(req.kernel, site, hardware)
+            slower = why if predicted else None
+            said = f"{PREDICTED_SLOWER}{why}; auto would keep it dense" if predicted else None
         return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"
                         + (f"; {said}" if said else ""), recipe, req.kernel, row.backend, source, notes,
-                        skip_softmax=skip)
+                        skip_softmax=skip, predicted_slower=slower)
     summary = _why_not(reasons, grouped=False) if recipe is not None else NO_DENSE_SKIP_KERNEL
     what = use.describe()
     if _auto(use):

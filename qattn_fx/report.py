@@ -33,11 +33,10 @@ import torch
 
 from . import config
 from .fx.rewrite import SiteOutcome
-from .policy import PREDICTED_SLOWER
 
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe",
-            "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity")
+            "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity", "predicted_slower")
 #: The columns of ``str(report)`` (``graph`` is put first when the report spans several graphs). ``q/kv``: the
 #: query and key lengths; ``d``: head_dim; ``recipe``: its short name; ``reason``: for a quantized site the rule
 #: (or default) that chose it plus the deployment note of an emulated site, for a dense one why.
@@ -98,6 +97,9 @@ class SiteRecord:
     sparsity: float | None = None
     #: The label of its measured sparsity (the inserted nodes' prefix, ``blocks_0_attn1``).
     label_prefix: str = ""
+    #: Where the cost data predict its kernel slower than dense, the prediction (``Decision.predicted_slower``):
+    #: why ``auto`` kept it dense, or, on a quantized site, that an explicit backend runs it anyway.
+    predicted_slower: str | None = None
 
     @classmethod
     def from_outcome(cls, graph: int, outcome: SiteOutcome) -> "SiteRecord":
@@ -123,6 +125,7 @@ class SiteRecord:
             skip_softmax=decision.skip_softmax.describe() if decision.quantized and decision.skip_softmax else None,
             skip_short=decision.skip_softmax.short_name if decision.quantized and decision.skip_softmax else None,
             label_prefix=outcome.prefix,
+            predicted_slower=decision.predicted_slower,
         )
 
     @property
@@ -188,7 +191,7 @@ class Report:
         them slower than dense), sites dense, and the dense sites' reasons by count."""
         total, quantized = len(self.sites), self.quantized
         dense = Counter(s.reason.removeprefix("dense: ") for s in self.sites if not s.rewritten)
-        slower = sum(s.rewritten and f"; {PREDICTED_SLOWER}" in s.reason for s in self.sites)
+        slower = sum(s.rewritten and s.predicted_slower is not None for s in self.sites)
         line = f"qattn_fx: {quantized}/{total} attention sites quantized"
         if slower:
             line += f" ({slower} predicted slower than dense: auto would keep them dense)"

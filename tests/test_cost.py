@@ -141,12 +141,14 @@ def test_auto_keeps_wan_cross_attention_dense_on_sm90():
     assert decision.reason == _reason("gluon_sage", 32760, 512, 40)  # the measured cross-512 point
     assert decision.reason.startswith("dense: gluon_sage predicted 0.66x of cuDNN bf16 at Sq 32760, Skv 512 "
                                       "(cost data: H200 2026-12-02)")
+    assert decision.predicted_slower == decision.reason.removeprefix("dense: ")  # the prediction, as data
 
 
 def test_auto_quantizes_wan_self_attention_and_keeps_flux_dense_on_sm90():
     wan = resolve(site(h=12), SM90)
     assert wan.quantized and wan.kernel == "gluon_sage"
     assert wan.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
+    assert wan.predicted_slower is None
     flux = resolve(site(h=24, sq=4608, skv=4608), SM90)
     assert flux.reason == _reason("gluon_sage", 4608, 4608, 24)
 
@@ -167,9 +169,11 @@ def test_an_explicit_backend_or_kernel_still_quantizes_and_says_it_is_predicted_
     assert decision.reason == ("quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90); slower "
                                "than dense: " + _reason("gluon_sage", 32760, 512, 40).removeprefix("dense: ")
                                + "; auto would keep it dense")
+    assert decision.predicted_slower == _reason("gluon_sage", 32760, 512, 40).removeprefix("dense: ")
     # where the cost data promise a gain (or have no data) the reason is the plain one
     wan = resolve(site(sq=32760, skv=32760), SM90, Spec(default=use))
     assert wan.reason == "quantized: int8 Q/K 1/16, fp8 V per-channel, smooth K on gluon_sage (sm_90)"
+    assert wan.predicted_slower is None
 
 
 def test_without_cost_data_auto_behaves_as_without_the_rule():

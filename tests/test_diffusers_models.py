@@ -178,6 +178,10 @@ blocks.1.attn2  1      cross  128/12   12  -                       -          de
                             for s in forced.sites), [s.reason for s in forced.sites])
         self.assertEqual(forced.summary(), "qattn_fx: 4/4 attention sites quantized (4 predicted slower than dense: "
                                            "auto would keep them dense), 0 dense")
+        # the prediction is also data: in each site's record and its JSON
+        self.assertTrue(all(s.predicted_slower.startswith("gluon_sage predicted at most 0.88x of cuDNN bf16")
+                            for s in forced.sites + hopper.sites), forced.to_dict())
+        self.assertEqual(forced.to_dict()["sites"][0]["predicted_slower"], forced.sites[0].predicted_slower)
 
 
 @pytest.mark.parametrize("row", recipes.TABLE, ids=lambda r: f"{r.backend}-{r.qk_dtype}-{r.v_dtype}")
