@@ -46,6 +46,30 @@ def test_host_overhead_times_a_mocked_gluon_sage_call_on_the_cpu():
         host_overhead.main(["--lse", "--skip"])
 
 
+def test_host_overhead_in_step_timers_count_each_call_and_its_launch(monkeypatch):
+    """--in-step's timers: one entry and one launch per call (mocked here), the first call's arguments replay as the
+    op, the per-step rows count the calls, and everything patched is restored."""
+    pytest.importorskip("triton.experimental.gluon")
+    from qattn_fx.kernels import gluon_sage
+    from tools import host_overhead
+
+    shape = shapes.Shape(1, 2, 1024, 1024, 128)
+    fn = host_overhead.call(host_overhead.inputs(shape, "int8-1-16", True), shape, key_bias=False, lse=False,
+                            skip=False)
+    entry, timer = gluon_sage.scaled_attention, host_overhead.PathTimer()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    with host_overhead.mocked_device(), qattn_fx.config.patch(tuning_cache="", gluon_tail_split=False):
+        with timer.active():
+            rows = host_overhead.step_times(lambda: (fn(), fn()), steps=3, timer=timer)
+            assert [r["calls"] for r in rows] == [2, 2, 2] and len(timer.launch) == 2
+            assert all(r["entry_us"] >= r["launch_us"] > 0 and r["wall_ms"] >= r["host_ms"] for r in rows)
+            timer.clear()
+            out = host_overhead.eager_call(timer.first)()
+            assert out.shape == fn().shape == (1, 2, 1024, 128) and len(timer.entry) == 2
+        assert isinstance(gluon_sage.launch._sage_fwd_ws, host_overhead._NoLaunch)  # the timer's proxy is gone
+    assert gluon_sage.scaled_attention is entry
+
+
 def test_host_overhead_on_the_gpu_queues_each_group_of_calls_behind_a_workload(monkeypatch):
     """--cuda: calls go in groups of ``chunk``, each after a synchronization and one queued ``busy()``."""
     from tools import host_overhead

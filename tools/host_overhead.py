@@ -31,6 +31,18 @@ With ``--cuda`` nothing is mocked: the calls launch on the GPU, in groups of 20 
 
 Prints the median, 10th and 90th percentile of ``--iters`` timed calls (after ``--warmup`` calls) in µs, and with
 ``--profile N`` the top ``N`` functions of a cProfile run of the same calls (``--sort``: tottime or cumulative).
+
+``--in-step MODEL`` (on the GPU) measures the same host path where users pay it: inside a compiled model's step.
+It compiles a ``benchmarks.dit_step`` model (whole model, ``--blocks``, ``--resolution``) dense and with gluon_sage
+forced, times ``--steps`` calls of each (the host's time to issue the step, then its wall time to the end of its
+GPU work), and inside the forced step each call's gluon_sage entry (``qattn_fx.kernels.gluon_sage.scaled_attention``:
+the kernel's whole host path) and Triton's launch of the kernel within it (``_sage_fwd_ws[grid](...)``). Then it
+calls the op eagerly on the arguments of the step's first call (as ``--cuda`` does), with the same timers::
+
+    python -m tools.host_overhead --in-step ltx_video --resolution 512 --blocks 8 --steps 8 --out host.json
+
+A piece that costs more inside the step than eagerly costs it in the step's context (the CPU caches and branch
+predictors then also serve Inductor's code and every other launch between two calls), not in its own work.
 """
 
 from __future__ import annotations
@@ -40,10 +52,12 @@ import contextlib
 import ctypes
 import cProfile
 import functools
+import json
 import math
 import pstats
 import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 from unittest import mock
 
@@ -178,6 +192,121 @@ def profile(fn: Callable[[], object], iters: int, top: int, sort: str, busy: Cal
     pstats.Stats(prof).strip_dirs().sort_stats(sort).print_stats(top)
 
 
+@dataclass
+class PathTimer:
+    """While :meth:`active`: the host time of each gluon_sage call's entry (``entry``: the package's
+    ``scaled_attention``, which ``qattn::scaled_attention`` calls) and of each Triton launch of the kernel inside it
+    (``launch``: ``_sage_fwd_ws[grid](...)``), in µs; ``first`` holds the first entry call's ``(args, kwargs)``."""
+
+    entry: list[float] = field(default_factory=list)
+    launch: list[float] = field(default_factory=list)
+    first: tuple | None = None
+
+    def clear(self) -> None:
+        self.entry.clear()
+        self.launch.clear()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["PathTimer"]:
+        from qattn_fx.kernels import gluon_sage
+        from qattn_fx.kernels.gluon_sage import launch
+
+        entry_fn, kernel = gluon_sage.scaled_attention, launch._sage_fwd_ws
+
+        def entry(*args, **kwargs):
+            if self.first is None:
+                self.first = (args, kwargs)
+            return self._timed(self.entry, entry_fn, args, kwargs)
+
+        class Launch:
+            def __getitem__(_, grid):
+                return lambda *args, **kwargs: self._timed(self.launch, kernel[grid], args, kwargs)
+
+        with mock.patch.object(gluon_sage, "scaled_attention", entry), mock.patch.object(launch, "_sage_fwd_ws",
+                                                                                          Launch()):
+            yield self
+
+    @staticmethod
+    def _timed(into: list[float], fn: Callable, args: tuple, kwargs: dict):
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into.append((time.perf_counter_ns() - t0) / 1e3)
+
+
+def eager_call(first: tuple) -> Callable[[], object]:
+    """``qattn::scaled_attention`` (``_lse``) on gluon_sage with the arguments gluon_sage's entry got (``first``:
+    ``(args, kwargs)`` of :class:`PathTimer`)."""
+    args, kwargs = first
+    op = torch.ops.qattn.scaled_attention_lse if kwargs.get("return_lse") else torch.ops.qattn.scaled_attention
+    extra = {"key_bias": kwargs["key_bias"]} if kwargs.get("key_bias") is not None else {}
+    return functools.partial(op, *args[:10], "gluon_sage", **extra)
+
+
+def step_times(step: Callable[[], object], steps: int, timer: PathTimer) -> list[dict]:
+    """Per call of ``step`` (synchronized before and after): the host's ms to issue it (``host_ms``), its wall ms
+    to the end of its GPU work (``wall_ms``), and the gluon_sage calls inside it (``calls``, with the sums of their
+    ``entry_us`` and ``launch_us``)."""
+    rows = []
+    for _ in range(steps):
+        timer.clear()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        rows.append({"host_ms": (t1 - t0) * 1e3, "wall_ms": (time.perf_counter() - t0) * 1e3,
+                     "calls": len(timer.entry), "entry_us": sum(timer.entry), "launch_us": sum(timer.launch)})
+    return rows
+
+
+def in_step(model: str, resolution: int | None, blocks: int | None, steps: int, warmup: int, iters: int) -> dict:
+    """The ``--in-step`` measurement (module docstring): per-step rows of the dense and the forced compiled model,
+    and the median µs per call of the op, its gluon_sage entry and Triton's launch, called eagerly."""
+    from benchmarks import dit_step
+
+    case = dit_step.MODELS[model](blocks=blocks, resolution=resolution, device="cuda")
+    forced = dit_step.VARIANTS["qattn gluon_sage int8 1/16/1"]
+    timer = PathTimer()
+    result = {"model": case.header, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import qattn_fx
+
+    with torch.no_grad(), timer.active():
+        for name, backend in (("dense", "inductor"), ("gluon_sage", lambda: qattn_fx.backend(forced))):
+            torch._dynamo.reset()
+            compiled = torch.compile(case.model, backend=backend if isinstance(backend, str) else backend())
+            step = functools.partial(compiled, **case.inputs)
+            for _ in range(warmup):
+                step()
+            result[name] = step_times(step, steps, timer)
+        if timer.first is None:
+            raise RuntimeError(f"no gluon_sage call in the forced {model} step: nothing to compare")
+        op = eager_call(timer.first)
+        timer.clear()
+        ops = time_calls(op, iters, 20, gpu_busy(100.0), 20)
+        result["eager_us"] = {"op": statistics.median(ops), "entry": statistics.median(timer.entry),
+                              "launch": statistics.median(timer.launch)}
+    return result
+
+
+def print_in_step(result: dict) -> None:
+    """The ``--in-step`` table: per step medians, then µs per gluon_sage call in the step and eagerly."""
+    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    dense, forced = result["dense"], result["gluon_sage"]
+    calls = med(forced, "calls")
+    print(f"{result['model']}, {result['device']}, torch {result['torch']}; medians of {len(forced)} steps")
+    print(f"{'compiled step':24} {'host ms':>8} {'wall ms':>8} {'gluon_sage calls':>17}")
+    for name, rows in (("dense", dense), ("gluon_sage forced", forced)):
+        print(f"{name:24} {med(rows, 'host_ms'):8.2f} {med(rows, 'wall_ms'):8.2f} {med(rows, 'calls'):17.0f}")
+    eager = result["eager_us"]
+    print(f"{'per gluon_sage call, us':40} {'in the step':>12} {'eager':>8}")
+    print(f"{'qattn::scaled_attention':40} {'-':>12} {eager['op']:8.1f}")
+    print(f"{'gluon_sage entry (its whole host path)':40} {med(forced, 'entry_us') / calls:12.1f} "
+          f"{eager['entry']:8.1f}")
+    print(f"{'Triton launch of the kernel':40} {med(forced, 'launch_us') / calls:12.1f} {eager['launch']:8.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.host_overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,7 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
     p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
+    p.add_argument("--in-step", default=None, metavar="MODEL", choices=["wan", "hunyuan_video", "ltx_video", "flux"],
+                   help="time the host path inside a compiled benchmarks.dit_step model's step (GPU; module doc)")
+    p.add_argument("--resolution", type=int, default=None, help="--in-step: the model's resolution")
+    p.add_argument("--blocks", type=int, default=None, help="--in-step: transformer blocks")
+    p.add_argument("--steps", type=int, default=8, help="--in-step: timed steps per variant")
+    p.add_argument("--out", default=None, help="--in-step: also write the rows as JSON")
     a = p.parse_args(argv)
+    if a.in_step:
+        if not torch.cuda.is_available():
+            p.error("--in-step needs a CUDA GPU")
+        result = in_step(a.in_step, a.resolution, a.blocks, a.steps, warmup=4, iters=min(a.iters, 400))
+        print_in_step(result)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     if a.lse and a.skip:
         p.error("--lse and --skip cannot be combined: qattn::scaled_attention_lse takes no Skip-Softmax threshold")
     import qattn_fx
