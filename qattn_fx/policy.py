@@ -55,6 +55,8 @@ class Site:
     / ``_cudnn_attention``, what ring attention merges partial results by); ``other_outputs``: the indices of its
     further outputs (backward bookkeeping) that the graph reads, which no quantized op produces. ``context``: how
     the operands reached this rank under context parallelism (:func:`qattn_fx.fx.match.context_parallel`), a note.
+    ``mask_note``: how the pass read a mask it did not take as SDPA got it (a mask repeated over the heads, read
+    per key: :mod:`qattn_fx.fx.masks`), a note; ``mask`` and ``mask_shape`` are then those of the mask as read.
     """
 
     name: str = "sdpa"
@@ -79,6 +81,7 @@ class Site:
     lse: bool = False
     other_outputs: tuple[int, ...] = ()
     context: str | None = None
+    mask_note: str | None = None
 
     def __post_init__(self) -> None:
         recipes._check_choice("site.mask", self.mask, MASK_KINDS)

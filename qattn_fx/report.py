@@ -59,10 +59,13 @@ def _shape(shape: tuple) -> list:
 
 
 def _site_notes(site) -> tuple[str, ...]:
-    """Facts of the site worth a note whatever was decided: context parallelism, an LSE call form."""
+    """Facts of the site worth a note whatever was decided: context parallelism, how its mask was read, an LSE
+    call form."""
     notes = []
     if site.context:
         notes.append(site.context)
+    if site.mask_note:
+        notes.append(site.mask_note)
     if site.lse:
         notes.append("an attention op that also returns the log-sum-exp (ring attention merges partial results "
                      "by it); a quantized site returns both")

@@ -65,7 +65,46 @@ def hunyuan_video():
     return model, inputs
 
 
-MODELS = {"wan": wan, "flux": flux, "dit": dit, "hunyuan_video": hunyuan_video}
+def sd3():
+    """SD3.5's layout: joint attention, and a second (image-only) attention in block 0 (``dual_attention_layers``)."""
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=32, pooled_projection_dim=8,
+        pos_embed_max_size=16, dual_attention_layers=(0,), qk_norm="rms_norm",
+    ).eval()
+    return model, example_inputs(model)
+
+
+def cogvideox():
+    """CogVideoX-5B's layout: joint text + video attention with rotary embeddings on the video tokens."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    torch.manual_seed(0)
+    model = CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+        text_embed_dim=16, num_layers=2, sample_width=16, sample_height=16, sample_frames=5, patch_size=2,
+        max_text_seq_length=12, use_rotary_positional_embeddings=True,
+    ).eval()
+    return model, example_inputs(model)
+
+
+def ltx_video():
+    """LTX-Video's layout: self-attention, and cross-attention to the text under its padding mask."""
+    from diffusers import LTXVideoTransformer3DModel
+
+    torch.manual_seed(0)
+    model = LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=16,
+        cross_attention_dim=32, num_layers=1, caption_channels=16,
+    ).eval()
+    return model, example_inputs(model, height=8, width=8)
+
+
+MODELS = {"wan": wan, "flux": flux, "dit": dit, "hunyuan_video": hunyuan_video, "sd3": sd3, "cogvideox": cogvideox,
+          "ltx_video": ltx_video}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -74,7 +113,8 @@ MODELS = {"wan": wan, "flux": flux, "dit": dit, "hunyuan_video": hunyuan_video}
 
 #: The model classes :func:`example_inputs` makes inputs for.
 KNOWN_CLASSES = ("WanTransformer3DModel", "FluxTransformer2DModel", "DiTTransformer2DModel",
-                 "HunyuanVideoTransformer3DModel")
+                 "HunyuanVideoTransformer3DModel", "SD3Transformer2DModel", "CogVideoXTransformer3DModel",
+                 "LTXVideoTransformer3DModel")
 
 
 def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, width: int = 16,
@@ -87,7 +127,9 @@ def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, 
     follow from them and the model's patch size (Wan ``(1, 2, 2)``: ``frames * height/2 * width/2`` tokens).
     Decisions only depend on lengths through rules on them, so small sizes are enough to see every site.
     ``seed`` seeds the random tensors; ``noise_level`` in (0, 1] sets the timestep as that fraction of the model's
-    range (Wan, HunyuanVideo, DiT: of 1000 steps; Flux: of 1), else a mid-range default.
+    range (Flux: of 1; the others: of 1000 steps), else a mid-range default. CogVideoX takes its latents
+    frames-first, ``(B, frames, C, height, width)``, and its rotary embeddings when its config uses them; LTX-Video
+    takes them packed, ``(B, frames·height·width, C)``, with its text's padding mask (every token valid).
     """
     name = type(model).__name__
     if name not in KNOWN_CLASSES:
@@ -126,6 +168,25 @@ def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, 
         if c.guidance_embeds:
             inputs["guidance"] = torch.full((batch,), 3.5)
         return inputs
+    if name == "SD3Transformer2DModel":
+        return dict(hidden_states=rand(batch, c.in_channels, height, width),
+                    encoder_hidden_states=rand(batch, text_len, c.joint_attention_dim),
+                    pooled_projections=rand(batch, c.pooled_projection_dim), timestep=t, return_dict=False)
+    if name == "CogVideoXTransformer3DModel":
+        inputs = dict(hidden_states=rand(batch, frames, c.in_channels, height, width),  # frames before channels
+                      encoder_hidden_states=rand(batch, text_len, c.text_embed_dim), timestep=t, return_dict=False)
+        if c.use_rotary_positional_embeddings:  # as the pipeline makes them, on the latent grid
+            from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+            grid = (height // c.patch_size, width // c.patch_size)
+            inputs["image_rotary_emb"] = get_3d_rotary_pos_embed(
+                c.attention_head_dim, ((0, 0), grid), grid, -(-frames // (c.patch_size_t or 1)))
+        return inputs
+    if name == "LTXVideoTransformer3DModel":  # latents packed to (B, frames·height·width, C), as LTXPipeline does
+        return dict(hidden_states=rand(batch, frames * height * width, c.in_channels),
+                    encoder_hidden_states=rand(batch, text_len, c.caption_channels), timestep=t,
+                    encoder_attention_mask=torch.ones(batch, text_len), num_frames=frames, height=height,
+                    width=width, return_dict=False)
     size = c.sample_size  # DiT: class-conditional images of the configured size
     step = 1 if noise_level is None else min(999, int(1000 * level))
     return dict(hidden_states=rand(batch, c.in_channels, size, size), timestep=torch.full((batch,), step),

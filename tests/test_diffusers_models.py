@@ -91,6 +91,55 @@ transformer_blocks.0.attn1  0      self  16/16  4  int8 1/16, fp8/ch  reference 
                                                                                  sm_100: dense (TRTLLM, TRTLLM_ATTN:
                                                                                  head_dim 4 not in 128)""")
 
+    def test_sd3_joint_and_dual_attention(self):
+        self.assertExpectedInline(self.check("sd3"), """\
+module                      layer  role   q/kv   d   recipe             kernel     reason
+--------------------------  -----  -----  -----  --  -----------------  ---------  -------------------------------------
+transformer_blocks.0.attn   0      joint  76/76  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                   (TRITON: head_dim 16 not in 64/128);
+                                                                                   on sm_100: dense (TRTLLM,
+                                                                                   TRTLLM_ATTN: head_dim 16 not in 128)
+transformer_blocks.0.attn2  0      self   64/64  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                   (TRITON: head_dim 16 not in 64/128);
+                                                                                   on sm_100: dense (TRTLLM,
+                                                                                   TRTLLM_ATTN: head_dim 16 not in 128)
+transformer_blocks.1.attn   1      joint  76/76  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                   (TRITON: head_dim 16 not in 64/128);
+                                                                                   on sm_100: dense (TRTLLM,
+                                                                                   TRTLLM_ATTN: head_dim 16 not in 128)""")
+
+    def test_cogvideox_joint_attention_with_rotary_embeddings(self):
+        self.assertExpectedInline(self.check("cogvideox"), """\
+module                      layer  role   q/kv     d   recipe             kernel     reason
+--------------------------  -----  -----  -------  --  -----------------  ---------  -----------------------------------
+transformer_blocks.0.attn1  0      joint  140/140  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                     (TRITON: head_dim 16 not in
+                                                                                     64/128); on sm_100: dense (TRTLLM,
+                                                                                     TRTLLM_ATTN: head_dim 16 not in
+                                                                                     128)
+transformer_blocks.1.attn1  1      joint  140/140  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                     (TRITON: head_dim 16 not in
+                                                                                     64/128); on sm_100: dense (TRTLLM,
+                                                                                     TRTLLM_ATTN: head_dim 16 not in
+                                                                                     128)""")
+
+    def test_ltx_video_cross_attention_mask_repeated_over_heads(self):
+        self.assertExpectedInline(self.check("ltx_video"), """\
+module                      layer  role   q/kv     d   recipe             kernel     reason
+--------------------------  -----  -----  -------  --  -----------------  ---------  -----------------------------------
+transformer_blocks.0.attn1  0      self   128/128  16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                     (TRITON: head_dim 16 not in
+                                                                                     64/128); on sm_100: dense (TRTLLM,
+                                                                                     TRTLLM_ATTN: head_dim 16 not in
+                                                                                     128)
+transformer_blocks.0.attn2  0      cross  128/12   16  int8 1/16, fp8/ch  reference  default; (as bf16) on sm_90: dense
+                                                                                     (TRITON: head_dim 16 not in
+                                                                                     64/128); on sm_100: dense (TRTLLM,
+                                                                                     TRTLLM_ATTN: head_dim 16 not in
+                                                                                     128)
+note (transformer_blocks.0.attn2): attn_mask (1, 2, 1, 12) repeats a (1, 1, 12) mask over the heads (repeat_interleave +
+  view): read per key as (1, 1, 1, 12)""")
+
 
 class TestSiteDecisions(expecttest.TestCase):
     def test_hunyuan_video_masks_stay_dense_with_reasons(self):

@@ -162,6 +162,20 @@ def test_inspect_a_diffusers_config_emulated(tmp_path, capsys):
         "(as bf16) on sm_90: dense (gluon_sage predicted at most 0.88x"] * 2
 
 
+@pytest.mark.parametrize("name, cls, sites", [
+    ("sd3", "SD3Transformer2DModel", 3), ("cogvideox", "CogVideoXTransformer3DModel", 2),
+    ("ltx_video", "LTXVideoTransformer3DModel", 2)])
+def test_inspect_configs_of_more_model_classes(tmp_path, capsys, name, cls, sites):
+    """--config + --class builds inputs for SD3, CogVideoX and LTX-Video too; every site is found and emulated."""
+    model, _ = tiny_models.MODELS[name]()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(model.config)))
+    assert main(["inspect", "--config", str(config), "--class", cls, "--emulate", "--frames", "2", "--height", "8",
+                 "--width", "8", "--text-len", "5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["rewritten"] for s in report["sites"]] == [True] * sites, report
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Emulation that predicts deployment
 # ------------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Masked keys contribute nothing, any pattern (not only a padded tail); a row whose keys are all masked gives what
 SDPA gives (0); a padded call equals the same call on the unpadded keys up to quantization (the K scales, K's
-smoothing mean and V's per-channel scales then see different keys). Masks that vary per query or head stay dense.
+smoothing mean and V's per-channel scales then see different keys). Masks that vary per query or head stay dense;
+a per-key mask repeated over the heads (diffusers' ``prepare_attention_mask``) is read per key.
 """
 
 import pytest
@@ -125,6 +126,55 @@ def test_a_mask_that_varies_per_query_stays_dense_and_untouched():
     assert site.reason == ("dense: attn_mask is a boolean mask of shape (2, 1, 40, 56) that varies per query or "
                            "head; per-key masks are served")
     torch.testing.assert_close(out, sdpa(q, k, v, mask), rtol=0, atol=0)
+
+
+def _prepared(q, k, v, bias):
+    """diffusers' prepare_attention_mask: a (B, 1, Skv) bias repeated over the heads, then viewed per head."""
+    b, h = q.shape[:2]
+    mask = bias.repeat_interleave(h, dim=0).view(b, h, -1, bias.shape[-1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_mask_repeated_over_the_heads_is_read_per_key():
+    """prepare_attention_mask's (B, H, 1, Skv) mask: read as its (B, 1, Skv) source (a note says so), quantized,
+    and equal to the call with the per-key mask itself."""
+    q, k, v = qkv(b=2, h=3)
+    bias = torch.zeros(2, 1, 56)
+    bias[0, :, 40:] = -10000.0  # LTX-Video's padding bias: (1 - mask) * -10000
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = compiled(backend, _prepared)(q, k, v, bias)
+    (site,) = backend.report.sites
+    assert site.rewritten and site.notes == (
+        "attn_mask (2, 3, 1, 56) repeats a (2, 1, 56) mask over the heads (repeat_interleave + view): read per key "
+        "as (2, 1, 1, 56)",)
+    per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=bias.unsqueeze(1))
+    torch.testing.assert_close(out, per_key, rtol=0, atol=0)
+    close(out, _prepared(q, k, v, bias))
+
+
+@pytest.mark.parametrize("make", [
+    lambda bias, b, h: bias.repeat_interleave(h, dim=1).view(b, h, 1, -1),  # repeated along another dim
+    lambda bias, b, h: bias.repeat(h, 1, 1).view(b, h, 1, -1),  # tiled, not interleaved
+], ids=["dim-1", "tiled"])
+def test_other_repeats_of_a_mask_stay_dense(make):
+    q, k, v = qkv(b=2, h=3)
+    bias = torch.randn(2, 1, 56)
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=make(bias, 2, 3))  # noqa: E731
+    out = compiled(backend, fn)(q, k, v, bias)
+    (site,) = backend.report.sites
+    assert not site.rewritten and "varies per query or head" in site.reason and not site.notes
+    torch.testing.assert_close(out, fn(q, k, v, bias), rtol=0, atol=0)
+
+
+def test_a_per_query_mask_repeated_over_the_heads_stays_dense():
+    q, k, v = qkv(b=2, h=3)
+    bias = torch.randn(2, 40, 56)  # varies per query: read per head it still does
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    compiled(backend, _prepared)(q, k, v, bias)
+    (site,) = backend.report.sites
+    assert site.reason == ("dense: attn_mask is a float bias of shape (2, 3, 40, 56) that varies per query or head; "
+                           "per-key biases are served")
 
 
 def test_masked_lengths_are_symbolic_too():

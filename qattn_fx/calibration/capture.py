@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..fx import match
+from ..fx import masks, match
 from ..fx.rewrite import _layer_counts, describe_site, is_training_graph
 from ..policy import Site
 
@@ -93,24 +93,29 @@ class ProbedModel:
         touched: dict[int, fx.GraphModule] = {}
         for call in calls:
             call.args = match.normalize_sdpa_args(call.node)
-            site = describe_site(call, layers=layers, uses=uses, grad_enabled=training)
+            source = masks.per_key_source(call.args["attn_mask"], match.example_value(call.q).dim())
+            site = describe_site(call, layers=layers, uses=uses, grad_enabled=training, mask_source=source)
             n = seen.get((site.module, site.layer), 0)
             seen[(site.module, site.layer)] = n + 1
             key = SiteKey(site.module, site.layer, n)
             self.sites.setdefault(key, site)
-            self._replace(call, key, site)
+            self._replace(call, key, site, source)
             touched[id(call.module)] = call.module
         for module in touched.values():
             module.graph.lint()
             module.recompile()
         return gm.forward
 
-    def _replace(self, call: match.SdpaCall, key: SiteKey, site: Site) -> None:
+    def _replace(self, call: match.SdpaCall, key: SiteKey, site: Site, mask_source: fx.Node | None) -> None:
+        """``call`` replaced by the site's probe; ``mask_source``: the probe gets the mask per key, as a quantized
+        site would (:mod:`qattn_fx.fx.masks`)."""
         probe = self._probe(key, site)
         a = call.args
         with call.graph.inserting_before(call.node):
+            mask = a["attn_mask"] if mask_source is None else call.graph.call_function(torch.unsqueeze,
+                                                                                        (mask_source, 1))
             node = call.graph.call_function(probe, (a["query"], a["key"], a["value"]), {
-                "attn_mask": a["attn_mask"], "dropout_p": a["dropout_p"], "is_causal": a["is_causal"],
+                "attn_mask": mask, "dropout_p": a["dropout_p"], "is_causal": a["is_causal"],
                 "scale": a["scale"], "enable_gqa": a["enable_gqa"]})
         node.meta.update(call.node.meta)
         call.node.replace_all_uses_with(node)

@@ -23,10 +23,11 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.symbolic_shapes import guard_float, guard_int
 
 from ..hardware import Hardware, detect
+from ..ops import canonical
 from ..ops.lowering import quantized_attention
 from ..policy import Decision, Site, resolve
 from ..spec import Spec
-from . import match
+from . import masks, match
 
 _META_KEYS = ("nn_module_stack", "stack_trace")
 
@@ -94,9 +95,19 @@ def _specialized_dropout(arg: object) -> tuple[bool, float | None]:
 
 
 def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[int, int],
-                  grad_enabled: bool) -> Site:
+                  grad_enabled: bool, mask_source: fx.Node | None = None) -> Site:
+    """The :class:`~qattn_fx.policy.Site` of ``call``; ``mask_source``: the per-key mask its ``attn_mask`` repeats
+    over the heads (:func:`qattn_fx.fx.masks.per_key_source`), described in its place."""
     q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
     mask = match.example_value(call.args["attn_mask"]) if call.args["attn_mask"] is not None else None
+    mask_shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else None
+    mask_kind = match.mask_kind(mask, q.dim())
+    mask_note = None
+    if mask_source is not None:
+        read = tuple(masks.per_key_shape(mask_source))
+        mask_note = (f"attn_mask {mask_shape} repeats a {tuple(match.example_value(mask_source).shape)} mask over the "
+                     f"heads (repeat_interleave + view): read per key as {read}")
+        mask_shape, mask_kind = read, canonical.mask_kind(read, mask.dtype == torch.bool, q.dim())
     path = match.module_path(call.node)
     container, index = match.split_layer(path)
     shared_graph = uses.get(id(call.module), 1) > 1
@@ -113,8 +124,8 @@ def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[in
         k_shape=tuple(k.shape),
         v_shape=tuple(v.shape),
         dtype=q.dtype,
-        mask=match.mask_kind(mask, q.dim()),
-        mask_shape=tuple(mask.shape) if isinstance(mask, torch.Tensor) else None,
+        mask=mask_kind,
+        mask_shape=mask_shape,
         causal=bool(call.args["is_causal"]),
         dropout=dropout if dropout is not None else (0.0 if not dropout_runtime else float("nan")),
         scale=scale,
@@ -126,6 +137,7 @@ def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[in
         lse=call.lse,
         other_outputs=tuple(i for i in call.outputs_used() if i > 1) if call.lse else (),
         context=match.context_parallel(call),
+        mask_note=mask_note,
     )
 
 
@@ -191,7 +203,9 @@ def _timestep_node(call: match.SdpaCall, decision: Decision, root: fx.GraphModul
 
 
 def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep=None,
-                 timestep_scale: float = 1000.0) -> tuple[str, ...]:
+                 timestep_scale: float = 1000.0, mask_source: fx.Node | None = None) -> tuple[str, ...]:
+    """Replace ``call`` by the quantized attention of ``decision``; ``mask_source``: read the mask per key from the
+    mask its ``attn_mask`` repeats over the heads (a ``<prefix>_mask_per_key`` node: ``unsqueeze(source, 1)``)."""
     q = match.example_value(call.q)
     # kernels are specialised per head_dim: a symbolic one (dynamic=True) is fixed here by a guard on the graph
     head_dim = guard_int(q.shape[-1])
@@ -199,8 +213,10 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     emit = FxEmitter(call.graph, prefix, _fake_mode_of(q), call.node.meta)
     with call.graph.inserting_before(call.node):
+        mask = call.args["attn_mask"] if mask_source is None else emit(torch.unsqueeze, (mask_source, 1),
+                                                                          "mask_per_key")
         out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
-                                  out_dtype=q.dtype, head_dim=head_dim, attn_mask=call.args["attn_mask"],
+                                  out_dtype=q.dtype, head_dim=head_dim, attn_mask=mask,
                                   enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit,
                                   skip_softmax=decision.skip_softmax, timestep=timestep,
                                   timestep_scale=timestep_scale, skip_label=prefix)
@@ -260,7 +276,8 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
     for i, call in enumerate(calls, start=first_index):
         # an earlier site's output may feed this one (chained attention): read the arguments after its rewrite
         call.args = match.normalize_sdpa_args(call.node)
-        site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled)
+        source = masks.per_key_source(call.args["attn_mask"], match.example_value(call.q).dim())
+        site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled, mask_source=source)
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
         decision = resolve(site, hw, spec, emulate=emulate, target=target)
         inserted: tuple[str, ...] = ()
@@ -268,7 +285,7 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
         if decision.quantized:
             prefix = node_prefix(site.module, taken)
             inserted = rewrite_site(call, decision, prefix, _timestep_node(call, decision, root, timestep),
-                                    timestep.scale)
+                                    timestep.scale, source)
             touched[id(call.module)] = call.module
         outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted, prefix))
     for gm in touched.values():
