@@ -21,6 +21,9 @@ Models (random weights at the published configs, bf16, built on the GPU):
   ``(1, N, 128)`` with N = (1 + (frames-1)/8) · 16 · 22 at the default 704 x 512 (3,872 tokens at 81 frames;
   ``--resolution 704``: 1216 x 704, 9,196 tokens) and 128 text tokens of which ``--text-tokens`` are valid (its
   cross-attention masks the padding with a finite bias).
+* ``cogvideox``: ``CogVideoXTransformer3DModel`` (CogVideoX-5B's config: 48 heads, **d64**, 42 blocks), latents
+  ``(1, 1 + (frames-1)/4, 16, 60, 90)`` at 720 x 480 (17,550 tokens at ``--frames 49``, its length) and 226 text
+  tokens: joint attention with 3-D rotary embeddings on the video tokens.
 * ``flux``: ``FluxTransformer2DModel`` (Flux.1-dev's config: 24 heads, d128, 19 double- and 38 single-stream
   blocks, guidance embedding), ``--resolution`` pixels square (default 1024: 4,096 packed latent tokens of 64
   channels) and 512 text tokens: joint attention over 4,608 tokens.
@@ -293,7 +296,49 @@ def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, r
     return Case(model, inputs, timestep, header)
 
 
-MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "ltx_video": build_ltx_video, "flux": build_flux}
+#: CogVideoX-5B's frame size, (height, width) pixels by ``--resolution``: 720 x 480.
+COGVIDEOX_SIZES = {480: (480, 720)}
+
+
+def build_cogvideox(*, blocks: int | None = None, frames: int = 49, resolution: int | None = None,
+                    device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """CogVideoX-5B at 720 x 480 (:data:`COGVIDEOX_SIZES`) with its 226 text tokens, inputs as
+    ``CogVideoXPipeline`` makes them (latents frames-first, 8x spatial and 4x temporal compression, 3-D rotary
+    embeddings on the latent grid); its head_dim is 64. ``dims`` as for Wan."""
+    from diffusers import CogVideoXTransformer3DModel
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    height, width = frame_size("CogVideoX", COGVIDEOX_SIZES, resolution)
+    if (frames - 1) % 4:
+        raise ValueError(f"frames={frames} is invalid for CogVideoX; valid: 4·k + 1 (its VAE's temporal factor)")
+    cfg = dict(num_attention_heads=48, attention_head_dim=64, num_layers=blocks or 42)
+    cfg.update(dims or {})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = CogVideoXTransformer3DModel(
+            in_channels=16, out_channels=16, time_embed_dim=512, text_embed_dim=4096, sample_width=width // 8,
+            sample_height=height // 8, sample_frames=49, patch_size=2, max_text_seq_length=226,
+            use_rotary_positional_embeddings=True, **cfg,
+        ).to(torch.bfloat16).eval()
+    latent_frames, grid = 1 + (frames - 1) // 4, (height // 16, width // 16)
+    text, tokens = 226, latent_frames * grid[0] * grid[1]
+    timestep = timestep_x1000(device)
+    inputs = dict(
+        hidden_states=torch.randn(1, latent_frames, 16, height // 8, width // 8, device=device, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, text, 4096, device=device, dtype=torch.bfloat16),
+        timestep=timestep(0.5),
+        image_rotary_emb=get_3d_rotary_pos_embed(cfg["attention_head_dim"], ((0, 0), grid), grid, latent_frames,
+                                                 device=device),
+        return_dict=False,
+    )
+    header = (f"CogVideoX-5B config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {frames} frames {width}x{height} = {tokens} video tokens + {text} "
+              "text")
+    return Case(model, inputs, timestep, header)
+
+
+MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "ltx_video": build_ltx_video, "flux": build_flux,
+          "cogvideox": build_cogvideox}
 
 
 def no_attention_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -454,7 +499,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
     parser.add_argument("--resolution", type=int, help="Flux: image side in pixels, a multiple of 16 (default 1024); "
                         "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo: 480 (848 x 480, the "
-                        "default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704)")
+                        "default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704); "
+                        "CogVideoX: 480 (720 x 480)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "
                                                                          "CUDA graphs)")

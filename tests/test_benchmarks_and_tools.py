@@ -149,6 +149,7 @@ TINY_DIT = {
                                                          cross_attention_dim=32, num_layers=1)),
     "flux": dict(resolution=128, blocks=1, single_blocks=1,
                  dims=dict(num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(4, 6, 6))),
+    "cogvideox": dict(frames=5, dims=dict(num_attention_heads=2, attention_head_dim=16, num_layers=1)),
 }
 
 
@@ -187,6 +188,12 @@ def test_dit_step_arguments():
         ltx = dit_step.build_ltx_video(resolution=resolution, device="cpu", **TINY_DIT["ltx_video"])
         assert (ltx.inputs["num_frames"], ltx.inputs["height"], ltx.inputs["width"]) == grid
         assert ltx.inputs["hidden_states"].shape == (1, tokens, 128) and f"= {tokens} tokens" in ltx.header
+    with pytest.raises(ValueError, match=r"frames=6 is invalid for CogVideoX; valid: 4·k \+ 1"):
+        dit_step.build_cogvideox(device="cpu", **{**TINY_DIT["cogvideox"], "frames": 6})
+    cog = dit_step.build_cogvideox(device="cpu", **TINY_DIT["cogvideox"])  # 5 frames: 2 latent, 30 x 45 patches
+    cos, sin = cog.inputs["image_rotary_emb"]
+    assert cog.inputs["hidden_states"].shape == (1, 2, 16, 60, 90) and cos.shape == sin.shape == (2700, 16)
+    assert "5 frames 720x480 = 2700 video tokens + 226 text" in cog.header
 
 
 def test_dit_step_timer_keeps_the_gpu_and_the_host_time_of_each_step(monkeypatch):
