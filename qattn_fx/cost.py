@@ -12,7 +12,8 @@ and ``triton_sage`` with the recipe int8 Q/K 1/16, fp8 V per-channel, smooth K, 
 ``flashinfer_fa3_fp8`` per-head FP8; shapes (B·H, Sq, Skv, D) flux-1024 (24, 4608, 4608, 128), wan1.3b-480p (12,
 32760, 32760, 128), wan14b-720p (40, 75600, 75600, 128), d64 (32, 16384, 16384, 64), for cuDNN FP8 and FA3 FP8
 cross-512 (40, 32760, 512, 128), and for gluon_sage cross-512 and head_dim 64 at LTX-Video's and SD3's lengths
-(ltx-512 (32, 3872, 3872, 64), sd3-1024 (24, 4429, 4429, 64), ltx-704 (32, 9196, 9196, 64)). The time of a quantized
+(ltx-512 (32, 3872, 3872, 64), sd3-1024 (24, 4429, 4429, 64), ltx-704 (32, 9196, 9196, 64)) and CogVideoX-5B's
+joint attention (cogvideox (48, 17776, 17776, 64)). The time of a quantized
 call is Inductor-compiled quantize + kernel, as a model pays it, timed as CUDA-graph replays (gluon_sage; cuDNN FP8
 but at cross-512) or with CUDA events (triton_sage, FA3 FP8, cuDNN FP8 at cross-512), which add the host's per-call
 work and so understate short calls. Other recipes of a kernel, masked calls (key bias) and other GPUs of the

@@ -16,6 +16,7 @@ COMMAND = (
     " benchmarks/results/2026-12-01_h200_attention_ops_q_in_kernel.json:gluon_sage/int8-1-16-1"
     " benchmarks/results/2026-12-01_h200_attention_ops_d64_quad.json:gluon_sage/int8-1-16-1,cudnn_fp8"
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_short.json:gluon_sage/int8-1-16-1"
+    " benchmarks/results/2026-12-02_h200_attention_ops_d64_cogvideox.json:gluon_sage/int8-1-16-1"
     " > qattn_fx/cost_data.py"
 )
 
@@ -62,6 +63,13 @@ SOURCES = {
         "date": "2026-12-02",
         "timer": "graph",
     },
+    "2026-12-02_h200_attention_ops_d64_cogvideox": {
+        "file": "benchmarks/results/2026-12-02_h200_attention_ops_d64_cogvideox.json",
+        "device": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-12-02",
+        "timer": "graph",
+    },
 }
 
 #: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)
@@ -80,6 +88,7 @@ POINTS = (
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "sd3-1024", 24, 4429, 4429, 64, 0.879),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-704", 32, 9196, 9196, 64, 1.0677),
     ("gluon_sage", "2026-12-01_h200_attention_ops_d64_quad", "d64", 32, 16384, 16384, 64, 1.102),
+    ("gluon_sage", "2026-12-02_h200_attention_ops_d64_cogvideox", "cogvideox", 48, 17776, 17776, 64, 1.2942),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "cross-512", 40, 32760, 512, 128, 0.6565),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "flux-1024", 24, 4608, 4608, 128, 0.9109),
     ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4932),
