@@ -167,6 +167,15 @@ def test_other_repeats_of_a_mask_stay_dense(make):
     torch.testing.assert_close(out, fn(q, k, v, bias), rtol=0, atol=0)
 
 
+def test_a_mask_repeated_over_one_head_is_left_as_it_is():
+    q, k, v = qkv(b=2, h=1)
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    compiled(backend, _prepared)(q, k, v, torch.zeros(2, 1, 56))
+    (site,) = backend.report.sites
+    assert site.rewritten and not site.notes  # (2, 1, 1, 56) is per key already
+    assert not any("mask_per_key" in n.name for n in backend.graph_modules[0].graph.nodes)
+
+
 def test_a_per_query_mask_repeated_over_the_heads_stays_dense():
     q, k, v = qkv(b=2, h=3)
     bias = torch.randn(2, 40, 56)  # varies per query: read per head it still does

@@ -84,12 +84,18 @@ def per_key_shape(source: fx.Node) -> tuple:
     return (x.shape[0], 1, *x.shape[1:])
 
 
+def _per_key(shape: tuple, is_bool: bool, ndim: int) -> bool:
+    return canonical.mask_kind(tuple(shape), is_bool, ndim) in ("key_padding", "key_bias")
+
+
 def per_key_source(mask: object, ndim: int) -> fx.Node | None:
-    """:func:`head_repeated_source` of ``mask`` where reading it per head makes it a per-key mask of ``ndim``-D
-    operands (:func:`qattn_fx.ops.canonical.mask_kind`: ``key_padding`` / ``key_bias``), else ``None``: a source
-    that still varies per query gains nothing."""
-    source = head_repeated_source(mask)
-    if source is None:
+    """:func:`head_repeated_source` of ``mask`` where ``mask`` is not a per-key mask of ``ndim``-D operands by its
+    shape (:func:`qattn_fx.ops.canonical.mask_kind`) but its source, read per head, is; else ``None`` (a mask
+    already per key needs nothing; a source that still varies per query gains nothing)."""
+    value = example_value(mask)
+    if not isinstance(value, torch.Tensor) or _per_key(value.shape, value.dtype == torch.bool, ndim):
         return None
-    kind = canonical.mask_kind(tuple(per_key_shape(source)), example_value(source).dtype == torch.bool, ndim)
-    return source if kind in ("key_padding", "key_bias") else None
+    source = head_repeated_source(mask)
+    if source is None or not _per_key(per_key_shape(source), value.dtype == torch.bool, ndim):
+        return None
+    return source
