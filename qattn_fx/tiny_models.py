@@ -91,14 +91,14 @@ def cogvideox():
     return model, example_inputs(model)
 
 
-def ltx_video():
+def ltx_video(head_dim: int = 16):
     """LTX-Video's layout: self-attention, and cross-attention to the text under its padding mask."""
     from diffusers import LTXVideoTransformer3DModel
 
     torch.manual_seed(0)
     model = LTXVideoTransformer3DModel(
-        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=16,
-        cross_attention_dim=32, num_layers=1, caption_channels=16,
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=head_dim,
+        cross_attention_dim=2 * head_dim, num_layers=1, caption_channels=16,
     ).eval()
     return model, example_inputs(model, height=8, width=8)
 

@@ -49,3 +49,29 @@ def test_compiled_wan_on_gpu(kernel):
     assert [s.kernel for s in backend.report.sites] == [kernel] * 4, str(backend.report)
     cos = torch.nn.functional.cosine_similarity(out.flatten(), dense.flatten(), dim=0).item()
     assert cos >= 0.99, f"{kernel}: cosine {cos:.5f} vs dense"
+
+
+def test_compiled_ltx_video_text_mask_on_gluon_sage():
+    """LTX-Video's cross-attention mask, repeated over the heads by diffusers, is read per key: with gluon_sage
+    forced both sites run it (the text padding as its key bias), in one graph, close to the dense model."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    pytest.importorskip("diffusers")
+    model, inputs = tiny_models.ltx_video(head_dim=64)
+    model = model.to("cuda", torch.bfloat16)
+    inputs = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.to("cuda")) if torch.is_tensor(v)
+              else v for k, v in inputs.items()}
+    inputs["encoder_attention_mask"][:, 8:] = 0  # 8 valid text tokens of 12
+    backend = qattn_fx.backend(KERNELS["gluon_sage"][0])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        dense = model(**inputs)[0].float()
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        out = compiled(**inputs)[0].float()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled(**inputs)
+    sites = backend.report.sites
+    assert [s.kernel for s in sites] == ["gluon_sage"] * 2, str(backend.report)
+    assert "read per key as (1, 1, 1, 12)" in sites[1].notes[0]
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), dense.flatten(), dim=0).item()
+    assert cos >= 0.99, f"cosine {cos:.5f} vs dense"
