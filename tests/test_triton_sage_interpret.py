@@ -323,6 +323,17 @@ def test_key_bias_broadcast_over_the_batch_and_lse():
     assert (lse.double() - expect).abs().max().item() < 1e-4
 
 
+def test_a_key_bias_without_its_range_is_refused():
+    """The launch takes a key bias's span from its caller (once per call); without it, it says so."""
+    from qattn_fx.kernels.triton_sage import launch
+
+    args = quantize(*make_qkv(), "int8", 1, 16)
+    bias = key_bias(1, args[2].shape[2], "scattered")
+    with pytest.raises(ValueError, match=r"^triton_sage: key_bias and key_range \(its bias_range\) go together; "
+                                         r"got key_bias given, key_range None$"):
+        launch._launch(*args, 0.125, torch.float32, False, (9, 0), True, bias)
+
+
 def test_calls_past_the_grid_limit_run_in_batch_chunks(monkeypatch):
     args = quantize(*make_qkv(b=5), "int8", 1, 16)
     bias = key_bias(5, args[2].shape[2], "scattered")

@@ -243,6 +243,14 @@ def bias_range(key_bias: torch.Tensor) -> torch.Tensor:
     return torch.stack([first, end], dim=-1).to(torch.int32)
 
 
+def check_key_range(kernel: str, key_bias: Optional[torch.Tensor], key_range: Optional[torch.Tensor]) -> None:
+    """``ValueError`` unless a launch's ``key_bias`` and its :func:`bias_range` ``key_range`` are given together."""
+    if (key_bias is None) != (key_range is None):
+        raise ValueError(f"{kernel}: key_bias and key_range (its bias_range) go together; got key_bias "
+                         f"{'None' if key_bias is None else 'given'}, key_range "
+                         f"{'None' if key_range is None else 'given'}")
+
+
 def pow2_divisor(n: int, cap: int) -> int:
     """Largest power of two <= ``cap`` dividing ``n`` (``cap`` for 0)."""
     p = 1

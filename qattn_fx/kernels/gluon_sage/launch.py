@@ -282,10 +282,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         if tail is not None:
             raise ValueError("gluon_sage: Skip-Softmax launches run without the tail split (its pieces would test "
                              "tiles against their own running max, not the row's); got a tail plan")
-    if (key_bias is None) != (key_range is None):
-        raise ValueError("gluon_sage: key_bias and key_range (its bias_range) go together; got "
-                         f"key_bias {'None' if key_bias is None else 'given'}, key_range "
-                         f"{'None' if key_range is None else 'given'}")
+    common.check_key_range(KERNEL, key_bias, key_range)
     key = _geometry_key(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config, tail,
                         key_bias, skip)
     geo = GEOMETRIES.get_or_build(key, lambda: launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block,

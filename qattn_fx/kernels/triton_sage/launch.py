@@ -117,7 +117,8 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
             key_bias=None, out=None, lse=None, key_range=None):
     """Output tensors, positional kernel args and constexpr meta for one call (shared by the launch and AOT);
     ``out``/``lse`` given: write into them (a batch chunk of a larger call); ``key_range``: ``key_bias``'s
-    :func:`~.._sage_common.bias_range` if the caller has it (a batch chunk's rows), else computed here."""
+    :func:`~.._sage_common.bias_range` (required with it: the caller takes it once per call)."""
+    common.check_key_range(KERNEL, key_bias, key_range)
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
     if out is None:
@@ -128,10 +129,7 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
     qs = q_scale if q_scale is not None else v_scale  # dummies for bf16/fp16 Q/K and no bias (never read)
     ks = k_scale if k_scale is not None else v_scale
     kb = key_bias if key_bias is not None else v_scale
-    if key_bias is None:
-        kbr = v_scale
-    else:
-        kbr = common.bias_range(key_bias) if key_range is None else key_range
+    kbr = key_range if key_bias is not None else v_scale
     args = [
         q, k, v, qs, ks, v_scale, kb, kbr, out, lse,
         float(sm_scale) * common.LOG2E,
@@ -240,7 +238,8 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     kernel = kernel_module(False)._sage_fwd
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
-                               return_lse, tuple(capability), False, key_bias)
+                               return_lse, tuple(capability), False, key_bias,
+                               key_range=None if key_bias is None else common.bias_range(key_bias))
     meta.update(INTERP_LOOP_END=0, **config.meta())
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
