@@ -13,6 +13,7 @@ INFO lines, ``TORCH_LOGS=+qattn_fx`` the DEBUG ones too (the logger is registere
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import hashlib
 import logging
@@ -277,25 +278,58 @@ def install_pre_grad_pass(spec=None, **kwargs):
 # ------------------------------------------------------------------------------------------------------------------
 
 
+#: The :class:`Backend` of the :func:`explain` call in progress (``None`` outside one), and the ids of the graphs it
+#: has decided on.
+_EXPLAINING: contextvars.ContextVar[tuple[Backend, set[int]] | None] = contextvars.ContextVar("qattn_fx_explain",
+                                                                                             default=None)
+
+
+def _explain_backend(gm: fx.GraphModule, example_inputs, **_) -> Callable:
+    """:func:`explain`'s one backend (the same function at every call, so Dynamo reuses the entry it compiled for a
+    model, its inputs' shapes and grad mode instead of adding one per call): runs ``gm`` as traced and, inside an
+    ``explain`` call, has a copy of it rewritten by that call's :class:`Backend` the first time it runs."""
+
+    def run(*args):
+        current = _EXPLAINING.get()
+        if current is not None and id(gm) not in current[1]:
+            current[1].add(id(gm))
+            current[0].rewrite(copy.deepcopy(gm), args)
+        return gm.forward(*args)
+
+    return run
+
+
 def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None, emulate: bool = False,
             hardware: Hardware | None = None, target: Target = None, **kwargs) -> Report:
     """The site report for ``model(*args, **kwargs)`` under ``spec``, without compiling anything.
 
-    Dynamo traces the call once; each traced graph is rewritten (to decide every site) but the call itself runs
-    the original, unrewritten graph eagerly, so nothing is quantized, Inductor never runs, and the outputs are
-    the dense ones. Grad mode matters as in the real call (diffusers pipelines run under ``torch.no_grad()``).
-    Shapes affect decisions through rules on lengths and, on hardware with cost data (sm_90), through ``auto``'s
-    cost rule, which keeps short calls dense: small inputs make the report cheap for a big model but show what
-    those lengths would run; use the real lengths to see the real call. Shapes are traced static
-    (``dynamic=False``), so the report shows this call's lengths.
+    Dynamo traces the call; each traced graph is rewritten (to decide every site) but the call itself runs the
+    original, unrewritten graph eagerly, so nothing is quantized, Inductor never runs, and the outputs are the dense
+    ones. Grad mode matters as in the real call (diffusers pipelines run under ``torch.no_grad()``). Shapes affect
+    decisions through rules on lengths and, on hardware with cost data (sm_90), through ``auto``'s cost rule, which
+    keeps short calls dense: small inputs make the report cheap for a big model but show what those lengths would
+    run; use the real lengths to see the real call. Shapes are traced static (``dynamic=False``), so the report
+    shows this call's lengths.
+
+    Every ``explain`` call uses one backend, so Dynamo traces a model once per input shapes and grad mode and later
+    calls reuse that trace (deciding again under their own spec): repeated calls do not add to the model's
+    recompilations, whose limit (``torch._dynamo.config.recompile_limit``) would otherwise leave later compiles of
+    it, ``qattn_fx.backend()``'s too, running eagerly. ``RuntimeError`` when Dynamo ran no traced graph for the
+    call (a limit already reached, a model under ``torch.compiler.disable``): the report would be empty.
     """
     # (the model's own ``timestep`` keyword goes to the model: step schedules read the default TimestepSource)
     owner = Backend(spec, emulate=emulate, compiler="eager", hardware=hardware, target=target)
-
-    def decide_only(gm: fx.GraphModule, example_inputs, **_):
-        owner.rewrite(copy.deepcopy(gm), example_inputs)
-        return gm.forward
-
-    # static shapes: the report shows this call's lengths even when the same code was traced before at others
-    torch.compile(model, backend=decide_only, dynamic=False)(*args, **kwargs)
+    token = _EXPLAINING.set((owner, set()))
+    try:
+        # static shapes: the report shows this call's lengths even when the same code was traced before at others
+        torch.compile(model, backend=_explain_backend, dynamic=False)(*args, **kwargs)
+    finally:
+        _EXPLAINING.reset(token)
+    if not owner.graph_modules:
+        raise RuntimeError(
+            "qattn_fx.explain: Dynamo ran no traced graph for this call, so there is nothing to report. Usually a "
+            "recompile limit of this process was reached for the model's code (torch._dynamo.config.recompile_limit"
+            f" = {torch._dynamo.config.recompile_limit}, accumulated_recompile_limit = "
+            f"{torch._dynamo.config.accumulated_recompile_limit}; Dynamo logs it): torch._dynamo.reset() clears "
+            "them, or raise the limits. A model run under torch.compiler.disable is not traced either.")
     return owner.report

@@ -162,6 +162,31 @@ def test_inspect_a_diffusers_config_emulated(tmp_path, capsys):
         "(as bf16) on sm_90: dense (gluon_sage predicted at most 0.88x"] * 2
 
 
+def test_repeated_explains_reuse_one_trace_and_leave_compile_its_recompilations():
+    """Trying specs with explain in a loop: each call decides under its own spec, Dynamo traces the model once, and
+    a compile afterwards still quantizes (explain's traces used to fill the model's recompile limit of 8)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model, inputs = tiny_models.wan()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for i in range(10):
+            spec = {"default": "dense"} if i % 2 else None
+            report = qattn_fx.explain(model, **inputs, spec=spec, emulate=True)
+            assert report.quantized == (0 if i % 2 else 4), report
+        entries = len(_debug_get_cache_entry_list(type(model).forward.__code__))
+        backend = qattn_fx.backend(emulate=True, compiler="eager")
+        torch.compile(model, backend=backend)(**inputs)
+    assert entries == 1 and backend.report.quantized == 4, (entries, backend.report)
+
+
+def test_explain_says_when_dynamo_traced_nothing():
+    model, inputs = tiny_models.wan()
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        with pytest.raises(RuntimeError, match=r"^qattn_fx.explain: Dynamo ran no traced graph for this call"):
+            qattn_fx.explain(model, **inputs, emulate=True)
+
+
 @pytest.mark.parametrize("name, cls, sites", [
     ("sd3", "SD3Transformer2DModel", 3), ("cogvideox", "CogVideoXTransformer3DModel", 2),
     ("ltx_video", "LTXVideoTransformer3DModel", 2)])
