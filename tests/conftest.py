@@ -1,5 +1,5 @@
 """Test configuration: GPU tests skip cleanly without CUDA; compiles use a per-session Inductor cache; kernel
-autotuning keeps its choices in memory."""
+autotuning keeps its choices in memory; each test file starts from a fresh Dynamo state."""
 
 import contextlib
 import os
@@ -30,3 +30,12 @@ def qattn_config():
 
     with contextlib.ExitStack() as stack:
         yield lambda **settings: stack.enter_context(qattn_fx.config.patch(**settings))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_dynamo():
+    """Each test file starts with Dynamo reset: the entries earlier files compiled stay out of its recompile limits
+    (diffusers' models share one decorated ``forward`` wrapper, so every compile of any of them adds an entry to the
+    same code object, counted by ``torch._dynamo.config.accumulated_recompile_limit``)."""
+    torch._dynamo.reset()
+    yield
