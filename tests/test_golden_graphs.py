@@ -68,6 +68,24 @@ def hopper_graph(spec: Spec) -> str:
     return format_graph(backend.graph_modules[0])
 
 
+class MaskedCrossAttention(torch.nn.Module):
+    """Cross-attention to text under a padding bias that diffusers' ``prepare_attention_mask`` repeats over the heads
+    (LTX-Video's): ``repeat_interleave(heads, dim=0)`` then ``view(B, heads, -1, Skv)``."""
+
+    def __init__(self, dim: int = 256, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.kv = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, 2 * dim)
+
+    def forward(self, x, text, text_mask):
+        b, s, d = x.shape
+        bias = ((1 - text_mask.to(x.dtype)) * -10000.0).unsqueeze(1)  # (B, 1, T)
+        bias = bias.repeat_interleave(self.heads, dim=0).view(b, self.heads, -1, bias.shape[-1])
+        q = self.q(x).view(b, s, self.heads, -1).transpose(1, 2)
+        k, v = self.kv(text).view(b, text.shape[1], 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
 def spec_for(recipe: Recipe, backend: str) -> Spec:
     return Spec(default=AttentionSpec(backend=backend, recipe=recipe))
 
@@ -99,6 +117,52 @@ v6 = .transpose(sdpa_attention, 1, 2)  # bf16[1,8,2,128]
 v7 = .reshape(v6, 1, 8, 256)  # bf16[1,8,256]
 v8 = linear(v7, in3, in4)  # bf16[1,8,256]
 return (v8,)""")
+
+    def test_a_mask_repeated_over_the_heads_reaches_gluon_sage_as_a_key_bias(self):
+        """The repeated mask's source, unsqueezed on the head axis, becomes the key bias; the repeat is left to
+        Inductor to drop."""
+        torch.manual_seed(0)
+        block = MaskedCrossAttention().eval().to(torch.bfloat16)
+        backend = qattn_fx.backend(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRITON"), compiler="eager",
+                                   hardware=qattn_fx.Hardware.for_arch("sm_90", {"triton": "3.6.0"}))
+        torch._dynamo.reset()
+        args = (torch.randn(1, 8, 256, dtype=torch.bfloat16), torch.randn(1, 32, 256, dtype=torch.bfloat16),
+                torch.ones(1, 32))
+        with torch.no_grad(), pytest.raises(RuntimeError, match="gluon_sage: needs an sm_90"):
+            torch.compile(block, backend=backend, fullgraph=True, dynamic=False)(*args)
+        self.assertExpectedInline(format_graph(backend.graph_modules[0]), """\
+in0: bf16[1,8,256]
+in1: f32[1,32]
+in2: bf16[256,256]
+in3: bf16[256]
+in4: bf16[512,256]
+in5: bf16[512]
+in6: bf16[1,32,256]
+v0 = .to(in1, torch.bfloat16)  # bf16[1,32]
+v1 = sub(1, v0)  # bf16[1,32]
+v2 = mul(v1, -10000)  # bf16[1,32]
+v3 = .unsqueeze(v2, 1)  # bf16[1,1,32]
+v4 = .repeat_interleave(v3, 2, dim=0)  # bf16[2,1,32]
+v5 = .view(v4, 1, 2, -1, 32)  # bf16[1,2,1,32]
+v6 = linear(in0, in2, in3)  # bf16[1,8,256]
+v7 = .view(v6, 1, 8, 2, -1)  # bf16[1,8,2,128]
+v8 = .transpose(v7, 1, 2)  # bf16[1,2,8,128]
+v9 = linear(in6, in4, in5)  # bf16[1,32,512]
+v10 = .view(v9, 1, 32, 2, 2, -1)  # bf16[1,32,2,2,128]
+v11 = .permute(v10, 2, 0, 3, 1, 4)  # bf16[2,1,2,32,128]
+v12 = getitem(v11, 0)  # bf16[1,2,32,128]
+v13 = getitem(v11, 1)  # bf16[1,2,32,128]
+sdpa_mask_per_key = unsqueeze(v3, 1)  # bf16[1,1,1,32]
+sdpa_key_bias = qattn.key_bias(sdpa_mask_per_key, v12)  # f32[1,32]
+sdpa_k_smooth = qattn.smooth_k(v12)  # f32[1,2,32,128]
+sdpa_k_quant = qattn.quantize_per_block(sdpa_k_smooth, 16, torch.int8)  # (i8[1,2,32,128], f32[1,2,4])
+sdpa_k_data = getitem(sdpa_k_quant, 0)  # i8[1,2,32,128]
+sdpa_k_scale = getitem(sdpa_k_quant, 1)  # f32[1,2,4]
+sdpa_v_quant = qattn.quantize_per_channel(v13, torch.float8_e4m3fn, True)  # (f8e4m3[1,2,32,128], f32[1,2,128])
+sdpa_v_data = getitem(sdpa_v_quant, 0)  # f8e4m3[1,2,32,128]
+sdpa_v_scale = getitem(sdpa_v_quant, 1)  # f32[1,2,128]
+sdpa_attention = qattn.scaled_attention(v8, None, sdpa_k_data, sdpa_k_scale, sdpa_v_data, sdpa_v_scale, 1, 16, 0.0883883, torch.bfloat16, 'gluon_sage', sdpa_key_bias, None)  # bf16[1,2,8,128]
+return (sdpa_attention,)""")
 
     def test_sage_int8_per_block(self):
         self.assertExpectedInline(rewritten_graph(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRTLLM")), """\
