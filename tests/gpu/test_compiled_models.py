@@ -25,6 +25,22 @@ KERNELS = {
 }
 
 
+def compile_on_gpu(model, inputs: dict, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model`` and its floating inputs in bf16 on the GPU, compiled whole with ``backend`` (one graph) and called
+    twice, the second time failing on a recompile: ``(dense output, compiled output)`` in fp32."""
+    model = model.to("cuda", torch.bfloat16)
+    inputs = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.to("cuda")) if torch.is_tensor(v)
+              else v for k, v in inputs.items()}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        dense = model(**inputs)[0].float()
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        out = compiled(**inputs)[0].float()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled(**inputs)
+    return dense, out
+
+
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_compiled_wan_on_gpu(kernel):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -33,18 +49,8 @@ def test_compiled_wan_on_gpu(kernel):
     if library:
         pytest.importorskip(library)
     pytest.importorskip("diffusers")
-    model, inputs = tiny_models.wan(head_dim=128)
-    model = model.to("cuda", torch.bfloat16)
-    inputs = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.to("cuda")) if torch.is_tensor(v)
-              else v for k, v in inputs.items()}
     backend = qattn_fx.backend(spec)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        dense = model(**inputs)[0].float()
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
-        out = compiled(**inputs)[0].float()
-        with torch.compiler.set_stance("fail_on_recompile"):
-            compiled(**inputs)
+    dense, out = compile_on_gpu(*tiny_models.wan(head_dim=128), backend)
     assert len(backend.graph_modules) == 1
     assert [s.kernel for s in backend.report.sites] == [kernel] * 4, str(backend.report)
     cos = torch.nn.functional.cosine_similarity(out.flatten(), dense.flatten(), dim=0).item()
@@ -58,18 +64,9 @@ def test_compiled_ltx_video_text_mask_on_gluon_sage():
         pytest.skip("needs an sm_90 GPU")
     pytest.importorskip("diffusers")
     model, inputs = tiny_models.ltx_video(head_dim=64)
-    model = model.to("cuda", torch.bfloat16)
-    inputs = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.to("cuda")) if torch.is_tensor(v)
-              else v for k, v in inputs.items()}
     inputs["encoder_attention_mask"][:, 8:] = 0  # 8 valid text tokens of 12
     backend = qattn_fx.backend(KERNELS["gluon_sage"][0])
-    torch._dynamo.reset()
-    with torch.no_grad():
-        dense = model(**inputs)[0].float()
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
-        out = compiled(**inputs)[0].float()
-        with torch.compiler.set_stance("fail_on_recompile"):
-            compiled(**inputs)
+    dense, out = compile_on_gpu(model, inputs, backend)
     sites = backend.report.sites
     assert [s.kernel for s in sites] == ["gluon_sage"] * 2, str(backend.report)
     assert "read per key as (1, 1, 1, 12)" in sites[1].notes[0]
