@@ -93,7 +93,7 @@ class ProbedModel:
         touched: dict[int, fx.GraphModule] = {}
         for call in calls:
             call.args = match.normalize_sdpa_args(call.node)
-            source = masks.per_key_source(call.args["attn_mask"], match.example_value(call.q).dim())
+            source = masks.per_key_source(call)
             site = describe_site(call, layers=layers, uses=uses, grad_enabled=training, mask_source=source)
             n = seen.get((site.module, site.layer), 0)
             seen[(site.module, site.layer)] = n + 1

@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..ops import canonical
-from .match import example_value
+from .match import SdpaCall, example_value
 
 _REPEAT_METHODS = ("repeat_interleave",)
 _REPEAT_FUNCTIONS = (torch.repeat_interleave, torch.ops.aten.repeat_interleave.self_int)
@@ -88,14 +88,16 @@ def _per_key(shape: tuple, is_bool: bool, ndim: int) -> bool:
     return canonical.mask_kind(tuple(shape), is_bool, ndim) in ("key_padding", "key_bias")
 
 
-def per_key_source(mask: object, ndim: int) -> fx.Node | None:
-    """:func:`head_repeated_source` of ``mask`` where ``mask`` is not a per-key mask of ``ndim``-D operands by its
-    shape (:func:`qattn_fx.ops.canonical.mask_kind`) but its source, read per head, is; else ``None`` (a mask
+def per_key_source(call: SdpaCall) -> fx.Node | None:
+    """:func:`head_repeated_source` of the site's ``attn_mask`` where that mask is not a per-key mask of its operands
+    by its shape (:func:`qattn_fx.ops.canonical.mask_kind`) but its source, read per head, is; else ``None`` (a mask
     already per key needs nothing; a source that still varies per query gains nothing)."""
+    mask, ndim = call.args["attn_mask"], example_value(call.q).dim()
     value = example_value(mask)
-    if not isinstance(value, torch.Tensor) or _per_key(value.shape, value.dtype == torch.bool, ndim):
+    if not isinstance(value, torch.Tensor):
+        return None
+    is_bool = value.dtype == torch.bool
+    if _per_key(value.shape, is_bool, ndim):
         return None
     source = head_repeated_source(mask)
-    if source is None or not _per_key(per_key_shape(source), value.dtype == torch.bool, ndim):
-        return None
-    return source
+    return source if source is not None and _per_key(per_key_shape(source), is_bool, ndim) else None

@@ -276,7 +276,7 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
     for i, call in enumerate(calls, start=first_index):
         # an earlier site's output may feed this one (chained attention): read the arguments after its rewrite
         call.args = match.normalize_sdpa_args(call.node)
-        source = masks.per_key_source(call.args["attn_mask"], match.example_value(call.q).dim())
+        source = masks.per_key_source(call)
         site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled, mask_source=source)
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
         decision = resolve(site, hw, spec, emulate=emulate, target=target)
