@@ -6,6 +6,8 @@ The graphs are printed with :func:`qattn_fx.fx.printer.format_graph`, which rena
 ``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_golden_graphs.py``.
 """
 
+from typing import Callable
+
 import expecttest
 import pytest
 import torch
@@ -53,17 +55,18 @@ def rewritten_graph(spec: Spec) -> str:
     return format_graph(backend.graph_modules[0])
 
 
-def hopper_graph(spec: Spec) -> str:
-    """The graph the backend hands on for an H200 (sm_90, triton 3.6), rewritten on this CPU machine: bf16 block with
-    head_dim 128, whose run then fails here (gluon_sage needs the GPU) after the graph is recorded."""
+def hopper_graph(spec: Spec, block: Callable[[], torch.nn.Module] = lambda: AttentionBlock(dim=256),
+                 inputs: Callable[[], tuple] = lambda: (torch.randn(1, 8, 256, dtype=torch.bfloat16),)) -> str:
+    """The graph the backend hands on for an H200 (sm_90, triton 3.6), rewritten on this CPU machine: a bf16
+    ``block()`` (default: head_dim 128) called on ``inputs()``, whose run then fails here (gluon_sage needs the GPU)
+    after the graph is recorded."""
     torch.manual_seed(0)
-    block = AttentionBlock(dim=256).eval().to(torch.bfloat16)
+    module = block().eval().to(torch.bfloat16)
     hardware = qattn_fx.Hardware.for_arch("sm_90", {"triton": "3.6.0"})
     backend = qattn_fx.backend(spec, hardware=hardware, compiler="eager")
     torch._dynamo.reset()  # (static shapes whatever ran before: no automatic-dynamic sizes from other tests)
     with torch.no_grad(), pytest.raises(RuntimeError, match="gluon_sage: needs an sm_90"):
-        torch.compile(block, backend=backend, fullgraph=True, dynamic=False)(
-            torch.randn(1, 8, 256, dtype=torch.bfloat16))
+        torch.compile(module, backend=backend, fullgraph=True, dynamic=False)(*inputs())
     assert len(backend.graph_modules) == 1
     return format_graph(backend.graph_modules[0])
 
@@ -121,16 +124,10 @@ return (v8,)""")
     def test_a_mask_repeated_over_the_heads_reaches_gluon_sage_as_a_key_bias(self):
         """The repeated mask's source, unsqueezed on the head axis, becomes the key bias; the repeat is left to
         Inductor to drop."""
-        torch.manual_seed(0)
-        block = MaskedCrossAttention().eval().to(torch.bfloat16)
-        backend = qattn_fx.backend(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRITON"), compiler="eager",
-                                   hardware=qattn_fx.Hardware.for_arch("sm_90", {"triton": "3.6.0"}))
-        torch._dynamo.reset()
-        args = (torch.randn(1, 8, 256, dtype=torch.bfloat16), torch.randn(1, 32, 256, dtype=torch.bfloat16),
-                torch.ones(1, 32))
-        with torch.no_grad(), pytest.raises(RuntimeError, match="gluon_sage: needs an sm_90"):
-            torch.compile(block, backend=backend, fullgraph=True, dynamic=False)(*args)
-        self.assertExpectedInline(format_graph(backend.graph_modules[0]), """\
+        inputs = lambda: (torch.randn(1, 8, 256, dtype=torch.bfloat16),  # noqa: E731
+                          torch.randn(1, 32, 256, dtype=torch.bfloat16), torch.ones(1, 32))
+        graph = hopper_graph(spec_for(Recipe("int8", "fp8", 1, 16, 1), "TRITON"), MaskedCrossAttention, inputs)
+        self.assertExpectedInline(graph, """\
 in0: bf16[1,8,256]
 in1: f32[1,32]
 in2: bf16[256,256]
