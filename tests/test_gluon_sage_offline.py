@@ -329,6 +329,18 @@ def test_trio_mmasum_trades_a_few_spills_for_fewer_instructions():
     assert sum(op.startswith(("STL", "LDL")) for op in summed) <= 4
 
 
+@pytest.mark.parametrize("config,d", [("128,3,trio,permk,tarrive,mmasum", 128), ("128,3,tarrive,mmasum", 128),
+                                      ("128,4,permk,tarrive,mmasum,quad", 64)])
+def test_tarrive_mmasum_loop_has_no_warpgroup_barrier(config, d):
+    """With ``tarrive`` (no ``bar.sync`` before the slot release) the serial full tiles' loop synchronizes its
+    warpgroup only through the wgmma instructions themselves: ``_fill_ones`` synchronizes once per CTA, so Triton's
+    barrier analysis puts no ``bar.sync`` before each ones-MMA (``mmasum``)."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(d=d)
+    body = _loop_body(sass_opcodes(gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb)))
+    assert any(op.startswith("QGMMA.64x8x32") for op in body)  # the ones-MMA is in the loop
+    assert not [op for op in body if op.startswith("BAR")]
+
+
 @pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk", "128,3,ahead,solo"])
 def test_split_tail_launch_compiles_with_the_same_loop(config):
     """A tail-split launch (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): a 1-D grid of ``main + tail · splits``

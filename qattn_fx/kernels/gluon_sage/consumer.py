@@ -255,11 +255,14 @@ def _sum_layout(num_warps):
 @jit
 def _fill_ones(ones_smem):
     """Write e4m3 1.0 into this consumer's ``(8, BLOCK_N)`` ones buffer (the ones-MMA's B operand, K-major: 8
-    "channels" of ones over the tile's keys) and fence it for the async proxy. Once per CTA."""
+    "channels" of ones over the tile's keys), fence it for the async proxy and synchronize the warpgroup. Once per
+    CTA. The barrier here is what Triton's barrier analysis would otherwise place inside the tile loop, before every
+    ones-MMA (the store still pending on the loop's entry path): a warpgroup ``bar.sync`` per tile."""
     BN: gl.constexpr = ones_smem.type.shape[1]
     layout: gl.constexpr = gl.BlockedLayout([1, BN // 16], [2, 16], [gl.num_warps(), 1], [1, 0])
     ones_smem.store(gl.full([8, BN], 0x38, gl.int8, layout).to(gl.float8e4nv, bitcast=True))  # e4m3 1.0
     fence_async_shared()
+    gl.thread_barrier()
 
 
 @jit
