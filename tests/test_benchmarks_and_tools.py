@@ -15,7 +15,8 @@ from benchmarks import common, shapes
 COMMANDS = ["benchmarks.attention_ops", "benchmarks.context_parallel", "benchmarks.cost_table", "benchmarks.dit_step",
             "benchmarks.tune",
             "tools.ab_tail_split",
-            "tools.gluon_probe", "tools.host_overhead", "tools.profile_gluon", "tools.profile_quantize"]
+            "tools.gluon_probe", "tools.host_overhead", "tools.kernel_in_step", "tools.profile_gluon",
+            "tools.profile_quantize"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -25,6 +26,40 @@ def test_every_command_answers_help(module, capsys):
         mod.main(["--help"])
     assert exit_.value.code == 0
     assert f"usage: python -m {module}" in capsys.readouterr().out
+
+
+def test_kernel_in_step_captures_copies_and_replays_them():
+    """tools.kernel_in_step's spy forwards each call, keeps copies of its tensors (a later in-place change of the
+    caller's tensor does not reach them) and its keyword arguments, and restores the entry."""
+    import types
+
+    from tools import kernel_in_step
+
+    seen = []
+    mod = types.SimpleNamespace(attention=lambda *a, **kw: seen.append((a, kw)) or "out")
+    x = torch.ones(2)
+    with kernel_in_step.captured_calls(mod, "attention") as calls:
+        assert mod.attention(x, 3, key_bias=None, return_lse=True) == "out"
+    x.add_(1)
+    assert len(seen) == 1 and mod.attention.__name__ == "<lambda>"
+    args, kwargs = kernel_in_step.replay(calls[0])
+    assert torch.equal(args[0], torch.ones(2)) and args[1] == 3
+    assert kwargs == {"key_bias": None, "return_lse": True}
+
+
+def test_kernel_in_step_reads_nvidia_smi_samples_into_phases():
+    from tools import kernel_in_step
+
+    text = ("2026/12/02 06:42:45.404, 1800, 686.56\n2026/12/02 06:42:45.505, 1860, 690.51\n"
+            "garbage line\n2026/12/02 06:42:46.306, 1965, 608.72\n")
+    samples = kernel_in_step.parse_smi(text)
+    assert [s[1:] for s in samples] == [(1800.0, 686.56), (1860.0, 690.51), (1965.0, 608.72)]
+    assert abs(samples[1][0] - samples[0][0] - 0.101) < 1e-3
+    t0 = samples[0][0]
+    stats = kernel_in_step.phase_medians(samples, {"a": [(t0, t0 + 0.2)], "b": [(t0 + 0.5, t0 + 1.0)], "c": []})
+    assert stats["a"] == {"samples": 2, "clock_mhz": 1830.0, "power_w": (686.56 + 690.51) / 2}
+    assert stats["b"]["samples"] == 1 and stats["b"]["clock_mhz"] == 1965.0
+    assert stats["c"] == {"samples": 0, "clock_mhz": None, "power_w": None}
 
 
 def test_host_overhead_times_a_mocked_gluon_sage_call_on_the_cpu():

@@ -1,0 +1,199 @@
+"""GPU time of each gluon_sage call inside a compiled model's step against the same calls alone, with the GPU's SM
+clock and board power over both: whether the kernel runs slower in a model than ``benchmarks.attention_ops`` times
+it, and whether the inputs or the clock make the difference.
+
+When to use: when a model step gains less than the op benchmark predicts. It builds a ``benchmarks.dit_step`` model,
+compiles it whole under the default spec (``auto``), captures the arguments of every gluon_sage call of one step
+(copies), profiles ``--steps`` steps (each call's kernel time, ``torch.profiler``), then runs each captured call alone
+``--repeats`` times back to back (CUDA events, median) in ``--rounds`` rounds, while ``nvidia-smi`` samples the SM
+clock and the power draw every 100 ms::
+
+    python -m tools.kernel_in_step --model wan --config 14b --resolution 720 --blocks 4 --out in_step.json
+
+Prints per call its shape, kernel ms in each profiled step, ms alone, and the ratio; then the median clock and power
+of the samples taken during the steps and during the calls alone. The calls alone run on the step's own inputs, so
+a ratio above 1 is the step's context (what ran before each call: the clock the GEMMs leave, the caches), not data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+#: ``nvidia-smi`` fields sampled, in order (``timestamp`` first).
+SMI_FIELDS = ("timestamp", "clocks.sm", "power.draw")
+
+
+@contextlib.contextmanager
+def captured_calls(module, name: str):
+    """Replace ``module.name`` (a kernel entry) by a spy that forwards every call and keeps a copy of its arguments;
+    yields the list of ``(args, kwargs)`` (tensors cloned). Restores the entry on exit."""
+    original, calls = getattr(module, name), []
+
+    def spy(*args, **kwargs):
+        calls.append(tuple(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in part)
+                           for part in (args, kwargs.values())) + (tuple(kwargs),))
+        return original(*args, **kwargs)
+
+    setattr(module, name, spy)
+    try:
+        yield calls
+    finally:
+        setattr(module, name, original)
+
+
+def replay(call: tuple) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of a captured call (:func:`captured_calls`' entries)."""
+    args, values, keys = call
+    return args, dict(zip(keys, values))
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median GPU ms of ``repeats`` calls of ``fn`` back to back, each between two CUDA events."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def phase_medians(samples: list[tuple[float, float, float]], phases: dict[str, list[tuple[float, float]]]) -> dict:
+    """Median SM clock (MHz) and power (W) of the ``(time, clock, power)`` samples inside each phase's
+    ``(start, end)`` spans; ``None`` where no sample fell inside."""
+    out = {}
+    for name, spans in phases.items():
+        inside = [s for s in samples if any(a <= s[0] <= b for a, b in spans)]
+        out[name] = {"samples": len(inside),
+                     "clock_mhz": statistics.median(s[1] for s in inside) if inside else None,
+                     "power_w": statistics.median(s[2] for s in inside) if inside else None}
+    return out
+
+
+def parse_smi(text: str) -> list[tuple[float, float, float]]:
+    """``(unix time, clock MHz, power W)`` from ``nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw
+    --format=csv,noheader,nounits`` lines (timestamps ``YYYY/MM/DD HH:MM:SS.mmm``, local time)."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(SMI_FIELDS):
+            continue
+        stamp, frac = parts[0].split(".")
+        when = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+        rows.append((when, float(parts[1]), float(parts[2])))
+    return rows
+
+
+@contextlib.contextmanager
+def smi_sampler():
+    """Samples ``nvidia-smi`` every 100 ms while inside; yields a list that receives the parsed samples on exit."""
+    samples: list = []
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}",
+                                 "--format=csv,noheader,nounits", "-lms", "100"], stdout=log)
+        try:
+            yield samples
+        finally:
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)  # nvidia-smi flushes what it buffered (SIGTERM would lose it)
+            proc.wait()
+            log.seek(0)
+            samples.extend(parse_smi(log.read()))
+
+
+def measure(model: str, config: str, resolution: int | None, blocks: int | None, steps: int, repeats: int,
+            rounds: int) -> dict:
+    """The measurement of the module docstring, as a JSON-able dict."""
+    import qattn_fx
+    from benchmarks import dit_step
+    from qattn_fx.kernels.gluon_sage import launch
+
+    case = dit_step.MODELS[model](config=config, blocks=blocks, resolution=resolution, device="cuda")
+    compiled = torch.compile(case.model, backend=qattn_fx.backend())
+    result = {"model": case.header, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "in_step_ms": [], "alone_ms": []}
+    spans: dict[str, list] = {"steps": [], "alone": []}
+    with torch.no_grad(), smi_sampler() as samples:
+        compiled(**case.inputs)  # compiles, tunes
+        torch.cuda.synchronize()
+        with captured_calls(launch, "attention") as calls:
+            compiled(**case.inputs)
+            torch.cuda.synchronize()
+        if not calls:
+            raise RuntimeError(f"no gluon_sage call in the {model} step under the default spec: nothing to time")
+        result["calls"] = [[list(a.shape) for a in (args[0], args[2])] for args, _, _ in calls]
+        for _ in range(steps):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                t0 = time.time()
+                compiled(**case.inputs)
+                torch.cuda.synchronize()
+                spans["steps"].append((t0, time.time()))
+            result["in_step_ms"].append([e.device_time_total / 1e3 for e in prof.events()
+                                         if e.device_type == torch.autograd.DeviceType.CUDA
+                                         and e.name.startswith("_sage_fwd_ws")])
+        for _ in range(rounds):
+            t0 = time.time()
+            row = []
+            for call in calls:
+                args, kwargs = replay(call)
+                row.append(median_ms(lambda: launch.attention(*args, **kwargs), repeats))
+            spans["alone"].append((t0, time.time()))
+            result["alone_ms"].append(row)
+    result["power"] = phase_medians(samples, spans)
+    return result
+
+
+def print_result(result: dict) -> None:
+    """Per call: shapes, kernel ms in each profiled step, the median alone, the ratio; then clock and power."""
+    print(f"{result['model']}, {result['device']}, torch {result['torch']}")
+    print(f"{'call':>4} {'Q (B,H,Sq,D)':>22} {'Skv':>7} {'in step ms':>22} {'alone ms':>9} {'step/alone':>10}")
+    for i, (q_shape, k_shape) in enumerate(result["calls"]):
+        step = [row[i] for row in result["in_step_ms"] if i < len(row)]
+        alone = statistics.median(row[i] for row in result["alone_ms"])
+        ratio = statistics.median(step) / alone if step else float("nan")
+        print(f"{i:4} {str(tuple(q_shape)):>22} {k_shape[2]:7} {' '.join(f'{t:.2f}' for t in step):>22} "
+              f"{alone:9.2f} {ratio:10.3f}")
+    for phase, stats in result["power"].items():
+        if stats["samples"]:
+            print(f"{phase}: SM clock {stats['clock_mhz']:.0f} MHz, power {stats['power_w']:.0f} W (median of "
+                  f"{stats['samples']} samples)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks import dit_step
+
+    p = argparse.ArgumentParser(prog="python -m tools.kernel_in_step", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="wan", choices=list(dit_step.MODELS))
+    p.add_argument("--config", default="1.3b", choices=list(dit_step.CONFIGS), help="Wan's config")
+    p.add_argument("--resolution", type=int, default=None)
+    p.add_argument("--blocks", type=int, default=None, help="transformer blocks")
+    p.add_argument("--steps", type=int, default=2, help="profiled steps")
+    p.add_argument("--repeats", type=int, default=5, help="back-to-back calls per captured call and round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=None, help="also write the result as JSON")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (gluon_sage runs on sm_90)")
+    result = measure(a.model, a.config, a.resolution, a.blocks, a.steps, a.repeats, a.rounds)
+    print_result(result)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
