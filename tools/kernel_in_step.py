@@ -5,8 +5,9 @@ it, and whether the inputs or the clock make the difference.
 When to use: when a model step gains less than the op benchmark predicts. It builds a ``benchmarks.dit_step`` model,
 compiles it whole under the default spec (``auto``), captures the arguments of every gluon_sage call of one step
 (copies), profiles ``--steps`` steps (each call's kernel time, ``torch.profiler``), then runs each captured call alone
-``--repeats`` times back to back (CUDA events, median) in ``--rounds`` rounds, while ``nvidia-smi`` samples the SM
-clock and the power draw every 100 ms::
+``--repeats`` times back to back (CUDA events, median) in ``--rounds`` rounds, and with ``--gemm-ms MS`` again with
+about ``MS`` of bf16 GEMMs queued before each call (the context a block's projections and feed-forward leave), while
+``nvidia-smi`` samples the SM clock and the power draw every 100 ms::
 
     python -m tools.kernel_in_step --model wan --config 14b --resolution 720 --blocks 4 --out in_step.json
 
@@ -57,11 +58,29 @@ def replay(call: tuple) -> tuple[tuple, dict]:
     return args, dict(zip(keys, values))
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median GPU ms of ``repeats`` calls of ``fn`` back to back, each between two CUDA events."""
+def gemm_burst(ms: float) -> Callable[[], None]:
+    """A function that queues about ``ms`` of bf16 8192³ matmuls (the GEMM work a transformer block runs between
+    two attention calls; timed once here); a no-op for ``ms`` 0."""
+    if ms <= 0:
+        return lambda: None
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    one = median_ms(lambda: a @ a, 5)
+    count = max(1, round(ms / one))
+
+    def burst():
+        for _ in range(count):
+            a @ a
+
+    return burst
+
+
+def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], None] = lambda: None) -> float:
+    """Median GPU ms of ``repeats`` calls of ``fn`` back to back, each between two CUDA events (``before`` is
+    queued ahead of each call, outside the events)."""
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before()
         start.record()
         fn()
         end.record()
@@ -114,7 +133,7 @@ def smi_sampler():
 
 
 def measure(model: str, config: str, resolution: int | None, blocks: int | None, steps: int, repeats: int,
-            rounds: int) -> dict:
+            rounds: int, gemm_ms: float = 0.0) -> dict:
     """The measurement of the module docstring, as a JSON-able dict."""
     import qattn_fx
     from benchmarks import dit_step
@@ -123,8 +142,8 @@ def measure(model: str, config: str, resolution: int | None, blocks: int | None,
     case = dit_step.MODELS[model](config=config, blocks=blocks, resolution=resolution, device="cuda")
     compiled = torch.compile(case.model, backend=qattn_fx.backend())
     result = {"model": case.header, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "in_step_ms": [], "alone_ms": []}
-    spans: dict[str, list] = {"steps": [], "alone": []}
+              "in_step_ms": [], "alone_ms": [], "after_gemm_ms": [], "gemm_ms": gemm_ms}
+    spans: dict[str, list] = {"steps": [], "alone": [], "after_gemm": []}
     with torch.no_grad(), smi_sampler() as samples:
         compiled(**case.inputs)  # compiles, tunes
         torch.cuda.synchronize()
@@ -143,14 +162,18 @@ def measure(model: str, config: str, resolution: int | None, blocks: int | None,
             result["in_step_ms"].append([e.device_time_total / 1e3 for e in prof.events()
                                          if e.device_type == torch.autograd.DeviceType.CUDA
                                          and e.name.startswith("_sage_fwd_ws")])
+        burst = gemm_burst(gemm_ms)
         for _ in range(rounds):
-            t0 = time.time()
-            row = []
-            for call in calls:
-                args, kwargs = replay(call)
-                row.append(median_ms(lambda: launch.attention(*args, **kwargs), repeats))
-            spans["alone"].append((t0, time.time()))
-            result["alone_ms"].append(row)
+            for phase, before in (("alone", lambda: None), ("after_gemm", burst)):
+                if phase == "after_gemm" and gemm_ms <= 0:
+                    continue
+                t0 = time.time()
+                row = []
+                for call in calls:
+                    args, kwargs = replay(call)
+                    row.append(median_ms(lambda: launch.attention(*args, **kwargs), repeats, before))
+                spans[phase].append((t0, time.time()))
+                result[f"{phase}_ms"].append(row)
     result["power"] = phase_medians(samples, spans)
     return result
 
@@ -158,13 +181,16 @@ def measure(model: str, config: str, resolution: int | None, blocks: int | None,
 def print_result(result: dict) -> None:
     """Per call: shapes, kernel ms in each profiled step, the median alone, the ratio; then clock and power."""
     print(f"{result['model']}, {result['device']}, torch {result['torch']}")
-    print(f"{'call':>4} {'Q (B,H,Sq,D)':>22} {'Skv':>7} {'in step ms':>22} {'alone ms':>9} {'step/alone':>10}")
+    gemm = result.get("after_gemm_ms") or []
+    extra = f" {'after ' + format(result['gemm_ms'], 'g') + ' ms GEMM':>18}" if gemm else ""
+    print(f"{'call':>4} {'Q (B,H,Sq,D)':>22} {'Skv':>7} {'in step ms':>22} {'alone ms':>9} {'step/alone':>10}{extra}")
     for i, (q_shape, k_shape) in enumerate(result["calls"]):
         step = [row[i] for row in result["in_step_ms"] if i < len(row)]
         alone = statistics.median(row[i] for row in result["alone_ms"])
         ratio = statistics.median(step) / alone if step else float("nan")
+        after = f" {statistics.median(row[i] for row in gemm):18.2f}" if gemm else ""
         print(f"{i:4} {str(tuple(q_shape)):>22} {k_shape[2]:7} {' '.join(f'{t:.2f}' for t in step):>22} "
-              f"{alone:9.2f} {ratio:10.3f}")
+              f"{alone:9.2f} {ratio:10.3f}{after}")
     for phase, stats in result["power"].items():
         if stats["samples"]:
             print(f"{phase}: SM clock {stats['clock_mhz']:.0f} MHz, power {stats['power_w']:.0f} W (median of "
@@ -183,11 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="profiled steps")
     p.add_argument("--repeats", type=int, default=5, help="back-to-back calls per captured call and round")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--gemm-ms", type=float, default=0.0,
+                   help="also time each captured call with about this many ms of bf16 GEMMs queued before it "
+                        "(the clock a block's GEMMs leave behind; 0: not timed)")
     p.add_argument("--out", default=None, help="also write the result as JSON")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (gluon_sage runs on sm_90)")
-    result = measure(a.model, a.config, a.resolution, a.blocks, a.steps, a.repeats, a.rounds)
+    result = measure(a.model, a.config, a.resolution, a.blocks, a.steps, a.repeats, a.rounds, a.gemm_ms)
     print_result(result)
     if a.out:
         with open(a.out, "w") as f:
