@@ -35,17 +35,21 @@ def log(message: str) -> None:
 
 
 def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_ms: float = 1500.0,
-            min_iters: int = 3, method: str = "events") -> float:
+            min_iters: int = 3, method: str = "events", before: Callable[[], Any] | None = None) -> float:
     """Median time of ``fn()`` in milliseconds.
 
     ``events``: ``warmup`` untimed calls, then up to ``iters`` calls each bracketed by CUDA events, fewer when one
-    call is long (the count is chosen so the timed calls take about ``budget_ms``, at least ``min_iters``).
+    call is long (the count is chosen so the timed calls take about ``budget_ms``, at least ``min_iters``);
+    ``before`` (``events`` only) is queued ahead of each timed call, outside its events (e.g. the work a call follows
+    in a model).
     ``do_bench``: ``triton.testing.do_bench(fn, warmup, rep, return_mode="median")`` with the same budget (it flushes
     the L2 cache between calls). ``graph``: one call captured in a CUDA graph (after ``warmup`` calls on a side
     stream), then replays timed like ``events``: the GPU's time alone, without the host's per-call work (Python,
     Dynamo guards, descriptor building, launches), which the other two include wherever the host is slower than the
     GPU (short calls).
     """
+    if before is not None and method != "events":
+        raise ValueError(f"before= is only taken by the events timer; got method={method!r}")
     if method == "do_bench":
         from triton.testing import do_bench  # noqa: PLC0415
 
@@ -63,6 +67,8 @@ def time_ms(fn: Callable[[], Any], *, warmup: int = 2, iters: int = 20, budget_m
     start = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     end = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
+        if before is not None:
+            before()
         start[i].record()
         fn()
         end[i].record()

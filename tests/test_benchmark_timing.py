@@ -13,6 +13,11 @@ def test_unknown_timer_names_the_choices():
         common.time_ms(lambda: None, method="bogus")
 
 
+def test_work_before_each_call_is_refused_by_the_timers_that_cannot_queue_it():
+    with pytest.raises(ValueError, match=r"before= is only taken by the events timer; got method='graph'"):
+        common.time_ms(lambda: None, method="graph", before=lambda: None)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graph_timer_replays_the_call():

@@ -42,10 +42,10 @@ def test_kernel_in_step_captures_copies_and_replays_them():
         assert mod.attention(x, 3, key_bias=None, return_lse=True) == "out"
     x.add_(1)
     assert len(seen) == 1 and mod.attention.__name__ == "<lambda>"
-    args, kwargs = kernel_in_step.replay(calls[0])
+    args, kwargs = calls[0]
     assert torch.equal(args[0], torch.ones(2)) and args[1] == 3
     assert kwargs == {"key_bias": None, "return_lse": True}
-    assert kernel_in_step.gemm_burst(0)() is None  # no GEMM context asked: nothing queued, no GPU needed
+    assert kernel_in_step.gemm_burst(0) is None  # no GEMM context asked: nothing queued, no GPU needed
 
 
 def test_kernel_in_step_reads_nvidia_smi_samples_into_phases():

@@ -5,9 +5,10 @@ it, and whether the inputs or the clock make the difference.
 When to use: when a model step gains less than the op benchmark predicts. It builds a ``benchmarks.dit_step`` model,
 compiles it whole under the default spec (``auto``), captures the arguments of every gluon_sage call of one step
 (copies), profiles ``--steps`` steps (each call's kernel time, ``torch.profiler``), then runs each captured call alone
-``--repeats`` times back to back (CUDA events, median) in ``--rounds`` rounds, and with ``--gemm-ms MS`` again with
-about ``MS`` of bf16 GEMMs queued before each call (the context a block's projections and feed-forward leave), while
-``nvidia-smi`` samples the SM clock and the power draw every 100 ms::
+``--repeats`` times back to back after one untimed call (``benchmarks.common.time_ms``: CUDA events, median) in
+``--rounds`` rounds, and with ``--gemm-ms MS`` again with about ``MS`` of bf16 GEMMs queued before each timed call
+(the context a block's projections and feed-forward leave), while ``nvidia-smi`` samples the SM clock and the power
+draw every 100 ms::
 
     python -m tools.kernel_in_step --model wan --config 14b --resolution 720 --blocks 4 --out in_step.json
 
@@ -27,8 +28,11 @@ import subprocess
 import tempfile
 import time
 from typing import Callable
+from unittest import mock
 
 import torch
+
+from benchmarks import common
 
 #: ``nvidia-smi`` fields sampled, in order (``timestamp`` first).
 SMI_FIELDS = ("timestamp", "clocks.sm", "power.draw")
@@ -36,57 +40,32 @@ SMI_FIELDS = ("timestamp", "clocks.sm", "power.draw")
 
 @contextlib.contextmanager
 def captured_calls(module, name: str):
-    """Replace ``module.name`` (a kernel entry) by a spy that forwards every call and keeps a copy of its arguments;
-    yields the list of ``(args, kwargs)`` (tensors cloned). Restores the entry on exit."""
-    original, calls = getattr(module, name), []
+    """Patch ``module.name`` (a kernel entry) with a spy that forwards every call and keeps a copy of its arguments;
+    yields the list of ``(args, kwargs)`` (tensors cloned)."""
+    calls, original = [], getattr(module, name)
+    copy = lambda a: a.clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
 
     def spy(*args, **kwargs):
-        calls.append(tuple(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in part)
-                           for part in (args, kwargs.values())) + (tuple(kwargs),))
+        calls.append((tuple(map(copy, args)), {k: copy(v) for k, v in kwargs.items()}))
         return original(*args, **kwargs)
 
-    setattr(module, name, spy)
-    try:
+    with mock.patch.object(module, name, spy):
         yield calls
-    finally:
-        setattr(module, name, original)
 
 
-def replay(call: tuple) -> tuple[tuple, dict]:
-    """``(args, kwargs)`` of a captured call (:func:`captured_calls`' entries)."""
-    args, values, keys = call
-    return args, dict(zip(keys, values))
-
-
-def gemm_burst(ms: float) -> Callable[[], None]:
+def gemm_burst(ms: float) -> Callable[[], None] | None:
     """A function that queues about ``ms`` of bf16 8192³ matmuls (the GEMM work a transformer block runs between
-    two attention calls; timed once here); a no-op for ``ms`` 0."""
+    two attention calls; timed once here); ``None`` for ``ms`` 0."""
     if ms <= 0:
-        return lambda: None
+        return None
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    one = median_ms(lambda: a @ a, 5)
-    count = max(1, round(ms / one))
+    count = max(1, round(ms / common.time_ms(lambda: a @ a, iters=5)))
 
     def burst():
         for _ in range(count):
             a @ a
 
     return burst
-
-
-def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], None] = lambda: None) -> float:
-    """Median GPU ms of ``repeats`` calls of ``fn`` back to back, each between two CUDA events (``before`` is
-    queued ahead of each call, outside the events)."""
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        before()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def phase_medians(samples: list[tuple[float, float, float]], phases: dict[str, list[tuple[float, float]]]) -> dict:
@@ -152,7 +131,7 @@ def measure(model: str, config: str, resolution: int | None, blocks: int | None,
             torch.cuda.synchronize()
         if not calls:
             raise RuntimeError(f"no gluon_sage call in the {model} step under the default spec: nothing to time")
-        result["calls"] = [[list(a.shape) for a in (args[0], args[2])] for args, _, _ in calls]
+        result["calls"] = [[list(a.shape) for a in (args[0], args[2])] for args, _ in calls]
         for _ in range(steps):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 t0 = time.time()
@@ -163,17 +142,15 @@ def measure(model: str, config: str, resolution: int | None, blocks: int | None,
                                          if e.device_type == torch.autograd.DeviceType.CUDA
                                          and e.name.startswith("_sage_fwd_ws")])
         burst = gemm_burst(gemm_ms)
+        phases = [("alone", None)] + ([("after_gemm", burst)] if burst else [])
         for _ in range(rounds):
-            for phase, before in (("alone", lambda: None), ("after_gemm", burst)):
-                if phase == "after_gemm" and gemm_ms <= 0:
-                    continue
+            for phase, before in phases:
                 t0 = time.time()
-                row = []
-                for call in calls:
-                    args, kwargs = replay(call)
-                    row.append(median_ms(lambda: launch.attention(*args, **kwargs), repeats, before))
+                result[f"{phase}_ms"].append([
+                    common.time_ms(lambda: launch.attention(*args, **kwargs), warmup=1, iters=repeats,
+                                   min_iters=repeats, before=before)
+                    for args, kwargs in calls])
                 spans[phase].append((t0, time.time()))
-                result[f"{phase}_ms"].append(row)
     result["power"] = phase_medians(samples, spans)
     return result
 
