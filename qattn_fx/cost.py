@@ -32,7 +32,7 @@ its variable through the measured points (where points share a value of it, the 
 
 The prediction is the smaller of the two, since either alone limits the gain; at a measured self-attention point it
 is the measurement. Beyond the largest key length or work, the value at the largest is held (the measured gain
-flattens: gluon_sage 1.53x at wan1.3b-480p, 1.51x at wan14b-720p). Below the smallest, the value at the smallest is
+flattens: gluon_sage 1.50x at wan1.3b-480p, 1.53x at wan14b-720p). Below the smallest, the value at the smallest is
 held but never above 1.0: no gain is predicted for a size smaller than every measured one, and as the gain shrinks
 with size, the held value is an upper bound there (:attr:`Prediction.upper_bound`). :func:`no_gain` says when a
 prediction promises nothing (``auto`` then keeps the site dense).
@@ -101,7 +101,7 @@ class Prediction:
 def no_gain(speedup: float, upper_bound: bool, minimum: float) -> bool:
     """Whether a call predicted ``speedup`` (``upper_bound``: at most that) is not expected to beat ``minimum``: below
     it, or an upper bound that does not exceed it (below the measured sizes the held value is capped at 1.0, so no
-    gain is predicted there: the gain shrinks with size, gluon_sage at head_dim 64 from 1.10x at 16,384 tokens to
+    gain is predicted there: the gain shrinks with size, gluon_sage at head_dim 64 from 1.14x at 16,384 tokens to
     1.07x at 9,196 and 0.94x at 3,872)."""
     return speedup < minimum or (upper_bound and speedup <= minimum)
 

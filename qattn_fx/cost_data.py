@@ -12,9 +12,7 @@ COMMAND = (
     " benchmarks/results/2026-11-29_h200_attention_ops.json:cudnn_fp8,flashinfer_fa3_fp8"
     " benchmarks/results/2026-11-30_h200_attention_ops_triton_sage.json:triton_sage/int8-1-16-1"
     " benchmarks/results/2026-11-30_h200_attention_ops_wan1.3b-480p_d64.json"
-    " benchmarks/results/2026-12-01_h200_attention_ops.json:gluon_sage/int8-1-16-1,cudnn_fp8"
-    " benchmarks/results/2026-12-01_h200_attention_ops_q_in_kernel.json:gluon_sage/int8-1-16-1"
-    " benchmarks/results/2026-12-01_h200_attention_ops_d64_quad.json:gluon_sage/int8-1-16-1,cudnn_fp8"
+    " benchmarks/results/2026-12-02_h200_attention_ops.json:gluon_sage/int8-1-16-1,cudnn_fp8"
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_short.json:gluon_sage/int8-1-16-1"
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_cogvideox.json:gluon_sage/int8-1-16-1"
     " > qattn_fx/cost_data.py"
@@ -35,25 +33,11 @@ SOURCES = {
         "date": "2026-11-30",
         "timer": "events",
     },
-    "2026-12-01_h200_attention_ops": {
-        "file": "benchmarks/results/2026-12-01_h200_attention_ops.json",
+    "2026-12-02_h200_attention_ops": {
+        "file": "benchmarks/results/2026-12-02_h200_attention_ops.json",
         "device": "NVIDIA H200",
         "arch": "sm_90",
-        "date": "2026-12-01",
-        "timer": "graph",
-    },
-    "2026-12-01_h200_attention_ops_q_in_kernel": {
-        "file": "benchmarks/results/2026-12-01_h200_attention_ops_q_in_kernel.json",
-        "device": "NVIDIA H200",
-        "arch": "sm_90",
-        "date": "2026-12-01",
-        "timer": "graph",
-    },
-    "2026-12-01_h200_attention_ops_d64_quad": {
-        "file": "benchmarks/results/2026-12-01_h200_attention_ops_d64_quad.json",
-        "device": "NVIDIA H200",
-        "arch": "sm_90",
-        "date": "2026-12-01",
+        "date": "2026-12-02",
         "timer": "graph",
     },
     "2026-12-02_h200_attention_ops_d64_short": {
@@ -74,11 +58,11 @@ SOURCES = {
 
 #: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)
 POINTS = (
-    ("cudnn_fp8", "2026-12-01_h200_attention_ops_d64_quad", "d64", 32, 16384, 16384, 64, 1.0953),
-    ("cudnn_fp8", "2026-11-29_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.2964),
-    ("cudnn_fp8", "2026-12-01_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.8132),
-    ("cudnn_fp8", "2026-12-01_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.3656),
-    ("cudnn_fp8", "2026-12-01_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.4075),
+    ("cudnn_fp8", "2026-12-02_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1197),
+    ("cudnn_fp8", "2026-12-02_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.3011),
+    ("cudnn_fp8", "2026-12-02_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.8177),
+    ("cudnn_fp8", "2026-12-02_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.3525),
+    ("cudnn_fp8", "2026-12-02_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.4058),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1918),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.5853),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.5769),
@@ -87,12 +71,12 @@ POINTS = (
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-512", 32, 3872, 3872, 64, 0.9352),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "sd3-1024", 24, 4429, 4429, 64, 0.879),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-704", 32, 9196, 9196, 64, 1.0677),
-    ("gluon_sage", "2026-12-01_h200_attention_ops_d64_quad", "d64", 32, 16384, 16384, 64, 1.102),
+    ("gluon_sage", "2026-12-02_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1367),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_cogvideox", "cogvideox", 48, 17776, 17776, 64, 1.2942),
-    ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "cross-512", 40, 32760, 512, 128, 0.6565),
-    ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "flux-1024", 24, 4608, 4608, 128, 0.9109),
-    ("gluon_sage", "2026-12-01_h200_attention_ops_q_in_kernel", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4932),
-    ("gluon_sage", "2026-12-01_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5125),
+    ("gluon_sage", "2026-12-02_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.658),
+    ("gluon_sage", "2026-12-02_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.9021),
+    ("gluon_sage", "2026-12-02_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.5001),
+    ("gluon_sage", "2026-12-02_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5306),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "d64", 32, 16384, 16384, 64, 0.9205),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "flux-1024", 24, 4608, 4608, 128, 0.4546),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "wan1.3b-480p", 12, 32760, 32760, 128, 1.1798),

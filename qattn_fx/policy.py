@@ -362,7 +362,7 @@ def _static(size) -> int | None:
 def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | None]:
     """Whether ``auto`` keeps ``site`` dense instead of running ``kernel`` on ``hardware``, and what to say.
 
-    * ``(True, "gluon_sage predicted 0.91x of cuDNN bf16 at Sq 4608, Skv 4608 (cost data: H200 2026-12-02)")``:
+    * ``(True, "gluon_sage predicted 0.90x of cuDNN bf16 at Sq 4608, Skv 4608 (cost data: H200 2026-12-02)")``:
       the predicted speedup (:func:`qattn_fx.cost.predict`) is below :data:`MIN_PREDICTED_SPEEDUP`, or an upper
       bound that does not exceed it (:func:`qattn_fx.cost.no_gain`); ``at most`` marks an upper bound (a length below
       the measured ones, or the query length not known);

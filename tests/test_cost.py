@@ -253,5 +253,5 @@ def test_a_graph_whose_sites_all_stay_dense_reaches_the_compiler_unchanged():
         torch._dynamo.reset()
         torch.compile(flux_attention, backend=compiler, fullgraph=True)(x, x, x)
     (site,) = backend.report.sites
-    assert not site.rewritten and "gluon_sage predicted 0.91x of cuDNN bf16 at Sq 4608" in site.reason
+    assert not site.rewritten and "gluon_sage predicted 0.90x of cuDNN bf16 at Sq 4608" in site.reason
     assert backend.graph_modules[0].code == captured[0]
