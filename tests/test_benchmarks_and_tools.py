@@ -28,7 +28,7 @@ def test_every_command_answers_help(module, capsys):
     assert f"usage: python -m {module}" in capsys.readouterr().out
 
 
-def test_kernel_in_step_captures_copies_and_replays_them():
+def test_kernel_in_step_captures_a_copy_of_each_call():
     """tools.kernel_in_step's spy forwards each call, keeps copies of its tensors (a later in-place change of the
     caller's tensor does not reach them) and its keyword arguments, and restores the entry."""
     import types
