@@ -11,8 +11,8 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
 * module path (``blocks.3.attn1``), layer index (the last integer in the path) and the layer count (distinct
   indices under the same container among the graph's sites);
 * role: ``cross`` when K has another length than Q or comes from another input than Q's projection; ``joint``
-  when Q's data flow contains a concatenation along the sequence axis (text and image tokens, MM-DiT); else
-  ``self``;
+  when Q's data flow contains a concatenation of two token streams along the sequence axis (text and image tokens,
+  MM-DiT; padding with zeros joins none); else ``self``;
 * mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
   varies per key / bool / float;
 * context parallelism (:func:`context_parallel`): the collectives that bring Q or K/V to this rank (Ulysses'
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.operator_schemas import normalize_function
 
 from ..ops import canonical
@@ -47,6 +48,16 @@ _COLLECTIVES = {
 }
 _LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear, torch.matmul, torch.ops.aten.linear.default)
 _CAT_TARGETS = (torch.cat, torch.concat, torch.ops.aten.cat.default)
+#: Tensor factories of one constant value: a concatenation with one of them pads a sequence (WanVACE pads its
+#: control tokens to the video's length with ``new_zeros``); it joins no second stream of tokens.
+_FILL_FUNCTIONS = (torch.zeros, torch.ones, torch.full, torch.empty, torch.zeros_like, torch.ones_like,
+                   torch.full_like, torch.empty_like, torch.ops.aten.zeros.default, torch.ops.aten.ones.default,
+                   torch.ops.aten.full.default, torch.ops.aten.empty.memory_format,
+                   torch.ops.aten.new_zeros.default, torch.ops.aten.new_ones.default,
+                   torch.ops.aten.new_full.default, torch.ops.aten.new_empty.default)
+_FILL_METHODS = ("new_zeros", "new_ones", "new_full", "new_empty")
+#: Methods whose result holds the values of their first argument (casts, views, broadcasts).
+_SAME_VALUES_METHODS = ("to", "type", "type_as", "view", "reshape", "expand", "expand_as", "repeat", "contiguous")
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 #: How many ancestor nodes the role analysis visits per site (bounds the cost on very large graphs).
 _ANCESTRY_LIMIT = 20000
@@ -249,32 +260,56 @@ def _ancestors(start: fx.Node, stop) -> list[fx.Node]:
     return order
 
 
-def _projection_input(start: fx.Node) -> fx.Node | None:
-    """The activation that feeds the first linear/matmul above ``start`` (Q/K/V projections)."""
-    frontier, seen = [start], set()
+def _projection_inputs(start: fx.Node) -> set[fx.Node]:
+    """The activations that feed the nearest linear/matmul on each path above ``start`` (Q/K/V projections: one for
+    self- and cross-attention, one per stream where joint attention concatenates projected streams)."""
+    frontier, seen, found = [start], set(), set()
     while frontier:
-        node = frontier.pop(0)
+        node = frontier.pop()
         if node in seen:
             continue
         seen.add(node)
         if node.op == "call_function" and node.target in _LINEAR_TARGETS and node.args:
-            first = node.args[0]
-            return first if isinstance(first, fx.Node) else None
+            if isinstance(node.args[0], fx.Node):
+                found.add(node.args[0])
+            continue
         if node.op == "call_module":
-            return node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+            if node.args and isinstance(node.args[0], fx.Node):
+                found.add(node.args[0])
+            continue
         if is_sdpa(node) or node.op == "placeholder":
             continue
         frontier.extend(node.all_input_nodes)
-    return None
+    return found
+
+
+def _is_fill(node: object) -> bool:
+    """``node`` is a tensor of one constant value: a factory (:data:`_FILL_FUNCTIONS`, ``x.new_zeros(...)``),
+    possibly cast, viewed or broadcast."""
+    while isinstance(node, fx.Node):
+        if node.op == "call_function" and node.target in _FILL_FUNCTIONS:
+            return True
+        if node.op != "call_method":
+            return False
+        if node.target in _FILL_METHODS:
+            return True
+        if node.target not in _SAME_VALUES_METHODS or not node.args:
+            return False
+        node = node.args[0]
+    return False
 
 
 def _is_sequence_cat(node: fx.Node) -> bool:
+    """A concatenation of two or more token streams along a sequence axis (not the batch or channel axis) of 3-D
+    or higher tensors; operands that are constant fills (padding) do not count as streams."""
     if node.op != "call_function" or node.target not in _CAT_TARGETS:
         return False
     tensors = node.args[0] if node.args else node.kwargs.get("tensors")
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     values = [example_value(t) for t in (tensors or ())]
     if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    if sum(not _is_fill(t) for t in tensors) < 2:
         return False
     ndim = values[0].dim()
     if ndim < 3 or not isinstance(dim, int):
@@ -284,11 +319,14 @@ def _is_sequence_cat(node: fx.Node) -> bool:
 
 
 def site_role(call: SdpaCall) -> str:
+    """``cross``, ``joint`` or ``self`` (module docstring). Lengths are compared without a guard: symbolic lengths
+    that are not the same expression are different lengths (the graph serves calls where they differ), so a later
+    call whose lengths happen to be equal does not recompile."""
     q, k = example_value(call.q), example_value(call.k)
-    if q.shape[-2] != k.shape[-2]:
+    if not statically_known_true(q.shape[-2] == k.shape[-2]):
         return "cross"
-    q_in, k_in = _projection_input(call.q), _projection_input(call.k)
-    if q_in is not None and k_in is not None and q_in is not k_in:
+    q_in, k_in = _projection_inputs(call.q), _projection_inputs(call.k)
+    if q_in and k_in and not q_in & k_in:  # K projected from none of the activations Q is projected from
         return "cross"
     if any(_is_sequence_cat(n) for n in _ancestors(call.q, is_sdpa)):
         return "joint"
