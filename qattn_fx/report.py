@@ -1,9 +1,11 @@
 """Why each attention site ended up as it did: the site table, its summary line, and debug dumps.
 
-``Report.to_dict()`` → ``{"sites": [{"site", "module", "layer", "role", "q_shape", "kv_shape", "dtype",
-"rewritten", "recipe", "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity", "graph", "notes"},
-...], "notes": [...]}`` (``skip_softmax``: the site's Skip-Softmax setting, ``sparsity``: the fraction of tiles it
-skipped, once measured: :meth:`Report.record_sparsity`)
+``Report.to_dict()`` → ``{"sites": [{"site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask",
+"mask_shape", "rewritten", "recipe", "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity",
+"predicted_slower", "graph", "notes"}, ...], "notes": [...]}`` (``skip_softmax``: the site's Skip-Softmax setting,
+``sparsity``: the fraction of tiles it skipped, once measured: :meth:`Report.record_sparsity`; ``mask``: the kind of
+``attn_mask`` as the pass read it, ``none``, ``key_padding`` / ``key_bias`` (per key), ``bool`` / ``float`` (per
+query or head))
 (report-wide notes: rules of the spec that decided no site); ``report.markdown()`` has the same full detail.
 ``str(report)`` is a table that fits 120 columns: module and layer first, the recipe's short name, and a reason
 that does not repeat the recipe and kernel of a quantized site (the rule that chose it and, for an emulated site,
@@ -35,11 +37,13 @@ from . import config
 from .fx.rewrite import SiteOutcome
 
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
-_COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe",
-            "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity", "predicted_slower")
+_COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask", "mask_shape",
+            "rewritten", "recipe", "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity",
+            "predicted_slower")
 #: The columns of ``str(report)`` (``graph`` is put first when the report spans several graphs). ``q/kv``: the
 #: query and key lengths; ``d``: head_dim; ``recipe``: its short name; ``reason``: for a quantized site the rule
-#: (or default) that chose it plus the deployment note of an emulated site, for a dense one why.
+#: (or default) that chose it plus the deployment note of an emulated site, for a dense one why. Any field of
+#: :data:`_COLUMNS` is a column too, e.g. ``report.table(TABLE_COLUMNS[:5] + ("mask", "recipe"))``.
 TABLE_COLUMNS = ("module", "layer", "role", "q/kv", "d", "recipe", "kernel", "reason")
 #: The default width of ``str(report)``.
 WIDTH = 120
@@ -103,6 +107,9 @@ class SiteRecord:
     #: Where the cost data predict its kernel slower than dense, the prediction (``Decision.predicted_slower``):
     #: why ``auto`` kept it dense, or, on a quantized site, that an explicit backend runs it anyway.
     predicted_slower: str | None = None
+    #: The kind of its ``attn_mask`` as the pass read it (``Site.mask``) and that mask's shape.
+    mask: str = "none"
+    mask_shape: list | None = None
 
     @classmethod
     def from_outcome(cls, graph: int, outcome: SiteOutcome) -> "SiteRecord":
@@ -129,6 +136,8 @@ class SiteRecord:
             skip_short=decision.skip_softmax.short_name if decision.quantized and decision.skip_softmax else None,
             label_prefix=outcome.prefix,
             predicted_slower=decision.predicted_slower,
+            mask=site.mask,
+            mask_shape=None if site.mask_shape is None else _shape(site.mask_shape),
         )
 
     @property
@@ -152,6 +161,8 @@ class SiteRecord:
             return f"{_cell(_dim(self.q_shape, -2))}/{_cell(_dim(self.kv_shape, -2))}"
         if column == "d":
             return _cell(_dim(self.q_shape, -1))
+        if column == "mask":
+            return "-" if self.mask == "none" else self.mask
         if column == "recipe":
             return _cell(self.recipe_short) + (f", {self.skip_short}" if self.skip_short else "")
         if column == "reason":
@@ -249,15 +260,17 @@ def _dim(shape: list, index: int):
 
 
 def _fit_path(path: str, limit: int) -> str:
-    """A module path of at most ``limit`` characters: leading components replaced by ``...`` (the tail, block and
-    layer, is what tells sites apart)."""
+    """A module path of at most ``limit`` characters where it has more: its start, ``...``, and its last two
+    components (layer and module), which together tell sites apart (``text_transformer_blo...10.self_attention``
+    and ``visual_transformer_b...10.self_attention``)."""
     if not path:
         return "-"
+    if len(path) <= limit:
+        return path
     parts = path.split(".")
-    while len(parts) > 1 and len(".".join(parts)) + 3 > limit:
-        parts.pop(0)
-    short = ".".join(parts)
-    return path if short == path else "..." + short
+    tail = ".".join(parts[-2:]) if len(".".join(parts[-2:])) <= limit - 4 else parts[-1][-(limit - 3):]
+    head = path[:max(limit - 3 - len(tail), 0)].rstrip(".")
+    return head + "..." + tail
 
 
 def _cell(value) -> str:

@@ -126,10 +126,11 @@ def test_report_dict_has_the_documented_keys():
     backend = qattn_fx.backend(emulate=True, compiler="eager")
     run(block, x, backend)
     (site,) = backend.report.to_dict()["sites"]
-    for key in ("site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "rewritten", "recipe", "kernel",
-                "reason"):
+    for key in ("site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask", "mask_shape", "rewritten",
+                "recipe", "kernel", "reason"):
         assert key in site
     assert site["q_shape"] == [1, 2, 8, 32] and site["dtype"] == "float32" and site["role"] == "self"
+    assert site["mask"] == "none" and site["mask_shape"] is None
 
 
 def test_pre_grad_pass_for_stacks_that_own_torch_compile():
@@ -269,3 +270,101 @@ def test_module_globs_match_the_path_tail_under_regional_compilation():
         whole = qattn_fx.explain(model, **inputs, spec=spec, emulate=True)
     assert {s.module: s.rewritten for s in whole.sites} == {
         "blocks.0.attn1": True, "blocks.0.attn2": False, "blocks.1.attn1": True, "blocks.1.attn2": False}
+
+
+class _Attention(torch.nn.Module):
+    """Self-attention over ``x`` (B, S, 32), or cross-attention to ``context`` when given: 2 heads of 16."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, x, context=None):
+        kv = x if context is None else context
+        heads = lambda t: t.unflatten(-1, (2, 16)).transpose(1, 2)  # noqa: E731
+        o = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(kv)), heads(self.v(kv)))
+        return x + o.transpose(1, 2).flatten(-2)
+
+
+class _StreamsAttention(torch.nn.Module):
+    """MM-DiT joint attention over image tokens ``x`` and text tokens, each stream projected by its own weights;
+    the image keys are multiplied by a mask, as HiDream does for padded latents."""
+
+    def __init__(self):
+        super().__init__()
+        self.image, self.text = _Attention(), _Attention()
+
+    def forward(self, x, text, x_mask):
+        heads = lambda t: t.unflatten(-1, (2, 16))  # noqa: E731
+        k_image = heads(self.image.k(x)) * x_mask[..., None, None]
+        q, k, v = (torch.cat(p, dim=1).transpose(1, 2) for p in (
+            (heads(self.image.q(x)), heads(self.text.q(text))), (k_image, heads(self.text.k(text))),
+            (heads(self.image.v(x)), heads(self.text.v(text)))))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2)
+
+
+def test_roles_follow_the_token_streams_not_every_concatenation():
+    class Roles(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.ModuleList(_Attention() for _ in range(4))
+            self.streams = _StreamsAttention()
+            self.hint = torch.nn.Linear(32, 32)
+
+        def forward(self, x, text, control):
+            x = self.attn[0](x)  # self
+            padded = torch.cat([control, control.new_zeros(1, x.shape[1] - control.shape[1], 32)], dim=1)
+            x = self.attn[1](x + self.hint(padded))  # still self: zeros pad the control tokens (WanVACE)
+            x = self.attn[2](x, text)  # cross
+            joint = self.attn[3](torch.cat([text, x], dim=1))  # joint: text and image tokens (Flux's single blocks)
+            return self.streams(joint[:, text.shape[1]:], text, torch.ones(1, x.shape[1]))  # joint: two streams
+
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Roles(), backend=backend, fullgraph=True)(
+            torch.randn(1, 24, 32), torch.randn(1, 8, 32), torch.randn(1, 20, 32))
+    assert [(s.module, s.role) for s in backend.report.sites] == [
+        ("attn.0", "self"), ("attn.1", "self"), ("attn.2", "cross"), ("attn.3", "joint"), ("streams", "joint")]
+
+
+def test_a_restarted_analysis_leaves_one_row_per_site():
+    """With ``dynamic=True`` a float attribute passed as SDPA's scale (diffusers' ``attn.scale``) becomes symbolic;
+    Inductor then has Dynamo restart its analysis and call the backend again for the same frame."""
+    class ScaledAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.scale = torch.nn.Linear(32, 96), 0.25
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).unflatten(-1, (3, 2, 16)).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+
+    backend = qattn_fx.backend(emulate=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(ScaledAttention(), backend=backend, fullgraph=True, dynamic=True)(torch.randn(1, 24, 32))
+    assert len(backend.graph_modules) == 1 and len(backend.report.sites) == 1
+
+
+def test_the_report_says_how_it_read_each_mask():
+    def padded(q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    q, keep = torch.randn(1, 2, 16, 32), torch.arange(16) < 12
+    torch._dynamo.reset()
+    torch.compile(padded, backend=backend, fullgraph=True)(q, q, q, keep[None])
+    (site,) = backend.report.to_dict()["sites"]
+    assert site["mask"] == "key_padding" and site["mask_shape"] == [1, 1, 1, 16] and site["rewritten"]
+    assert backend.report.table(("role", "mask", "recipe")).splitlines()[2] == "self  key_padding  int8 1/16, fp8/ch"
+
+
+def test_long_module_paths_keep_what_tells_them_apart():
+    from qattn_fx.report import _fit_path
+
+    assert _fit_path("transformer_blocks.0.audio_to_video_attn", 40) == "transformer_blocks.0.audio_to_video_attn"
+    assert [_fit_path(f"{side}_transformer_blocks.10.self_attention", 40) for side in ("text", "visual")] == [
+        "text_transformer_blo...10.self_attention", "visual_transformer_b...10.self_attention"]
+    assert _fit_path("context_embedder.token_refiner.refiner_blocks.0.attn", 40) == (
+        "context_embedder.token_refiner...0.attn")

@@ -147,28 +147,28 @@ class TestSiteDecisions(expecttest.TestCase):
         with torch.no_grad():
             report = qattn_fx.explain(model, **inputs, spec=None, emulate=True)
         self.assertExpectedInline(report.table(), """\
-module                                  layer  role   q/kv     d   recipe             kernel     reason
---------------------------------------  -----  -----  -------  --  -----------------  ---------  -----------------------
-...token_refiner.refiner_blocks.0.attn  0      self   12/12    10  -                  -          dense: attn_mask is a
-                                                                                                 boolean mask of shape
-                                                                                                 (1, 2, 12, 12) that
-                                                                                                 varies per query or
-                                                                                                 head; per-key masks are
-                                                                                                 served
-transformer_blocks.0.attn               0      joint  268/268  10  int8 1/16, fp8/ch  reference  default; (as bf16) on
-                                                                                                 sm_90: dense (TRITON:
-                                                                                                 head_dim 10 not in
-                                                                                                 64/128); on sm_100:
-                                                                                                 dense (TRTLLM,
-                                                                                                 TRTLLM_ATTN: head_dim
-                                                                                                 10 not in 128)
-single_transformer_blocks.0.attn        0      joint  268/268  10  int8 1/16, fp8/ch  reference  default; (as bf16) on
-                                                                                                 sm_90: dense (TRITON:
-                                                                                                 head_dim 10 not in
-                                                                                                 64/128); on sm_100:
-                                                                                                 dense (TRTLLM,
-                                                                                                 TRTLLM_ATTN: head_dim
-                                                                                                 10 not in 128)""")
+module                                   layer  role   q/kv     d   recipe             kernel     reason
+---------------------------------------  -----  -----  -------  --  -----------------  ---------  ----------------------
+context_embedder.token_refiner...0.attn  0      self   12/12    10  -                  -          dense: attn_mask is a
+                                                                                                  boolean mask of shape
+                                                                                                  (1, 2, 12, 12) that
+                                                                                                  varies per query or
+                                                                                                  head; per-key masks
+                                                                                                  are served
+transformer_blocks.0.attn                0      joint  268/268  10  int8 1/16, fp8/ch  reference  default; (as bf16) on
+                                                                                                  sm_90: dense (TRITON:
+                                                                                                  head_dim 10 not in
+                                                                                                  64/128); on sm_100:
+                                                                                                  dense (TRTLLM,
+                                                                                                  TRTLLM_ATTN: head_dim
+                                                                                                  10 not in 128)
+single_transformer_blocks.0.attn         0      joint  268/268  10  int8 1/16, fp8/ch  reference  default; (as bf16) on
+                                                                                                  sm_90: dense (TRITON:
+                                                                                                  head_dim 10 not in
+                                                                                                  64/128); on sm_100:
+                                                                                                  dense (TRTLLM,
+                                                                                                  TRTLLM_ATTN: head_dim
+                                                                                                  10 not in 128)""")
 
     def test_grad_enabled_graphs_stay_dense(self):
         model, inputs = tiny_models.dit()
