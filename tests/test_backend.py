@@ -368,3 +368,27 @@ def test_long_module_paths_keep_what_tells_them_apart():
         "text_transformer_blo...10.self_attention", "visual_transformer_b...10.self_attention"]
     assert _fit_path("context_embedder.token_refiner.refiner_blocks.0.attn", 40) == (
         "context_embedder.token_refiner...0.attn")
+
+
+def test_tokens_written_into_one_buffer_are_joint_when_they_come_from_two_streams():
+    """Lumina2 assembles text and image tokens per sample by slice assignment into a zero buffer; the same writes
+    of one stream (packing samples of different lengths) keep the site self-attention."""
+    class Assembled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.ModuleList(_Attention() for _ in range(2))
+
+        def forward(self, x, text):
+            joint = x.new_zeros(x.shape[0], text.shape[1] + x.shape[1], 32)
+            packed = x.new_zeros(x.shape)
+            for i in range(x.shape[0]):
+                joint[i, :text.shape[1]] = text[i]
+                joint[i, text.shape[1]:] = x[i]
+                packed[i, :x.shape[1] - i] = x[i, i:]
+            return self.attn[0](joint)[:, text.shape[1]:] + self.attn[1](packed)
+
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Assembled(), backend=backend, fullgraph=True)(torch.randn(2, 24, 32), torch.randn(2, 8, 32))
+    assert [(s.module, s.role) for s in backend.report.sites] == [("attn.0", "joint"), ("attn.1", "self")]

@@ -11,8 +11,8 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
 * module path (``blocks.3.attn1``), layer index (the last integer in the path) and the layer count (distinct
   indices under the same container among the graph's sites);
 * role: ``cross`` when K has another length than Q or comes from another input than Q's projection; ``joint``
-  when Q's data flow contains a concatenation of two token streams along the sequence axis (text and image tokens,
-  MM-DiT; padding with zeros joins none); else ``self``;
+  when Q's data flow joins two token streams along the sequence axis (text and image tokens, MM-DiT): a
+  concatenation (padding with zeros joins none) or slice assignments into one buffer (Lumina2); else ``self``;
 * mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
   varies per key / bool / float;
 * context parallelism (:func:`context_parallel`): the collectives that bring Q or K/V to this rank (Ulysses'
@@ -318,6 +318,38 @@ def _is_sequence_cat(node: fx.Node) -> bool:
     return dim not in (0, ndim - 1)
 
 
+def _source(node: object) -> object:
+    """The tensor that ``node`` indexes, views or casts (:data:`_SAME_VALUES_METHODS`), followed to its end."""
+    while isinstance(node, fx.Node) and node.args and (
+            (node.op == "call_function" and node.target is operator.getitem)
+            or (node.op == "call_method" and node.target in _SAME_VALUES_METHODS)):
+        node = node.args[0]
+    return node
+
+
+def _sequence_slice(index: object, ndim: int) -> bool:
+    """``index`` (a ``buffer[index] = value`` subscript) narrows only axes between the batch and channel axes of an
+    ``ndim``-D buffer: it writes a range of tokens."""
+    index = index if isinstance(index, tuple) else (index,)
+    if Ellipsis in index or len(index) > ndim:
+        return False
+    narrowed = [axis for axis, item in enumerate(index) if isinstance(item, slice) and item != slice(None)]
+    return bool(narrowed) and all(0 < axis < ndim - 1 for axis in narrowed)
+
+
+def _is_stream_assembly(node: fx.Node) -> bool:
+    """A constant-filled buffer into which slice assignments write token ranges of two or more tensors (Lumina2
+    assembles its text and image tokens so, per sample, instead of concatenating them)."""
+    value = example_value(node)
+    if not _is_fill(node) or not isinstance(value, torch.Tensor) or value.dim() < 3:
+        return False
+    writes = [user.args for user in node.users if user.op == "call_function" and user.target is operator.setitem
+              and len(user.args) == 3]
+    sources = {_source(new) for _, index, new in writes
+               if isinstance(new, fx.Node) and not _is_fill(new) and _sequence_slice(index, value.dim())}
+    return len(sources) >= 2
+
+
 def site_role(call: SdpaCall) -> str:
     """``cross``, ``joint`` or ``self`` (module docstring). Lengths are compared without a guard: symbolic lengths
     that are not the same expression are different lengths (the graph serves calls where they differ), so a later
@@ -328,7 +360,7 @@ def site_role(call: SdpaCall) -> str:
     q_in, k_in = _projection_inputs(call.q), _projection_inputs(call.k)
     if q_in and k_in and not q_in & k_in:  # K projected from none of the activations Q is projected from
         return "cross"
-    if any(_is_sequence_cat(n) for n in _ancestors(call.q, is_sdpa)):
+    if any(_is_sequence_cat(n) or _is_stream_assembly(n) for n in _ancestors(call.q, is_sdpa)):
         return "joint"
     return "self"
 
