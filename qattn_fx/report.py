@@ -157,8 +157,9 @@ class SiteRecord:
         """One cell of ``Report.table``."""
         if column == "module":
             return _fit_path(self.module, _MODULE_WIDTH)
-        if column == "q/kv":
-            return f"{_cell(_dim(self.q_shape, -2))}/{_cell(_dim(self.kv_shape, -2))}"
+        if column == "q/kv":  # symbolic lengths (dynamic shapes) may hold "//": spaces keep the separator apart
+            q, kv = _cell(_dim(self.q_shape, -2)), _cell(_dim(self.kv_shape, -2))
+            return f"{q}/{kv}" if "/" not in q + kv else f"{q} / {kv}"
         if column == "d":
             return _cell(_dim(self.q_shape, -1))
         if column == "mask":

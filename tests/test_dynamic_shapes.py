@@ -5,6 +5,7 @@ Under a default ``torch.compile`` the first call compiles for its static shapes 
 recompiles once with symbolic lengths; that graph must then serve every later length (at most 2 graphs).
 """
 
+import dataclasses
 import logging
 
 import pytest
@@ -50,7 +51,9 @@ def test_symbolic_lengths_show_in_the_report():
     fn(*(torch.randn(1, 2, 100, 48) for _ in range(3)))
     (site,) = backend.report.sites
     assert isinstance(site.q_shape[2], str) and site.q_shape[3] == 48  # head_dim is specialized, lengths are not
-    assert site.rewritten
+    assert site.rewritten and site.cell("q/kv") == f"{site.q_shape[2]}/{site.kv_shape[2]}"
+    video = dataclasses.replace(site, q_shape=[1, 2, "((s0//2))*s1", 48], kv_shape=[1, 2, "s2", 48])
+    assert video.cell("q/kv") == "((s0//2))*s1 / s2"  # a length with "//" keeps the separator apart
 
 
 def test_cross_attention_lengths_vary_independently():
