@@ -10,7 +10,7 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
 
 * module path (``blocks.3.attn1``), layer index (the last integer in the path) and the layer count (distinct
   indices under the same container among the graph's sites);
-* role: ``cross`` when K has another length than Q or comes from another input than Q's projection; ``joint``
+* role: ``cross`` when K has another length than Q or is projected from none of the activations Q is; ``joint``
   when Q's data flow joins two token streams along the sequence axis (text and image tokens, MM-DiT): a
   concatenation (padding with zeros joins none) or slice assignments into one buffer (Lumina2); else ``self``;
 * mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
