@@ -253,3 +253,23 @@ def test_diffusers_sdpa_kernel_context_nodes_are_matched():
     dense, out = compile_and_run(model, inputs, backend)
     assert backend.report.quantized == 4
     assert_close_to_dense(out, dense)
+
+
+def test_wan_vace_self_attention_is_self_behind_zero_padded_control_tokens():
+    """WanVACE pads its control tokens to the video's length with zeros (``cat`` on the sequence axis) and adds the
+    control hints into the residual stream: every ``attn1`` is still self-attention, every ``attn2`` cross."""
+    from diffusers import WanVACETransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32, vace_layers=[0, 1], vace_in_channels=6).eval()
+    inputs = dict(hidden_states=torch.randn(1, 4, 2, 16, 16), timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 12, 16), control_hidden_states=torch.randn(1, 6, 2, 16, 16),
+                  return_dict=False)
+    with torch.no_grad():
+        report = qattn_fx.explain(model, **inputs, emulate=True)
+    assert [(s.module, s.role) for s in report.sites] == [
+        (f"{blocks}.{i}.attn{n}", "self" if n == 1 else "cross")
+        for blocks in ("vace_blocks", "blocks") for i in (0, 1) for n in (1, 2)]
