@@ -264,8 +264,7 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
     if site.v_head_dim != site.head_dim and not req.head_dims.accepts(site.v_head_dim):
         return f"V head_dim {site.v_head_dim} not in {req.head_dims.describe()}"
     if site.dtype not in req.dtypes:
-        return (f"inputs are {site.dtype}; {req.kernel} takes "
-                f"{'/'.join(str(d).removeprefix('torch.') for d in req.dtypes)}")
+        return f"inputs are {site.dtype}, not {'/'.join(str(d).removeprefix('torch.') for d in req.dtypes)}"
     if site.mask in KEY_MASKS and not req.key_bias:
         return f"no masks ({site.mask} attn_mask)"
     if site.lse and not req.lse:
@@ -301,25 +300,38 @@ def _candidates(use: AttentionSpec) -> tuple[tuple[recipes.Row, Requirements], .
 
 def _first_serving(candidates, site: Site, hardware: Hardware, use: AttentionSpec):
     """(the first (row, implementation) that serves ``site`` on ``hardware`` or None, why each one before it
-    cannot: ``(backend, why)`` pairs in order, without repeats)."""
-    reasons: list[tuple[str, str]] = []
+    cannot: ``(backend, why)`` pairs in order, without repeats; where a backend's kernels fail for different
+    reasons, each reason names its kernel: ``needs sm_90, have sm_103 (gluon_sage)``)."""
+    failures: list[tuple[str, str, str]] = []
     for row, req in candidates:
         why = unmet(req, site, hardware, use)
         if why is None:
             return (row, req), ()
-        reasons.append((row.backend, why))
-    return None, tuple(dict.fromkeys(reasons))
+        failures.append((row.backend, req.kernel, why))
+    kernels: dict[str, set[str]] = {}
+    whys: dict[str, set[str]] = {}
+    for backend, kernel, why in failures:
+        kernels.setdefault(backend, set()).add(kernel)
+        whys.setdefault(backend, set()).add(why)
+    named = {backend for backend in whys if len(whys[backend]) > 1 and len(kernels[backend]) > 1}
+    return None, tuple(dict.fromkeys((backend, f"{why} ({kernel})" if backend in named else why)
+                                     for backend, kernel, why in failures))
 
 
 def _why_not(reasons: tuple[tuple[str, str], ...], *, grouped: bool) -> str:
-    """``"TRITON: needs sm_90, have cpu; TRTLLM: ..."``, or with ``grouped`` one clause per distinct reason
-    (``"TRTLLM, TRTLLM_ATTN: head_dim 12 not in 128"``)."""
-    if not grouped:
-        return "; ".join(f"{backend}: {why}" for backend, why in reasons)
-    by_why: dict[str, list[str]] = {}
-    for backend, why in reasons:
-        by_why.setdefault(why, []).append(backend)
-    return "; ".join(f"{', '.join(backends)}: {why}" for why, backends in by_why.items())
+    """``"TRITON: needs sm_90, have cpu (gluon_sage); needs sm_89/sm_90, have cpu (triton_sage); TRTLLM: ..."``
+    (a label once for its clauses in a row), or with ``grouped`` one clause per distinct reason (``"TRTLLM,
+    TRTLLM_ATTN: head_dim 12 not in 128"``)."""
+    if grouped:
+        by_why: dict[str, list[str]] = {}
+        for backend, why in reasons:
+            by_why.setdefault(why, []).append(backend)
+        reasons = tuple((", ".join(backends), why) for why, backends in by_why.items())
+    clauses, label = [], None
+    for backends, why in reasons:
+        clauses.append(why if backends == label else f"{backends}: {why}")
+        label = backends
+    return "; ".join(clauses)
 
 
 #: Why no kernel serves ``recipe=None`` (bf16 attention + Skip-Softmax).

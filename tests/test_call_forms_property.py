@@ -102,7 +102,7 @@ def test_float64_stays_dense_with_the_reason():
     torch._dynamo.reset()
     torch.compile(sdpa, backend=backend, fullgraph=True)(q, q, q, None, False)
     assert backend.report.sites[0].reason == (
-        "dense: reference: inputs are torch.float64; reference takes bfloat16/float16/float32")
+        "dense: reference: inputs are torch.float64, not bfloat16/float16/float32")
 
 
 @pytest.mark.parametrize("ndim", [3, 5])

@@ -97,7 +97,8 @@ def test_default_spec_on_sm90():
 def test_triton_needs_the_triton_library():
     decision = resolve(site(), SM90_BARE, spec())
     assert not decision.quantized
-    assert "TRITON: needs triton >= 3.0.0, have none" in decision.reason
+    assert ("TRITON: needs triton >= 3.6.0, have none (gluon_sage); needs triton >= 3.0.0, have none (triton_sage)"
+            in decision.reason)
 
 
 @pytest.mark.parametrize("backend", ["auto", "CUDNN"])
@@ -116,7 +117,7 @@ def test_cudnn_fp8_on_blackwell_head_dims():
     msg = str(e.value)
     assert "backend 'CUDNN' cannot serve site 'attn' (transformer_blocks.3.attn1) on sm_100" in msg
     assert "CUDNN: head_dim 80 not in 32/64/96/128" in msg
-    assert "CUDNN: needs sm_90, have sm_100" in msg
+    assert "; needs sm_90, have sm_100" in msg  # the same kernel's row for sm_90
 
 
 def test_cudnn_needs_its_library_version():
@@ -157,7 +158,7 @@ def test_flashinfer_trtllm_sage_on_sm100():
     assert not decision.quantized
     assert decision.reason == (
         "dense: no kernel serves int8 Q/K 1/16, fp8 V per-channel, smooth K via auto here "
-        "(TRITON: needs sm_90, have sm_103; TRITON: needs sm_89/sm_90, have sm_103; "
+        "(TRITON: needs sm_90, have sm_103 (gluon_sage); needs sm_89/sm_90, have sm_103 (triton_sage); "
         "TRTLLM: needs sm_100, have sm_103; TRTLLM_ATTN: needs sm_100, have sm_103)"
     )
 
@@ -189,8 +190,8 @@ def test_auto_on_cpu_is_dense_with_what_each_backend_needs():
     assert decision == Decision(
         False,
         "dense: no kernel serves int8 Q/K 1/16, fp8 V per-channel, smooth K via auto here "
-        "(TRITON: needs sm_90, have cpu; TRITON: needs sm_89/sm_90, have cpu; TRTLLM: needs sm_100, have cpu; "
-        "TRTLLM_ATTN: needs sm_100, have cpu)",
+        "(TRITON: needs sm_90, have cpu (gluon_sage); needs sm_89/sm_90, have cpu (triton_sage); TRTLLM: needs "
+        "sm_100, have cpu; TRTLLM_ATTN: needs sm_100, have cpu)",
         SAGE_INT8, None, None, "default", (),
     )
     mx = resolve(site(), CPU, spec("auto", Recipe("mxfp8", "fp8", 0, 0, 1)))
@@ -199,7 +200,7 @@ def test_auto_on_cpu_is_dense_with_what_each_backend_needs():
         "(CUTEDSL: no kernel in qattn_fx (emulate=True to measure it))"
     )
     fp8 = resolve(site(), CPU, spec("auto", CUDNN_FP8))
-    assert "CUDNN: needs sm_100/sm_103, have cpu; CUDNN: needs sm_90, have cpu" in fp8.reason
+    assert "CUDNN: needs sm_100/sm_103, have cpu; needs sm_90, have cpu" in fp8.reason
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def test_explicit_backend_the_hardware_cannot_serve_raises():
     )
     # never a silent switch to another backend that could run it
     with pytest.raises(ValueError, match=r"backend 'TRITON' cannot serve .* on sm_100: TRITON: needs sm_90, have "
-                                         r"sm_100; TRITON: needs sm_89/sm_90, have sm_100\."):
+                                         r"sm_100 \(gluon_sage\); needs sm_89/sm_90, have sm_100 \(triton_sage\)\."):
         resolve(site(), SM100, spec("TRITON", SAGE_INT8))
     with pytest.raises(ValueError, match=r"backend 'CUDNN' cannot serve .* on cpu"):
         resolve(site(), CPU, spec("CUDNN", CUDNN_FP8))
@@ -259,11 +260,11 @@ def test_input_dtype():
     assert resolve(site(dtype=torch.float16), SM90, spec()).quantized
     fp32 = resolve(site(dtype=torch.float32), SM90, spec())
     assert not fp32.quantized
-    assert "TRITON: inputs are torch.float32; gluon_sage takes bfloat16/float16" in fp32.reason
+    assert "TRITON: inputs are torch.float32, not bfloat16/float16; TRTLLM:" in fp32.reason  # once for both kernels
     # the reference kernel takes bf16/fp16/fp32, not float64
     assert resolve(site(dtype=torch.float32), CPU, spec(), emulate=True).quantized
     fp64 = resolve(site(dtype=torch.float64), CPU, spec(), emulate=True)
-    assert fp64.reason == "dense: reference: inputs are torch.float64; reference takes bfloat16/float16/float32"
+    assert fp64.reason == "dense: reference: inputs are torch.float64, not bfloat16/float16/float32"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -317,7 +318,7 @@ def test_skip_softmax_on_gluon_sage_and_trtllm_gen():
         resolve(site(), SM90, spec("TRITON", SAGE_INT8, skip_softmax=skip, kernel="triton_sage"))
     # without Gluon (triton < 3.6) auto keeps the site dense rather than drop the skip
     old = resolve(site(), SM90_TRITON_3_5, spec("auto", SAGE_INT8, skip_softmax=skip))
-    assert not old.quantized and "TRITON: no skip-softmax" in old.reason
+    assert not old.quantized and "; no skip-softmax (triton_sage)" in old.reason
 
 
 def test_bf16_skip_softmax_has_no_kernel_and_says_so():
@@ -439,7 +440,7 @@ def test_per_key_masks_run_on_the_sage_kernels_and_the_reference(mask):
     # cuDNN FP8 and FA3 FP8 take no masks: auto stays dense with the reason, an explicit backend raises
     fp8 = Recipe("fp8", "fp8", 0, 0, 0)
     dense = resolve(masked, SM90, spec("auto", fp8))
-    assert not dense.quantized and f"CUDNN: no masks ({mask} attn_mask)" in dense.reason
+    assert not dense.quantized and f"; no masks ({mask} attn_mask))" in dense.reason
     with pytest.raises(ValueError, match=rf"backend 'CUDNN' cannot serve .*no masks \({mask} attn_mask\)"):
         resolve(masked, SM90, spec("CUDNN", fp8))
     # Blackwell's trtllm-gen Sage kernels neither
