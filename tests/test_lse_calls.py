@@ -106,7 +106,7 @@ def test_policy_serves_lse_sites_with_kernels_that_return_lse():
     hopper = Hardware.supported_install("sm_90")
     assert resolve(SITE, hopper, Spec()).kernel == "gluon_sage"
     cudnn_fp8 = Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8")))
-    with pytest.raises(ValueError, match="CUDNN: returns no LSE"):
+    with pytest.raises(ValueError, match="CUDNN: needs sm_100/sm_103, have sm_90; returns no LSE"):
         resolve(SITE, hopper, cudnn_fp8)
     emulated = resolve(SITE, qattn_fx.detect("cpu"), Spec(default=AttentionSpec("auto", Recipe("mxfp8", "fp8"))),
                        emulate=True)
