@@ -269,7 +269,9 @@ def _fit_path(path: str, limit: int) -> str:
     if len(path) <= limit:
         return path
     parts = path.split(".")
-    tail = ".".join(parts[-2:]) if len(".".join(parts[-2:])) <= limit - 4 else parts[-1][-(limit - 3):]
+    tail = ".".join(parts[-2:])
+    if len(tail) > limit - 4:
+        tail = parts[-1][-(limit - 3):]
     head = path[:max(limit - 3 - len(tail), 0)].rstrip(".")
     return head + "..." + tail
 
