@@ -48,6 +48,8 @@ TABLE_COLUMNS = ("module", "layer", "role", "q/kv", "d", "recipe", "kernel", "re
 #: The default width of ``str(report)``.
 WIDTH = 120
 _MODULE_WIDTH = 40
+#: A character of a symbolic size that is more than one symbol or int (an operator, a space, a parenthesis).
+_EXPRESSION = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def _shape(shape: tuple) -> list:
@@ -157,9 +159,9 @@ class SiteRecord:
         """One cell of ``Report.table``."""
         if column == "module":
             return _fit_path(self.module, _MODULE_WIDTH)
-        if column == "q/kv":  # symbolic lengths (dynamic shapes) may hold "//": spaces keep the separator apart
-            q, kv = _cell(_dim(self.q_shape, -2)), _cell(_dim(self.kv_shape, -2))
-            return f"{q}/{kv}" if "/" not in q + kv else f"{q} / {kv}"
+        if column == "q/kv":  # a symbolic length may be an expression ("4*s0 + 10", "((s0//2))"): spaces then
+            q, kv = _cell(_dim(self.q_shape, -2)), _cell(_dim(self.kv_shape, -2))  # keep the separator apart
+            return f"{q} / {kv}" if _EXPRESSION.search(q + kv) else f"{q}/{kv}"
         if column == "d":
             return _cell(_dim(self.q_shape, -1))
         if column == "mask":

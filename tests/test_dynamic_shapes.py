@@ -54,6 +54,8 @@ def test_symbolic_lengths_show_in_the_report():
     assert site.rewritten and site.cell("q/kv") == f"{site.q_shape[2]}/{site.kv_shape[2]}"
     video = dataclasses.replace(site, q_shape=[1, 2, "((s0//2))*s1", 48], kv_shape=[1, 2, "s2", 48])
     assert video.cell("q/kv") == "((s0//2))*s1 / s2"  # a length with "//" keeps the separator apart
+    joint = dataclasses.replace(site, q_shape=[1, 2, "4*s0 + 10", 48], kv_shape=[1, 2, "4*s0 + 10", 48])
+    assert joint.cell("q/kv") == "4*s0 + 10 / 4*s0 + 10"  # so does any expression (QwenImage's joint length)
 
 
 def test_cross_attention_lengths_vary_independently():
