@@ -122,7 +122,7 @@ def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
     from .gluon_sage import q_blocks, tail_split
 
     args = (q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
-    want, want_lse = emulate(*args, sm_scale, config.softmax_keys, config.mmasum, return_lse=True, key_bias=key_bias)
+    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True, key_bias=key_bias)
     if tail is not None:
         pieces = []
         for lo in range(0, k.shape[2], tail.kv_split):
@@ -130,7 +130,7 @@ def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
             kss = k_scale[..., lo // k_block:(hi + k_block - 1) // k_block] if (k_scale is not None and
                                                                                  k_block > 0) else k_scale
             pieces.append(emulate(q, q_scale, k[:, :, lo:hi], kss, v[:, :, lo:hi], v_scale, q_block, k_block,
-                                  sm_scale, config.softmax_keys, config.mmasum, return_lse=True,
+                                  sm_scale, config.block_n, config.mmasum, return_lse=True,
                                   key_bias=None if key_bias is None else key_bias[:, lo:hi]))
         if len(pieces) != tail.splits:
             raise ValueError(f"tail split {tail} has {tail.splits} pieces; the keys make {len(pieces)}")

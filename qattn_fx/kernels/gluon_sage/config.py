@@ -75,10 +75,9 @@ class GluonConfig(LaunchConfig):
     mmasum: int = 0
     trio: int = 0
     quad: int = 0
-    pair: int = 0
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
-    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad", "pair")
+    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"
@@ -112,19 +111,13 @@ class GluonConfig(LaunchConfig):
         return self.consumers * ROWS_PER_CONSUMER
 
     @property
-    def softmax_keys(self) -> int:
-        """Keys per online-softmax step (where the running max rescales and P is rounded): ``block_n``, twice that
-        with ``pair``."""
-        return self.block_n * (2 if self.pair else 1)
-
-    @property
     def numerics(self) -> tuple[int, int, int, int]:
         """``(block_n, permk, mmasum, rows)``: what decides the output bits on given inputs. ``block_n`` places the
         online softmax's rescaling and the e4m3 rounding of P; ``permk`` orders each P·V tile's sum; ``mmasum``
         sums the denominator over e4m3 P; ``rows`` decides which rows the tail split runs in pieces. Configs with
         equal ``numerics`` give bitwise-identical outputs (``stages``, ``ahead`` and ``tarrive`` move only time;
         tests/gpu/test_gluon_sage.py checks every tuned class)."""
-        return (self.softmax_keys, self.permk, self.mmasum, self.rows)
+        return (self.block_n, self.permk, self.mmasum, self.rows)
 
 
 # The autotuner's candidates, one class per way of loading K. Every candidate of a class has the same

@@ -332,7 +332,7 @@ def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.
 
 @jit
 def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None, MMASUM: gl.constexpr = 0, ACC: gl.constexpr = 0):
+              PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None, MMASUM: gl.constexpr = 0):
     """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator, P being the register A operand
     (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were loaded permuted
     (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key ``16h + 4c + 2i + e``: relabeling
@@ -342,7 +342,7 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: 
     a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
     (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
     slot = j % STAGES
-    v_tile = v_smem.index(slot).reshape([v_smem.type.shape[3], BLOCK_N]).permute((1, 0))
+    v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
     if PERMK:  # keys back in operand order (a relabeling of P's registers)
         BM: gl.constexpr = p8.type.shape[0]
         p8 = gl.reshape(gl.permute(gl.reshape(p8, [BM, BLOCK_N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]),
@@ -351,11 +351,11 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: 
     else:
         p_op = gl.convert_layout(p8, p_layout)
     mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-    pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=ACC == 1, is_async=True)
+    pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
     if MMASUM:
-        p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=_sum_layout(gl.num_warps()),
+        p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_zero.type.layout,
                                                           k_width=4), assert_trivial=True)
-        pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=ACC == 1, is_async=True)
+        pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
     else:
         pl = 0.0
     return pv, pl
@@ -479,50 +479,6 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
 
 
 @jit
-def _pair_softmax_pv(j, s0, s1, ks0, ks1, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                     p_layout: gl.constexpr, row_o: gl.constexpr, flags, MASK: gl.constexpr, PERMK1: gl.constexpr,
-                     sums):
-    """Tiles ``j`` and ``j+1`` as one softmax step of 2·BLOCK_N keys (one running max, one rescale of ``acc``),
-    their P·V summed in one fp32 accumulator; ``MASK``: tile ``j+1`` is the row's last (masked, key order), whose V
-    slot is released here. Releases event ``j+1`` once P·V is done (the caller released ``j``)."""
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
-    QK_KIND: gl.constexpr = flags.QK_KIND
-    K_BLOCK: gl.constexpr = flags.K_BLOCK
-    t0, rs0 = _scale_logits(s0, ks0, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    t1, rs1 = _scale_logits(s1, ks1, rs, QK_KIND, K_BLOCK, BLOCK_N)
-    m_new = gl.maximum(_running_max(t0, rs0, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False),
-                       _tile_max(t1, rs1, (j + 1) * BLOCK_N, SEQ_KV, BLOCK_N, MASK))
-    p0, alpha, l_i = _exp_sum(t0, rs0, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, 1)
-    p1, alpha, l_i = _exp_sum(t1, rs1, m_new, m_i, l_i, (j + 1) * BLOCK_N, SEQ_KV, BLOCK_N, MASK, 1)
-    pv, pl = _pv_issue(j, p0, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, flags.STAGES, flags.PERMK, sums[0],
-                       sums[1], 1)
-    pv, pl = _pv_issue(j + 1, p1, pv, v_smem, v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK1, sums[0], pl, 1, 1)
-    pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
-    _release(j + 1, kv_free, flags.STAGES, flags.TARRIVE)
-    if MASK:
-        _release(j + 2, kv_free, flags.STAGES, flags.TARRIVE)
-    acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, 1)
-    return m_new, l_i, acc
-
-
-@jit
-def _pair_step(j, m_i, l_i, acc, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
-               col_s: gl.constexpr, grp_layout: gl.constexpr, MASK: gl.constexpr, PERMK1: gl.constexpr):
-    """Q·Kᵀ of tiles ``j`` and ``j+1`` (both issued, then waited; release event ``j``), then
-    :func:`_pair_softmax_pv`."""
-    q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
-    s0 = _qk_issue(j, q, s_init, k_smem, k_ready, flags.QK_KIND, BLOCK_N, flags.STAGES)
-    s1 = _qk_issue(j + 1, q, s_init, k_smem, k_ready, flags.QK_KIND, BLOCK_N, flags.STAGES)
-    s0, s1 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, s1))
-    _release(j, kv_free, flags.STAGES, flags.TARRIVE)
-    ks0 = _tile_k_scales(j, ksrc, col_s, grp_layout, flags)
-    ks1 = _tile_k_scales(j + 1, ksrc, col_s, grp_layout, flags)
-    return _pair_softmax_pv(j, s0, s1, ks0, ks1, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready, kv_free,
-                            p_layout, row_o, flags, MASK, PERMK1, sums)
-
-
-@jit
 def _serial_tiles(j0, j1, ks, m_i, l_i, acc, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
                   col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr, BIAS: gl.constexpr):
     """Full tiles ``[j0, j1)`` of the serial schedule (``SKIP``: behind Skip-Softmax's test; ``BIAS``: adding the
@@ -622,29 +578,6 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
         m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_ready,
                                     kv_free, p_layout, row_o, flags, True, True, 0, sums, HAS_BIAS)
 
-    return m_i, l_i, acc
-
-
-@jit
-def _pair_mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
-                   col_s: gl.constexpr, grp_layout: gl.constexpr):
-    """``PAIR``: :func:`_mainloop` with softmax steps of two key tiles (:func:`_pair_step`); the last step is the
-    last full tile with the masked one when the full tiles are odd in number, else the masked tile alone. No key
-    bias, no Skip-Softmax (the launch refuses them)."""
-    q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums = loop_args
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
-    n_full = n_tiles - 1
-    for i in range(n_full // 2):
-        m_i, l_i, acc = _pair_step(2 * i, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s, grp_layout,
-                                   0, flags.PERMK)
-    if n_full % 2 == 1:  # the last full tile and the masked one make the last step
-        m_i, l_i, acc = _pair_step(n_tiles - 2, m_i, l_i, acc, loop_args, flags, p_layout, row_o, col_s,
-                                   grp_layout, 1, 0)
-    else:
-        s = _qk(n_tiles - 1, q, s_init, k_smem, k_ready, kv_free, flags.QK_KIND, BLOCK_N, flags.STAGES, flags.TARRIVE)
-        ks_last = _tile_k_scales(n_tiles - 1, ksrc, col_s, grp_layout, flags)
-        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks_last, 0.0, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem,
-                                    v_ready, kv_free, p_layout, row_o, flags, True, True, 0, sums, 0)
     return m_i, l_i, acc
 
 
@@ -799,9 +732,6 @@ def _consume(args, CID: gl.constexpr, flags):
     if SKIP and skip[0] != float("-inf"):
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,
                                   grp_layout, SKIP)
-        _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)
-    elif flags.PAIR:
-        m_i, l_i, acc = _pair_mainloop(m_i, acc, l_i, n_tiles, loop_args, flags, p_layout, row_o, col_s, grp_layout)
         _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)
     else:
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,
