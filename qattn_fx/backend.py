@@ -20,6 +20,7 @@ import logging
 import os
 import time
 import weakref
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -90,6 +91,7 @@ class Backend:
         #: Every graph module this backend rewrote, in compile order (inspect them with ``qattn_fx.fx.printer``).
         self.graph_modules: list[fx.GraphModule] = []
         self._sites: list[Site] = []  # the policy's view of every site so far (for rule usage)
+        self._graph_notes: list[str] = []  # per-graph notes (attention ops that are not sites)
         self._warned_rules: set[int] = set()
 
     # -- the pass ----------------------------------------------------------------------------------------------
@@ -102,6 +104,7 @@ class Backend:
         training = is_training_graph(example_inputs if example_inputs is not None else _placeholder_values(gm))
         if log.isEnabledFor(logging.INFO):
             log.info("qattn_fx: rewriting graph %d: %d SDPA sites", graph, len(match.find_sdpa(gm)))
+        self._note_other_attention(gm, graph)
         outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate, grad_enabled=training,
                            first_index=len(self.report.sites), target=self.target, timestep=self.timestep)
         sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
@@ -124,11 +127,26 @@ class Backend:
             log.info("qattn_fx: debug dump of graph %d written to %s", graph, dump)
         return sites
 
+    def _note_other_attention(self, gm: fx.GraphModule, graph: int) -> None:
+        """A report-wide note (and a WARNING) for the calls of attention ops other than SDPA in ``gm``
+        (:func:`qattn_fx.fx.match.other_attention`: flex attention, another library's op), which run as written."""
+        others = Counter(match.find_other_attention(gm))
+        if not others:
+            return
+        ops = ", ".join(f"{name} x{n}" for name, n in others.items())
+        note = (f"graph {graph}: {sum(others.values())} call(s) of attention ops other than "
+                f"scaled_dot_product_attention run as the model wrote them ({ops}): qattn_fx rewrites "
+                "scaled_dot_product_attention only")
+        self._graph_notes.append(note)
+        log.warning("qattn_fx: %s", note)
+
     def _note_unused_rules(self) -> None:
-        """Report-wide notes (and one WARNING per rule) for rules that decided no site of any graph so far."""
+        """Report-wide notes (and one WARNING per rule) for rules that decided no site of any graph so far, after
+        the graphs' own notes (:meth:`_note_other_attention`)."""
         notes = []
         graphs = len(self.graph_modules)
         if not self._sites:  # graphs without attention (a model's other compiled regions) say nothing of rules
+            self.report.notes[:] = self._graph_notes
             return
         for index, decided, matched in rule_usage(self.spec, self._sites):
             if decided:
@@ -142,7 +160,7 @@ class Backend:
             if index not in self._warned_rules:
                 self._warned_rules.add(index)
                 log.warning("qattn_fx: %s", note)
-        self.report.notes[:] = notes
+        self.report.notes[:] = self._graph_notes + notes
 
     def record_sparsity(self, measurement) -> Report:
         """Put measured Skip-Softmax sparsity (a :func:`qattn_fx.skip_softmax.measure` block around calls of the
@@ -169,12 +187,13 @@ class Backend:
         """Rewrite ``gm`` and compile it. When compiling raises, this graph's sites leave the report again: Dynamo
         may restart its analysis (Inductor's ``RestartAnalysis`` for a float that became symbolic, e.g. diffusers'
         ``attn.scale`` under ``dynamic=True``) and call the backend once more for the same frame."""
-        counts = len(self.graph_modules), len(self.report.sites), len(self._sites)
+        counts = len(self.graph_modules), len(self.report.sites), len(self._sites), len(self._graph_notes)
         self.rewrite(gm, example_inputs)
         try:
             return self.delegate(gm, example_inputs, **kwargs)
         except BaseException:
             del self.graph_modules[counts[0]:], self.report.sites[counts[1]:], self._sites[counts[2]:]
+            del self._graph_notes[counts[3]:]
             self._note_unused_rules()
             raise
 

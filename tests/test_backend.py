@@ -246,6 +246,68 @@ def test_a_rule_shadowed_by_an_earlier_one_is_noted():
         "compiled so far"]
 
 
+@torch.library.custom_op("qattn_test::other_attention", mutates_args=())
+def _other_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Another library's attention op, as ``torch.library`` registers it (FlashAttention's, SageAttention's)."""
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+@_other_attention.register_fake
+def _(q, k, v):
+    return torch.empty_like(q)
+
+
+class OtherAttentionBlock(torch.nn.Module):
+    """One SDPA call, one flex attention call and two calls of another library's attention op."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 192)
+
+    def forward(self, x):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        q, k, v = self.proj(x).view(1, -1, 3, 2, 32).permute(2, 0, 3, 1, 4)
+        other = torch.ops.qattn_test.other_attention
+        return F.scaled_dot_product_attention(q, k, v) + flex_attention(q, k, v) + other(q, k, v) + other(k, q, v)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_attention_ops_other_than_sdpa_are_noted_and_warned(caplog):
+    """Flex attention's higher-order op and other libraries' attention ops run as written; the report says how
+    many and which, once per graph (qattn_fx's own ops, inserted by the rewrite, are not counted)."""
+    torch.manual_seed(0)
+    block, x = OtherAttentionBlock().eval().requires_grad_(False), torch.randn(1, 48, 64)
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="qattn_fx"):
+        out = run(block, x, backend)
+    with torch.no_grad():
+        torch.testing.assert_close(out, block(x), atol=0.1, rtol=0)
+    note = ("graph 0: 3 call(s) of attention ops other than scaled_dot_product_attention run as the model wrote "
+            "them (flex_attention x1, qattn_test.other_attention x2): qattn_fx rewrites "
+            "scaled_dot_product_attention only")
+    assert backend.report.notes == [note]
+    assert [s.rewritten for s in backend.report.sites] == [True]
+    assert [r.getMessage() for r in caplog.records if "other than" in r.getMessage()] == [f"qattn_fx: {note}"]
+    assert qattn_fx.explain(block, x, emulate=True).notes == [note]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_graph_without_sdpa_still_notes_other_attention_ops():
+    class FlexOnly(torch.nn.Module):
+        def forward(self, q):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, q, q)
+
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    run(FlexOnly(), torch.randn(1, 2, 32, 16), backend)
+    assert backend.report.sites == []
+    assert backend.report.notes == [
+        "graph 0: 1 call(s) of attention ops other than scaled_dot_product_attention run as the model wrote them "
+        "(flex_attention x1): qattn_fx rewrites scaled_dot_product_attention only"]
+
+
 def test_module_globs_match_the_path_tail_under_regional_compilation():
     """compile_repeated_blocks compiles one block alone: its sites' paths start inside the block (``attn2``); the
     README's rule ``blocks.*.attn2 → dense`` must still make cross-attention dense, and say how it matched."""

@@ -4,7 +4,8 @@ Matching is explicit: a node is an attention site when its target is the SDPA bu
 call: positional or keyword arguments, diffusers' permuted views, inside ``sdpa_kernel`` context nodes) or the aten
 op, or one of the aten ops that also return the log-sum-exp (:data:`LSE_TARGETS`: the flash and cuDNN forms that
 diffusers' ring attention calls to merge partial results). Graphs nested in higher-order-op subgraphs (activation
-checkpointing, ``invoke_subgraph``) are searched too.
+checkpointing, ``invoke_subgraph``) are searched too. Calls of other attention ops (flex attention's higher-order
+op, another library's ``torch.library`` op) are not sites; :func:`find_other_attention` names them for the report.
 
 Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_module_stack``:
 
@@ -66,6 +67,35 @@ _ANCESTRY_LIMIT = 20000
 def is_sdpa(node: fx.Node) -> bool:
     """An attention site: the SDPA builtin or aten op, or an LSE-returning attention op (:data:`LSE_TARGETS`)."""
     return node.op == "call_function" and (node.target in SDPA_TARGETS or node.target in LSE_TARGETS)
+
+
+#: Words that name an attention op in an operator's name (``flex_attention``, ``_flash_attn_forward``, ...).
+_ATTENTION_WORDS = re.compile(r"attention|attn")
+
+
+def other_attention(node: fx.Node) -> str | None:
+    """The name of an attention op that is not a site (flex attention's higher-order op, another library's
+    attention op, an aten attention op without a served form), else ``None``: its calls run as the model wrote
+    them, and the report says so. qattn_fx's own ops are not counted."""
+    if node.op != "call_function" or is_sdpa(node):
+        return None
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        name = target.name()
+    elif isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        packet = target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
+        name = packet._qualified_op_name.replace("::", ".")
+    else:
+        return None
+    if name.startswith("qattn.") or not _ATTENTION_WORDS.search(name):
+        return None
+    return name
+
+
+def find_other_attention(root: fx.GraphModule) -> list[str]:
+    """:func:`other_attention` of every node under ``root`` (nested subgraphs included), one name per call."""
+    return [name for _, gm in graphs_in(root) for node in gm.graph.nodes
+            if (name := other_attention(node)) is not None]
 
 
 def returns_lse(node: fx.Node) -> bool:
