@@ -1,9 +1,12 @@
-"""Helpers shared by several test files: recipe inputs for the Triton kernel tests, opcheck on float8 outputs."""
+"""Helpers shared by several test files: recipe inputs for the Triton kernel tests, opcheck on float8 outputs, the
+environment of a test's subprocess."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+from pathlib import Path
 
 import torch
 
@@ -12,6 +15,15 @@ from qattn_fx.kernels.emulation import emulate  # noqa: F401  (re-exported for t
 from qattn_fx import formats
 
 ops = torch.ops.qattn
+#: The checkout's root: what a subprocess imports ``qattn_fx``, ``benchmarks`` and ``examples`` from.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra: str) -> dict:
+    """This process's environment with :data:`ROOT` first on ``PYTHONPATH`` (the entries already there kept: a
+    machine may install packages through it), plus ``extra``."""
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "PYTHONPATH": path, **extra}
 FP8 = torch.float8_e4m3fn
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float8_e5m2)
 

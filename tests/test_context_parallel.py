@@ -16,14 +16,13 @@ benchmark's default: README, "Several GPUs").
 """
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks import context_parallel
+from support import ROOT, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +32,7 @@ def run(tmp_path_factory):
                "-m", "benchmarks.context_parallel", "--model", "tiny", "--device", "cpu", "--compiler", "aot_eager",
                "--variants", "dense-1,qattn-1,qattn-ulysses,qattn-ring", "--iters", "1", "--warmup", "0",
                "--min-cosine", "0.9999", "--out", str(out)]
-    root = Path(__file__).resolve().parents[1]  # where `-m benchmarks.context_parallel` is found
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=subprocess_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {row["variant"]: row for row in json.loads(out.read_text())["rows"]}
 

@@ -1,20 +1,18 @@
 """The examples run as the README says (CPU: tiny models, recipes emulated)."""
 
 import importlib.util
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import qattn_fx
+from support import ROOT, subprocess_env
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("qattn_fx_example_pipeline", ROOT / "examples" / "pipeline.py")
 pipeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pipeline)
@@ -39,7 +37,7 @@ def test_pipeline_example_as_a_user_runs_it():
     """``python examples/pipeline.py`` with its defaults: Inductor compiles the rewritten transformer (~40 s)."""
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "pipeline.py"), "--steps", "2", "--device", "cpu"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=subprocess_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "qattn_fx: 4/4 attention sites quantized, 0 dense" in done.stdout
 

@@ -6,7 +6,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,17 +16,16 @@ from qattn_fx import AttentionSpec, Hardware, Recipe, Site, Spec, resolve, tiny_
 from qattn_fx.cli import main
 from qattn_fx.hardware import supported_libraries
 from qattn_fx.report import readable
+from support import ROOT, subprocess_env
 from test_golden_graphs import AttentionBlock, Model
 
-ROOT = Path(__file__).resolve().parents[1]
 TRTLLM_INT8 = Spec(default=AttentionSpec("TRTLLM", Recipe("int8", "fp8", 1, 16, 1)))
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m qattn_fx ARGS`` in a fresh process, with this checkout's package first on the path."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "qattn_fx", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
+    return subprocess.run([sys.executable, "-m", "qattn_fx", *args], capture_output=True, text=True,
+                          env=subprocess_env(**(env or {})), cwd=ROOT, timeout=300)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -131,7 +129,7 @@ def test_module_entry_point_version_and_a_pipe_to_head():
     helped = cli("--help")
     assert all(command in helped.stdout for command in ("recipes", "resolve", "inspect"))
     piped = subprocess.run(f"{sys.executable} -m qattn_fx recipes | head -1", shell=True, capture_output=True,
-                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+                           text=True, cwd=ROOT, env=subprocess_env(), timeout=120)
     assert piped.stdout.startswith("| backend |") and "Error" not in piped.stderr, piped.stderr
 
 
@@ -149,8 +147,9 @@ def test_inspect_a_diffusers_config_emulated(tmp_path, capsys):
     model, _ = tiny_models.wan(num_layers=1, head_dim=64)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(dict(model.config)))
+    # --arch cpu: the fp32 model on this CPU whatever the machine (on a CUDA machine inspect would run it in bf16)
     args = ["inspect", "--config", str(config), "--class", "WanTransformer3DModel", "--emulate", "--target", "sm_90",
-            "--frames", "1", "--height", "8", "--width", "8", "--text-len", "5"]
+            "--arch", "cpu", "--frames", "1", "--height", "8", "--width", "8", "--text-len", "5"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "hidden_states (1, 4, 1, 8, 8)" in out
@@ -337,11 +336,10 @@ def test_torch_logs_controls_the_qattn_fx_logger():
               "from qattn_fx import tiny_models\n"
               "m, i = tiny_models.dit()\n"
               "with torch.no_grad(): qattn_fx.explain(m, **i, emulate=True)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     info = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**env, "TORCH_LOGS": "qattn_fx"})
+                          env=subprocess_env(TORCH_LOGS="qattn_fx"))
     assert info.returncode == 0, info.stderr
     assert "qattn_fx: rewriting graph 0: 1 SDPA sites" in info.stderr and " site " not in info.stderr
     debug = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                           env={**env, "TORCH_LOGS": "+qattn_fx"})
+                           env=subprocess_env(TORCH_LOGS="+qattn_fx"))
     assert "qattn_fx: graph 0 site " in debug.stderr, debug.stderr
