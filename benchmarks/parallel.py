@@ -14,7 +14,7 @@ processor that is given the config runs its attention through the dispatcher's t
   refuses (``Native attention does not support return_lse=True``); ``_native_cudnn`` and ``_native_flash`` call the
   aten ops above, which return it.
 
-Three things stand between that API and a compiled run, each handled here and named where it is:
+Four things stand between that API and a compiled run, each handled here and named where it is:
 
 1. on a machine without an accelerator diffusers computes the rank's device as ``rank %
    torch.accelerator.device_count()``, a division by zero (:func:`enable`);
@@ -23,7 +23,10 @@ Three things stand between that API and a compiled run, each handled here and na
    cache that first call fills is filled before compiling (:func:`prime_split_hooks`);
 3. the split hook logs ``logger.warning_once`` for Wan2.1's one-dimensional timestep (its plan expects Wan2.2's
    two), a logging call Dynamo refuses to trace: the function is added to Dynamo's ignored logging functions
-   (:func:`ignore_warning_once`).
+   (:func:`ignore_warning_once`);
+4. the output's gather (``all_gather_tensor`` along the sequence) calls ``torch._utils._maybe_view_chunk_cat``,
+   which torch 2.13's Dynamo traces (``trace_rules``) and torch 2.11's skips, breaking the graph after the last
+   attention: on such versions the same trace rule is added (:func:`trace_gather_chunk_cat`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,23 @@ def ignore_warning_once() -> None:
             return
     raise RuntimeError(f"torch {torch.__version__} has neither torch._dynamo.config.ignore_logging_functions nor "
                        "ignore_logger_methods: Logger.warning_once cannot be ignored by Dynamo")
+
+
+#: What the output's all-gather calls to put the gathered chunks along the sequence (see item 4 above).
+CHUNK_CAT = "torch._utils._maybe_view_chunk_cat"
+
+
+def trace_gather_chunk_cat() -> bool:
+    """Have Dynamo trace :data:`CHUNK_CAT` (torch 2.13's own trace rule for it) where this torch skips it;
+    returns whether a rule was added."""
+    from torch._dynamo import trace_rules
+    from torch._dynamo.variables import UserFunctionVariable
+
+    if CHUNK_CAT in trace_rules.manual_torch_name_rule_map:
+        return False
+    trace_rules.manual_torch_name_rule_map[CHUNK_CAT] = UserFunctionVariable
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+    return True
 
 
 def prime_split_hooks(model: torch.nn.Module) -> int:
@@ -104,3 +124,4 @@ def enable(model: torch.nn.Module, kind: str, degree: int, attention_backend: st
         model.enable_parallelism(config=config)
     prime_split_hooks(model)
     ignore_warning_once()
+    trace_gather_chunk_cat()
