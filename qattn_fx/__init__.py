@@ -8,7 +8,8 @@ The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass
 :func:`quantized_attention` (the eager op sequence), :func:`calibrate` / :class:`Budget` / :class:`Calibration`
 (per-site errors on the user's calls and a plan that keeps a budget); Skip-Softmax: :class:`SkipSoftmax`,
 :func:`calibrate_skip_softmax` (``target_sparsity`` → thresholds) and :mod:`qattn_fx.skip_softmax` (the contract,
-measured sparsity); step schedules for quantization in general: :class:`DenseUntil`.
+measured sparsity); step schedules for quantization in general: :class:`DenseUntil`;
+:func:`trace_multihead_attention` (``nn.MultiheadAttention``'s attention as a site).
 """
 
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 from . import config  # noqa: E402
 from .backend import Backend, backend, explain, install_pre_grad_pass, pre_grad_pass  # noqa: E402
 from .calibration import Budget, Calibration, calibrate
+from .fx.tracing import trace_multihead_attention
 from .hardware import Hardware, detect
 from .ops import quantized_attention
 from .policy import Decision, Site, resolve
@@ -52,4 +54,5 @@ __all__ = [
     "detect",
     "quantized_attention",
     "resolve",
+    "trace_multihead_attention",
 ]

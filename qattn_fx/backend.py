@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from . import __version__
-from .fx import match
+from .fx import match, tracing
 from .fx.rewrite import TimestepSource, is_training_graph, rewrite
 from .hardware import Hardware, detect
 from .policy import Site, Target, rule_usage
@@ -136,7 +136,7 @@ class Backend:
         ops = ", ".join(f"{name} x{n}" for name, n in others.items())
         note = (f"graph {graph}: {sum(others.values())} call(s) of attention ops other than "
                 f"scaled_dot_product_attention run as the model wrote them ({ops}): qattn_fx rewrites "
-                "scaled_dot_product_attention only")
+                "scaled_dot_product_attention only" + (f"; {tracing.MHA_HINT}" if tracing.MHA in others else ""))
         self._graph_notes.append(note)
         log.warning("qattn_fx: %s", note)
 

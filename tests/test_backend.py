@@ -308,6 +308,58 @@ def test_a_graph_without_sdpa_still_notes_other_attention_ops():
         "(flex_attention x1): qattn_fx rewrites scaled_dot_product_attention only"]
 
 
+class MultiheadBlock(torch.nn.Module):
+    """``nn.MultiheadAttention`` as a model calls it without the weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(64, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+@pytest.fixture
+def restore_mha_rule():
+    """Put Dynamo's rule for ``F.multi_head_attention_forward`` back after a test that removed it."""
+    from torch._dynamo import trace_rules
+
+    from qattn_fx.fx import tracing
+
+    rules = trace_rules.torch_non_c_binding_in_graph_functions
+    saved = rules[tracing.MHA]
+    yield
+    rules[tracing.MHA] = saved
+    trace_rules.get_torch_obj_rule_map.cache_clear()
+    torch._dynamo.reset()
+
+
+def test_multihead_attention_is_named_then_served_once_traced_into(restore_mha_rule):
+    """Dynamo records ``F.multi_head_attention_forward`` as one call: the report names it with the switch that
+    makes its attention a site; after :func:`qattn_fx.trace_multihead_attention` the same model has one quantized
+    site and its output stays close to dense."""
+    from qattn_fx.fx import tracing
+
+    torch.manual_seed(0)
+    block, x = MultiheadBlock().eval(), torch.randn(1, 48, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = qattn_fx.explain(block, x, emulate=True)
+    assert report.sites == [] and report.notes == [
+        "graph 0: 1 call(s) of attention ops other than scaled_dot_product_attention run as the model wrote them "
+        f"({tracing.MHA} x1): qattn_fx rewrites scaled_dot_product_attention only; {tracing.MHA_HINT}"]
+    assert qattn_fx.trace_multihead_attention() is True
+    assert qattn_fx.trace_multihead_attention() is False  # already traced into
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = run(block, x, backend)
+    assert [(s.module, s.role, s.rewritten) for s in backend.report.sites] == [("attn", "self", True)]
+    assert backend.report.notes == []
+    with torch.no_grad():
+        dense = block(x)
+    rel = (out - dense).norm() / dense.norm()  # measured 0.032 (the output projection of head_dim 32 rows)
+    assert rel < 0.05 and F.cosine_similarity(out.flatten(), dense.flatten(), dim=0) > 0.999
+
+
 def test_module_globs_match_the_path_tail_under_regional_compilation():
     """compile_repeated_blocks compiles one block alone: its sites' paths start inside the block (``attn2``); the
     README's rule ``blocks.*.attn2 → dense`` must still make cross-attention dense, and say how it matched."""

@@ -75,8 +75,9 @@ _ATTENTION_WORDS = re.compile(r"attention|attn")
 
 def other_attention(node: fx.Node) -> str | None:
     """The name of an attention op that is not a site (flex attention's higher-order op, another library's
-    attention op, an aten attention op without a served form), else ``None``: its calls run as the model wrote
-    them, and the report says so. qattn_fx's own ops are not counted."""
+    attention op, an aten attention op without a served form, a torch function that Dynamo records as one call:
+    ``nn.MultiheadAttention``'s, :mod:`.tracing`), else ``None``: its calls run as the model wrote them, and the
+    report says so. qattn_fx's own ops are not counted."""
     if node.op != "call_function" or is_sdpa(node):
         return None
     target = node.target
@@ -85,6 +86,9 @@ def other_attention(node: fx.Node) -> str | None:
     elif isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         packet = target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
         name = packet._qualified_op_name.replace("::", ".")
+    elif str(getattr(target, "__module__", None)).startswith("torch"):  # a torch function kept as one call
+        short = getattr(target, "__name__", "")  # its own name decides, not its module's (torch.nn.attention...)
+        name = f"{target.__module__}.{short}" if _ATTENTION_WORDS.search(short) else ""
     else:
         return None
     if name.startswith("qattn.") or not _ATTENTION_WORDS.search(name):
