@@ -15,6 +15,8 @@ from qattn_fx.kernels.emulation import emulate  # noqa: F401  (re-exported for t
 from qattn_fx import formats
 
 ops = torch.ops.qattn
+FP8 = torch.float8_e4m3fn
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float8_e5m2)
 #: The checkout's root: what a subprocess imports ``qattn_fx``, ``benchmarks`` and ``examples`` from.
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +26,6 @@ def subprocess_env(**extra: str) -> dict:
     machine may install packages through it), plus ``extra``."""
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     return {**os.environ, "PYTHONPATH": path, **extra}
-FP8 = torch.float8_e4m3fn
-_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float8_e5m2)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ call: positional or keyword arguments, diffusers' permuted views, inside ``sdpa_
 op, or one of the aten ops that also return the log-sum-exp (:data:`LSE_TARGETS`: the flash and cuDNN forms that
 diffusers' ring attention calls to merge partial results). Graphs nested in higher-order-op subgraphs (activation
 checkpointing, ``invoke_subgraph``) are searched too. Calls of other attention ops (flex attention's higher-order
-op, another library's ``torch.library`` op) are not sites; :func:`find_other_attention` names them for the report.
+op, another library's ``torch.library`` op, ``nn.MultiheadAttention``'s function, which Dynamo keeps whole) are not
+sites; :func:`find_other_attention` names them for the report.
 
 Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_module_stack``:
 
