@@ -3,6 +3,7 @@
     python -m benchmarks.dit_step --out bench_out/dit_step.json                # Wan2.1-1.3B config, 480p, 81 frames
     python -m benchmarks.dit_step --config 14b --frames 21 --blocks 4          # fewer frames / blocks, stated in output
     python -m benchmarks.dit_step --config 14b --resolution 720 --blocks 4 --compile whole  # 75,600 tokens
+    python -m benchmarks.dit_step --config 2.2-5b --frames 121 --blocks 10 --compile whole  # Wan2.2-TI2V-5B 720p
     python -m benchmarks.dit_step --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
     python -m benchmarks.dit_step --model ltx_video --blocks 8 --resolution 704 --compile whole --steps 4
     python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
@@ -12,7 +13,8 @@ Models (random weights at the published configs, bf16, built on the GPU):
 
 * ``wan``: ``WanTransformer3DModel`` (Wan2.1 ``--config 1.3b`` / ``14b``), 480p latents
   ``(1, 16, 1 + (frames-1)/4, 60, 104)`` → 32,760 tokens at 81 frames (``--resolution 720``: ``90, 160`` → 75,600
-  tokens), a 512-token text embedding.
+  tokens), a 512-token text embedding; ``--config 2.2-5b`` (Wan2.2-TI2V-5B): 1280 x 704 latents
+  ``(1, 48, 1 + (frames-1)/4, 44, 80)`` → 27,280 tokens at 121 frames, one timestep per token.
 * ``hunyuan_video``: ``HunyuanVideoTransformer3DModel`` (HunyuanVideo's config: 24 heads, d128, 20 dual- and 40
   single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` (``--resolution 720``: ``90, 160``)
   and 256 text tokens of which ``--text-tokens`` are valid: its joint attention masks the padding with a
@@ -69,10 +71,17 @@ from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec
 from qattn_fx.backend import inductor_config_patches
 from qattn_fx.fx import match
 
+#: Wan transformer configs by ``--config`` (diffusers ``WanTransformer3DModel``, as published): Wan2.1-T2V-1.3B,
+#: Wan2.1-T2V-14B (also the config of each of Wan2.2-T2V-A14B's two experts), and Wan2.2-TI2V-5B, whose 16x VAE
+#: gives 48 latent channels and whose pipeline passes one timestep per token (``expand_timesteps``).
 CONFIGS = {
     "1.3b": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
     "14b": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40),
+    "2.2-5b": dict(num_attention_heads=24, attention_head_dim=128, ffn_dim=14336, num_layers=30, in_channels=48,
+                   out_channels=48),
 }
+#: ``--config``s whose VAE compresses 16x per side (else 8x) and whose pipeline passes a ``(B, tokens)`` timestep.
+WAN_VAE16 = ("2.2-5b",)
 #: Flux.1-dev's published transformer config (``black-forest-labs/FLUX.1-dev``, ``transformer/config.json``).
 FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                 num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
@@ -119,6 +128,8 @@ class Case:
 #: Frame sizes, (height, width) pixels by ``--resolution``; a model's first entry is its default.
 #: Wan2.1's published frame sizes (480p, 720p).
 WAN_SIZES = {480: (480, 832), 720: (720, 1280)}
+#: Wan2.2-TI2V-5B's frame size (720p: 1280 x 704, a multiple of its 16x VAE's 32-pixel patches).
+WAN_VAE16_SIZES = {720: (704, 1280)}
 #: HunyuanVideo's frame sizes, (height, width) pixels by ``--resolution`` (480p, 720p).
 HUNYUAN_SIZES = {480: (480, 848), 720: (720, 1280)}
 #: LTX-Video's frame sizes, (height, width) pixels by ``--resolution``: its pipeline's default 704 x 512, and
@@ -149,34 +160,43 @@ def text_mask(length: int, valid: int, device: str) -> torch.Tensor:
 
 def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 81, resolution: int | None = None,
               device: str = "cuda", dims: dict | None = None, **_) -> Case:
-    """Wan2.1 at ``resolution`` (480 by default, or 720: :data:`WAN_SIZES`); ``dims`` overrides entries of the
-    diffusers config (small models for CPU tests)."""
+    """Wan at ``resolution`` (480 by default, or 720: :data:`WAN_SIZES`; Wan2.2-TI2V-5B: 720,
+    :data:`WAN_VAE16_SIZES`, a ``(1, tokens)`` timestep as its pipeline passes it); ``dims`` overrides entries of
+    the diffusers config (small models for CPU tests)."""
     from diffusers import WanTransformer3DModel
 
-    height, width = frame_size("Wan", WAN_SIZES, resolution)
-
-    cfg = dict(CONFIGS[config])
+    vae16 = config in WAN_VAE16
+    name = f"Wan{config}" if vae16 else f"Wan2.1-{config}"
+    height, width = frame_size(name, WAN_VAE16_SIZES if vae16 else WAN_SIZES, resolution)
+    cfg = dict(in_channels=16, out_channels=16)
+    cfg.update(CONFIGS[config])
     if blocks:
         cfg["num_layers"] = blocks
     cfg.update(dims or {})
     torch.manual_seed(0)
     with torch.device(device):
         model = WanTransformer3DModel(
-            patch_size=(1, 2, 2), in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
-            cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **cfg,
+            patch_size=(1, 2, 2), text_dim=4096, freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+            eps=1e-6, rope_max_seq_len=1024, **cfg,
         ).to(torch.bfloat16).eval()
     latent_frames = 1 + (frames - 1) // 4
-    timestep = timestep_x1000(device)
+    vae = 16 if vae16 else 8
+    tokens = latent_frames * (height // vae // 2) * (width // vae // 2)
+    if vae16:  # one timestep per token, all equal in text-to-video (image-to-video zeroes the first frame's)
+        timestep = lambda sigma: torch.full((1, tokens), 1000.0 * sigma, device=device)  # noqa: E731
+    else:
+        timestep = timestep_x1000(device)
 
     inputs = dict(
-        hidden_states=torch.randn(1, 16, latent_frames, height // 8, width // 8, device=device, dtype=torch.bfloat16),
+        hidden_states=torch.randn(1, cfg["in_channels"], latent_frames, height // vae, width // vae, device=device,
+                                  dtype=torch.bfloat16),
         timestep=timestep(0.5),
         encoder_hidden_states=torch.randn(1, 512, 4096, device=device, dtype=torch.bfloat16),
         return_dict=False,
     )
-    tokens = latent_frames * (height // 16) * (width // 16)
-    header = (f"Wan2.1-{config} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
-              f"d{cfg['attention_head_dim']}), {frames} frames {height}p = {tokens} tokens, text 512")
+    header = (f"{name} config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {frames} frames {height}p = {tokens} tokens, text 512"
+              + (", a timestep per token" if vae16 else ""))
     return Case(model, inputs, timestep, header)
 
 
@@ -489,7 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dit_step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=tuple(MODELS), default="wan")
-    parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b", help="Wan2.1 size")
+    parser.add_argument("--config", choices=tuple(CONFIGS), default="1.3b",
+                        help="Wan config: Wan2.1 1.3b / 14b, Wan2.2-TI2V 2.2-5b")
     parser.add_argument("--blocks", type=int, help="transformer blocks (default: all of the config; HunyuanVideo: "
                                                    "dual-stream blocks; Flux: double-stream blocks)")
     parser.add_argument("--single-blocks", type=int, help="single-stream blocks of HunyuanVideo (default 40) and Flux "

@@ -4,12 +4,18 @@
     python examples/pipeline.py --steps 4 --spec my.json
     python examples/pipeline.py --real-size         # GPU: Wan2.1-1.3B transformer (published config, random
                                                     # weights, bf16) at 480p, real kernels
+    python examples/pipeline.py --experts 2         # Wan2.2-A14B's layout: two transformers, each compiled
 
 This is how a DiT is used in practice::
 
     pipe = WanPipeline(...)                           # or WanPipeline.from_pretrained(...), FluxPipeline, ...
     pipe.transformer = torch.compile(pipe.transformer, backend=qattn_fx.backend())
     video = pipe(prompt, ...)
+
+Wan2.2-T2V-A14B's pipeline has two transformers (experts): ``transformer`` denoises while the timestep is at or
+above ``boundary_ratio · 1000``, ``transformer_2`` after it. Each is compiled, with a backend of its own so that each
+report is its expert's (``--experts 2`` builds that layout; ``--real-size`` then gives both experts Wan2.1-14B's
+config, which Wan2.2-A14B's experts have).
 
 Everything is built from configs with random weights, nothing is downloaded: the transformer, a tiny Wan VAE,
 the flow-matching scheduler, and a tiny UMT5 text encoder with a word-level tokenizer made in memory
@@ -31,6 +37,10 @@ import qattn_fx
 WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+#: Wan2.1-T2V-14B's transformer config, also that of each of Wan2.2-T2V-A14B's two experts.
+WAN_14B = dict(WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+#: Wan2.2-T2V-A14B's switch between its experts: ``transformer`` while the timestep is >= 0.875 · 1000.
+BOUNDARY_RATIO = 0.875
 #: A tiny transformer of the same kind (diffusers' own Wan pipeline test), head_dim 12 on CPU.
 WAN_TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
                 text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
@@ -49,8 +59,10 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
-def build_pipeline(config: dict, device: torch.device, dtype: torch.dtype):
-    """A ``WanPipeline`` from configs: ``config``'s transformer, a tiny VAE, UMT5 text encoder and tokenizer."""
+def build_pipeline(config: dict, device: torch.device, dtype: torch.dtype, experts: int = 1):
+    """A ``WanPipeline`` from configs: ``config``'s transformer, a tiny VAE, UMT5 text encoder and tokenizer;
+    ``experts=2``: Wan2.2-A14B's layout, a second transformer of the same config (other weights) as
+    ``transformer_2`` for the steps below :data:`BOUNDARY_RATIO`."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -60,13 +72,16 @@ def build_pipeline(config: dict, device: torch.device, dtype: torch.dtype):
                                                num_heads=4)).eval()
     vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                            temperal_downsample=[False, True, True]).eval()
-    transformer = WanTransformer3DModel(**config).eval()
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+    transformers = [WanTransformer3DModel(**config).eval() for _ in range(experts)]
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformers[0],
+                       transformer_2=transformers[1] if experts == 2 else None,
+                       boundary_ratio=BOUNDARY_RATIO if experts == 2 else None,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
     pipe.set_progress_bar_config(disable=True)
     pipe.to(device)
-    if dtype != torch.float32:  # the transformer in bf16 as pipelines run it; VAE and text encoder stay float32
-        transformer.to(dtype)
+    if dtype != torch.float32:  # the transformers in bf16 as pipelines run them; VAE and text encoder stay float32
+        for transformer in transformers:
+            transformer.to(dtype)
     return pipe
 
 
@@ -107,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--height", type=int, help="pixels (default 64; 480 with --real-size)")
     parser.add_argument("--width", type=int, help="pixels (default 64; 832 with --real-size)")
     parser.add_argument("--frames", type=int, help="video frames, 4k+1 (default 9; 81 with --real-size)")
+    parser.add_argument("--experts", type=int, default=1, choices=(1, 2),
+                        help="transformers: 1 (Wan2.1), or 2 as Wan2.2-A14B (--real-size: Wan2.1-14B's config each)")
     parser.add_argument("--compiler", default="inductor", choices=("inductor", "aot_eager", "eager"),
                         help="what compiles the rewritten graph (default inductor)")
     args = parser.parse_args(argv)
@@ -116,12 +133,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.real_size and not on_gpu:
         parser.error("--real-size runs a 1.3B-parameter transformer at 480p: it needs a CUDA GPU")
     if args.real_size:
-        config, size = WAN_1_3B, (480, 832, 81)
+        config, size = WAN_14B if args.experts == 2 else WAN_1_3B, (480, 832, 81)
     else:  # on a GPU, head_dim 128 so the real kernels serve it; on CPU the recipes are emulated anyway
         config, size = dict(WAN_TINY, attention_head_dim=128 if on_gpu else 12), (64, 64, 9)
     height, width, frames = args.height or size[0], args.width or size[1], args.frames or size[2]
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    pipe = build_pipeline(config, device, dtype)
+    pipe = build_pipeline(config, device, dtype, args.experts)
 
     call = dict(height=height, width=width, num_frames=frames, num_inference_steps=args.steps, guidance_scale=5.0)
     if args.real_size:  # the real text encoder (UMT5-XXL) is 5.7B parameters: random embeddings of its width
@@ -132,22 +149,28 @@ def main(argv: list[str] | None = None) -> dict:
         call.update(prompt=PROMPT, negative_prompt="", max_sequence_length=16, output_type="pt")
 
     dense, dense_steps = run(pipe, call, device)
-    backend = qattn_fx.backend(args.spec, emulate=not on_gpu, compiler=args.compiler)
-    pipe.transformer = torch.compile(pipe.transformer, backend=backend, fullgraph=True)
+    names = ("transformer", "transformer_2")[:args.experts]
+    backends = {name: qattn_fx.backend(args.spec, emulate=not on_gpu, compiler=args.compiler) for name in names}
+    for name, backend in backends.items():  # every transformer of the pipeline, each with its own report
+        setattr(pipe, name, torch.compile(getattr(pipe, name), backend=backend, fullgraph=True))
     quantized, quantized_steps = run(pipe, call, device)
 
     where = qattn_fx.detect(device).describe() + ("" if on_gpu else "; recipes emulated by the reference kernel")
-    print(f"qattn_fx {qattn_fx.__version__}: WanPipeline, transformer {config['num_layers']} blocks, head_dim "
-          f"{config['attention_head_dim']}, {dtype}, {frames}x{height}x{width}, {args.steps} steps; {where}\n")
-    print(backend.report)
+    layout = "transformer" if args.experts == 1 else f"2 experts (boundary_ratio {BOUNDARY_RATIO}), each"
+    print(f"qattn_fx {qattn_fx.__version__}: WanPipeline, {layout} {config['num_layers']} blocks, head_dim "
+          f"{config['attention_head_dim']}, {dtype}, {frames}x{height}x{width}, {args.steps} steps; {where}")
+    for name, backend in backends.items():
+        print(f"\n{name}:" if args.experts == 2 else "")
+        print(backend.report)
     cos = torch.nn.functional.cosine_similarity(quantized.flatten(), dense.flatten(), dim=0).item()
     rel = ((quantized - dense).norm() / dense.norm()).item()
     print(f"\ndense:     {fmt_steps(dense_steps, False)}")
     print(f"quantized: {fmt_steps(quantized_steps, True)}")
     print(f"output ({'latents' if args.real_size else 'video frames'} {tuple(dense.shape)}) vs dense: "
           f"cosine {cos:.8f}, relative L2 error {rel:.2e}")
-    return {"cosine": cos, "relative_l2": rel, "sites": len(backend.report.sites),
-            "quantized": backend.report.quantized, "steps": len(quantized_steps)}
+    return {"cosine": cos, "relative_l2": rel, "sites": sum(len(b.report.sites) for b in backends.values()),
+            "quantized": sum(b.report.quantized for b in backends.values()), "steps": len(quantized_steps),
+            "sites_per_transformer": {name: len(b.report.sites) for name, b in backends.items()}}
 
 
 if __name__ == "__main__":

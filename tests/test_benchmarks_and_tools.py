@@ -207,10 +207,16 @@ def test_dit_step_arguments():
     assert dit_step.VARIANTS["qattn auto (default spec)"] == qattn_fx.Spec()
     with pytest.raises(ValueError, match="resolution=1000 is invalid; valid: a multiple of 16"):
         dit_step.build_flux(resolution=1000, device="cpu")
-    with pytest.raises(ValueError, match="resolution=1024 is invalid for Wan; valid: 480, 720"):
+    with pytest.raises(ValueError, match="resolution=1024 is invalid for Wan2.1-1.3b; valid: 480, 720"):
         dit_step.build_wan(resolution=1024, device="cpu")
     wan720 = dit_step.build_wan(resolution=720, device="cpu", **TINY_DIT["wan"])  # 1280 x 720: 45 x 80 patches
     assert wan720.inputs["hidden_states"].shape[-2:] == (90, 160) and "1 frames 720p = 3600 tokens" in wan720.header
+    with pytest.raises(ValueError, match="resolution=480 is invalid for Wan2.2-5b; valid: 720"):
+        dit_step.build_wan(config="2.2-5b", resolution=480, device="cpu")
+    # Wan2.2-TI2V-5B: 48 channels through a 16x VAE (1280 x 704: 22 x 40 patches), a timestep per token
+    wan5b = dit_step.build_wan(config="2.2-5b", device="cpu", **TINY_DIT["wan"])
+    assert wan5b.inputs["hidden_states"].shape == (1, 48, 1, 44, 80) and wan5b.timestep(0.25).shape == (1, 880)
+    assert "Wan2.2-5b config (1 blocks" in wan5b.header and "1 frames 704p = 880 tokens" in wan5b.header
     with pytest.raises(ValueError, match="resolution=600 is invalid for HunyuanVideo; valid: 480, 720"):
         dit_step.build_hunyuan_video(resolution=600, device="cpu")
     for resolution, latent, tokens in ((None, (60, 106), 1590), (720, (90, 160), 3600)):
@@ -288,6 +294,24 @@ def test_dit_step_models_denoise_on_cpu(model):
         latents = dit_step.denoise(case.model, case, 1)
     assert latents.shape == case.inputs["hidden_states"].shape and torch.isfinite(latents).all()
     assert case.timestep(0.25).shape == case.inputs["timestep"].shape
+
+
+def test_wan22_5b_timestep_per_token_denoises_quantized_in_one_graph():
+    """Wan2.2-TI2V-5B's pipeline passes a ``(B, tokens)`` timestep: the whole model compiled with the backend
+    (emulated) quantizes every self-attention site, and a loop whose timestep changes compiles no new graph."""
+    from benchmarks import dit_step
+
+    case = dit_step.build_wan(config="2.2-5b", device="cpu", **TINY_DIT["wan"])
+    torch._dynamo.reset()
+    counters.clear()
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    step = torch.compile(case.model, backend=backend)
+    with torch.no_grad():
+        dense = dit_step.denoise(case.model, case, 2)
+        quantized = dit_step.denoise(step, case, 2)
+    assert dit_step.graphs_compiled() == 1
+    assert [(s.role, s.rewritten) for s in backend.report.sites] == [("self", True), ("cross", True)]
+    assert torch.nn.functional.cosine_similarity(quantized.flatten().float(), dense.flatten().float(), dim=0) > 0.99
 
 
 def test_dit_step_denoising_loop_compiles_once():
