@@ -131,10 +131,11 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
     if args.real_size and not on_gpu:
-        parser.error("--real-size runs a 1.3B-parameter transformer at 480p: it needs a CUDA GPU")
+        parser.error("--real-size runs Wan's published transformer config at 480p: it needs a CUDA GPU")
     if args.real_size:
         config, size = WAN_14B if args.experts == 2 else WAN_1_3B, (480, 832, 81)
-    else:  # on a GPU, head_dim 128 so the real kernels serve it; on CPU the recipes are emulated anyway
+    else:  # on a GPU, head_dim 128 so that the kernels could serve it (`auto` keeps such short sequences dense: too
+        # small to gain; --real-size or a --spec with an explicit backend runs the kernels); on CPU recipes are emulated
         config, size = dict(WAN_TINY, attention_head_dim=128 if on_gpu else 12), (64, 64, 9)
     height, width, frames = args.height or size[0], args.width or size[1], args.frames or size[2]
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -164,6 +165,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(backend.report)
     cos = torch.nn.functional.cosine_similarity(quantized.flatten(), dense.flatten(), dim=0).item()
     rel = ((quantized - dense).norm() / dense.norm()).item()
+    if on_gpu and not any(b.report.quantized for b in backends.values()):
+        print("\nThese tiny sequences stay dense under `auto` (the reasons above): a quantized kernel is predicted "
+              "slower than dense at them. --real-size runs the published config at 480p, where `auto` quantizes "
+              "the self-attention; a --spec with an explicit backend runs the kernels at any size.")
     print(f"\ndense:     {fmt_steps(dense_steps, False)}")
     print(f"quantized: {fmt_steps(quantized_steps, True)}")
     print(f"output ({'latents' if args.real_size else 'video frames'} {tuple(dense.shape)}) vs dense: "

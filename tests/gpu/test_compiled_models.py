@@ -72,3 +72,18 @@ def test_compiled_ltx_video_text_mask_on_gluon_sage():
     assert "read per key as (1, 1, 1, 12)" in sites[1].notes[0]
     cos = torch.nn.functional.cosine_similarity(out.flatten(), dense.flatten(), dim=0).item()
     assert cos >= 0.99, f"cosine {cos:.5f} vs dense"
+
+
+def test_quickstart_model_on_gpu_quantizes_self_and_keeps_cross_dense_under_auto():
+    """The quickstart's GPU model (Wan2.1-1.3B's attention shapes at 480p) under the default spec: on an H200 the
+    self-attention runs on gluon_sage and the cross-attention to 512 text tokens stays dense by the cost rule."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    pytest.importorskip("diffusers")
+    backend = qattn_fx.backend()
+    dense, out = compile_on_gpu(*tiny_models.wan_480p(), backend)
+    sites = backend.report.sites
+    assert [(s.role, s.kernel) for s in sites] == [("self", "gluon_sage"), ("cross", None)] * 2, str(backend.report)
+    assert all("predicted 0.66x of cuDNN bf16 at Sq 32760, Skv 512" in s.reason for s in sites[1::2])
+    cos = torch.nn.functional.cosine_similarity(out.flatten(), dense.flatten(), dim=0).item()
+    assert cos >= 0.999, f"cosine {cos:.5f} vs dense"
