@@ -8,18 +8,27 @@ from __future__ import annotations
 import torch
 
 
-def wan(num_layers: int = 2, head_dim: int = 12):
+def _wan(*, heads: int, head_dim: int, channels: int, text_dim: int, ffn_dim: int, num_layers: int, rope_len: int,
+         latents: tuple[int, int, int], text_tokens: int):
+    """A ``WanTransformer3DModel`` (2x2 patches, RMSNorm across heads on Q/K) and one call's inputs: latents
+    ``(1, channels, *latents)`` (frames, height, width), ``text_tokens`` text embeddings, timestep 500."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=head_dim, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=256, ffn_dim=32, num_layers=num_layers, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=channels,
+        out_channels=channels, text_dim=text_dim, freq_dim=256, ffn_dim=ffn_dim, num_layers=num_layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=rope_len,
     ).eval()
-    inputs = dict(hidden_states=torch.randn(1, 4, 2, 16, 16), timestep=torch.tensor([500]),
-                  encoder_hidden_states=torch.randn(1, 12, 16), return_dict=False)
+    inputs = dict(hidden_states=torch.randn(1, channels, *latents), timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, text_tokens, text_dim), return_dict=False)
     return model, inputs
+
+
+def wan(num_layers: int = 2, head_dim: int = 12):
+    """2 heads of ``head_dim`` over 128 video tokens (2 latent frames of 16 x 16) and 12 text tokens."""
+    return _wan(heads=2, head_dim=head_dim, channels=4, text_dim=16, ffn_dim=32, num_layers=num_layers, rope_len=32,
+                latents=(2, 16, 16), text_tokens=12)
 
 
 def wan_480p(num_layers: int = 2):
@@ -27,17 +36,8 @@ def wan_480p(num_layers: int = 2):
     and 512 text tokens, in ``num_layers`` blocks with a small FFN and text width. The quickstart's model on a GPU:
     at these lengths ``auto`` quantizes the self-attention on an H200 and keeps the cross-attention to 512 tokens
     dense (its cost rule), where :func:`wan`'s 128 tokens would leave every site dense."""
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-        text_dim=64, freq_dim=256, ffn_dim=256, num_layers=num_layers, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=1024,
-    ).eval()
-    inputs = dict(hidden_states=torch.randn(1, 16, 21, 60, 104), timestep=torch.tensor([500]),
-                  encoder_hidden_states=torch.randn(1, 512, 64), return_dict=False)
-    return model, inputs
+    return _wan(heads=12, head_dim=128, channels=16, text_dim=64, ffn_dim=256, num_layers=num_layers,
+                rope_len=1024, latents=(21, 60, 104), text_tokens=512)
 
 
 def flux():
