@@ -145,10 +145,11 @@ def frame_size(model: str, sizes: dict, resolution: int | None) -> tuple[int, in
     return sizes[resolution]
 
 
-def timestep_x1000(device: str) -> Callable[[float], torch.Tensor]:
+def timestep_x1000(device: str, shape: tuple[int, ...] = (1,)) -> Callable[[float], torch.Tensor]:
     """The timestep input of Wan's, HunyuanVideo's and LTX-Video's pipelines at noise level ``sigma``: the
-    scheduler's timestep, ``sigma · 1000``, shape ``(1,)``."""
-    return lambda sigma: torch.tensor([1000.0 * sigma], device=device)
+    scheduler's timestep, ``sigma · 1000``, of ``shape`` (``(1,)``; Wan2.2-TI2V-5B's pipeline passes one per token,
+    ``(1, tokens)``, all equal in text-to-video)."""
+    return lambda sigma: torch.full(shape, 1000.0 * sigma, device=device)
 
 
 def text_mask(length: int, valid: int, device: str) -> torch.Tensor:
@@ -182,10 +183,7 @@ def build_wan(*, config: str = "1.3b", blocks: int | None = None, frames: int = 
     latent_frames = 1 + (frames - 1) // 4
     vae = 16 if vae16 else 8
     tokens = latent_frames * (height // vae // 2) * (width // vae // 2)
-    if vae16:  # one timestep per token, all equal in text-to-video (image-to-video zeroes the first frame's)
-        timestep = lambda sigma: torch.full((1, tokens), 1000.0 * sigma, device=device)  # noqa: E731
-    else:
-        timestep = timestep_x1000(device)
+    timestep = timestep_x1000(device, (1, tokens) if vae16 else (1,))
 
     inputs = dict(
         hidden_states=torch.randn(1, cfg["in_channels"], latent_frames, height // vae, width // vae, device=device,
