@@ -72,16 +72,16 @@ def build_pipeline(config: dict, device: torch.device, dtype: torch.dtype, exper
                                                num_heads=4)).eval()
     vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                            temperal_downsample=[False, True, True]).eval()
-    transformers = [WanTransformer3DModel(**config).eval() for _ in range(experts)]
+    transformers = []
+    for _ in range(experts):  # built on the device and cast one at a time: two 14B experts in float32 on the host
+        with torch.device(device):  # would take 112 GB and minutes of initialization
+            transformers.append(WanTransformer3DModel(**config).to(dtype).eval())
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformers[0],
                        transformer_2=transformers[1] if experts == 2 else None,
                        boundary_ratio=BOUNDARY_RATIO if experts == 2 else None,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
     pipe.set_progress_bar_config(disable=True)
-    pipe.to(device)
-    if dtype != torch.float32:  # the transformers in bf16 as pipelines run them; VAE and text encoder stay float32
-        for transformer in transformers:
-            transformer.to(dtype)
+    pipe.to(device)  # the transformers in ``dtype`` as pipelines run them; VAE and text encoder stay float32
     return pipe
 
 
