@@ -8,6 +8,7 @@
     python -m benchmarks.dit_step --model ltx_video --blocks 8 --resolution 704 --compile whole --steps 4
     python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
     python -m benchmarks.dit_step --model flux --compile whole --mode reduce-overhead --steps 8
+    python -m benchmarks.dit_step --model qwen_image --blocks 8 --compile whole --steps 4
 
 Models (random weights at the published configs, bf16, built on the GPU):
 
@@ -29,6 +30,9 @@ Models (random weights at the published configs, bf16, built on the GPU):
 * ``flux``: ``FluxTransformer2DModel`` (Flux.1-dev's config: 24 heads, d128, 19 double- and 38 single-stream
   blocks, guidance embedding), ``--resolution`` pixels square (default 1024: 4,096 packed latent tokens of 64
   channels) and 512 text tokens: joint attention over 4,608 tokens.
+* ``qwen_image``: ``QwenImageTransformer2DModel`` (Qwen-Image's config: 24 heads, d128, 60 dual-stream blocks),
+  ``--resolution`` pixels square (default 1328: 6,889 packed latent tokens of 64 channels) and ``--text-tokens``
+  text tokens under a key mask of ones, as its pipeline passes one prompt: joint attention over 7,009 tokens.
 
 ``--blocks`` / ``--single-blocks`` keep fewer blocks (the blocks of a kind are identical, so per-block times scale).
 ``--compile regional`` (default) compiles the repeated blocks (``compile_repeated_blocks``: one block graph reused
@@ -314,6 +318,47 @@ def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, r
     return Case(model, inputs, timestep, header)
 
 
+#: Qwen-Image's published transformer config (``Qwen/Qwen-Image``, ``transformer/config.json``): an MMDiT of 60
+#: dual-stream blocks whose joint attention takes a key mask over the text tokens (``encoder_hidden_states_mask``).
+QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                  num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))
+
+
+def build_qwen_image(*, blocks: int | None = None, resolution: int | None = None, text_tokens: int = 120,
+                     device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """Qwen-Image at ``resolution`` x ``resolution`` pixels (a multiple of 16; default 1328, the model card's 1:1
+    size; the pipeline's default is 1024) with ``text_tokens`` text tokens, inputs as ``QwenImagePipeline`` makes them for one prompt (packed 2 x 2
+    latent patches of 64 channels, ``img_shapes``, the text's mask of ones: the joint attention takes it as a
+    ``(B, 1, 1, N)`` boolean key mask); ``dims`` as for Wan."""
+    from diffusers import QwenImageTransformer2DModel
+
+    resolution = resolution or 1328
+    if resolution < 16 or resolution % 16:
+        raise ValueError(f"resolution={resolution} is invalid; valid: a multiple of 16 (VAE factor 8, 2 x 2 patches)")
+    cfg = dict(QWEN_IMAGE, num_layers=blocks or QWEN_IMAGE["num_layers"])
+    cfg.update(dims or {})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = QwenImageTransformer2DModel(**cfg).to(torch.bfloat16).eval()
+    side = resolution // 16
+    tokens = side * side
+
+    def timestep(sigma: float) -> torch.Tensor:  # QwenImagePipeline: the scheduler's timestep / 1000
+        return torch.tensor([sigma], device=device, dtype=torch.bfloat16)
+
+    inputs = dict(
+        hidden_states=torch.randn(1, tokens, cfg["in_channels"], device=device, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, text_tokens, cfg["joint_attention_dim"], device=device,
+                                          dtype=torch.bfloat16),
+        encoder_hidden_states_mask=torch.ones(1, text_tokens, device=device, dtype=torch.int64),
+        timestep=timestep(0.5), img_shapes=[[(1, side, side)]], return_dict=False,
+    )
+    header = (f"Qwen-Image config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {resolution}x{resolution} = {tokens} image tokens + {text_tokens} "
+              "text (key-masked)")
+    return Case(model, inputs, timestep, header)
+
+
 #: CogVideoX-5B's frame size, (height, width) pixels by ``--resolution``: 720 x 480.
 COGVIDEOX_SIZES = {480: (480, 720)}
 
@@ -356,7 +401,7 @@ def build_cogvideox(*, blocks: int | None = None, frames: int = 49, resolution: 
 
 
 MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "ltx_video": build_ltx_video, "flux": build_flux,
-          "cogvideox": build_cogvideox}
+          "cogvideox": build_cogvideox, "qwen_image": build_qwen_image}
 
 
 def no_attention_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -514,9 +559,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--single-blocks", type=int, help="single-stream blocks of HunyuanVideo (default 40) and Flux "
                                                           "(default 38)")
     parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256; "
-                                                                     "LTX-Video: of 128")
+                                                                     "LTX-Video: of 128; Qwen-Image: text tokens")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
-    parser.add_argument("--resolution", type=int, help="Flux: image side in pixels, a multiple of 16 (default 1024); "
+    parser.add_argument("--resolution", type=int, help="Flux, Qwen-Image: image side in pixels, a multiple of 16 "
+                        "(default 1024, Qwen-Image 1328); "
                         "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo: 480 (848 x 480, the "
                         "default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704); "
                         "CogVideoX: 480 (720 x 480)")

@@ -186,6 +186,9 @@ TINY_DIT = {
     "flux": dict(resolution=128, blocks=1, single_blocks=1,
                  dims=dict(num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(4, 6, 6))),
     "cogvideox": dict(frames=5, dims=dict(num_attention_heads=2, attention_head_dim=16, num_layers=1)),
+    "qwen_image": dict(resolution=64, text_tokens=6, dims=dict(num_attention_heads=2, attention_head_dim=16,
+                                                               joint_attention_dim=24, num_layers=1,
+                                                               axes_dims_rope=(4, 6, 6))),
 }
 
 
@@ -232,6 +235,11 @@ def test_dit_step_arguments():
         assert ltx.inputs["hidden_states"].shape == (1, tokens, 128) and f"= {tokens} tokens" in ltx.header
     with pytest.raises(ValueError, match=r"frames=6 is invalid for CogVideoX; valid: 4·k \+ 1"):
         dit_step.build_cogvideox(device="cpu", **{**TINY_DIT["cogvideox"], "frames": 6})
+    with pytest.raises(ValueError, match="resolution=1000 is invalid; valid: a multiple of 16"):
+        dit_step.build_qwen_image(resolution=1000, device="cpu")
+    qwen = dit_step.build_qwen_image(device="cpu", **{**TINY_DIT["qwen_image"], "resolution": None})
+    assert qwen.inputs["hidden_states"].shape == (1, 83 * 83, 64) and qwen.inputs["img_shapes"] == [[(1, 83, 83)]]
+    assert "1328x1328 = 6889 image tokens + 6 text (key-masked)" in qwen.header
     cog = dit_step.build_cogvideox(device="cpu", **TINY_DIT["cogvideox"])  # 5 frames: 2 latent, 30 x 45 patches
     cos, sin = cog.inputs["image_rotary_emb"]
     assert cog.inputs["hidden_states"].shape == (1, 2, 16, 60, 90) and cos.shape == sin.shape == (2700, 16)
