@@ -5,6 +5,7 @@
     python -m benchmarks.dit_step --config 14b --resolution 720 --blocks 4 --compile whole  # 75,600 tokens
     python -m benchmarks.dit_step --config 2.2-5b --frames 121 --blocks 10 --compile whole  # Wan2.2-TI2V-5B 720p
     python -m benchmarks.dit_step --model hunyuan_video --blocks 2 --single-blocks 4 --compile whole
+    python -m benchmarks.dit_step --model hunyuan_video15 --blocks 4 --compile whole --steps 3
     python -m benchmarks.dit_step --model ltx_video --blocks 8 --resolution 704 --compile whole --steps 4
     python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
     python -m benchmarks.dit_step --model flux --compile whole --mode reduce-overhead --steps 8
@@ -20,6 +21,11 @@ Models (random weights at the published configs, bf16, built on the GPU):
   single-stream blocks), 480p latents ``(1, 16, 1 + (frames-1)/4, 60, 106)`` (``--resolution 720``: ``90, 160``)
   and 256 text tokens of which ``--text-tokens`` are valid: its joint attention masks the padding with a
   ``(B, 1, 1, N)`` key mask.
+* ``hunyuan_video15``: ``HunyuanVideo15Transformer3DModel`` (HunyuanVideo-1.5's config: 16 heads, d128, 54
+  blocks), text-to-video: 480p latents ``(1, 65, 1 + (frames-1)/4, 30, 53)`` through its 16x VAE (33,390 tokens at
+  81 frames, 49,290 at its pipeline's 121; ``--resolution 720``: ``45, 80``) and 1,985 conditioning tokens of which ``--text-tokens`` are
+  valid: every block's joint attention masks with ``m_i & m_j`` of that padding mask (a graph break where its
+  forward reorders the text by the mask).
 * ``ltx_video``: ``LTXVideoTransformer3DModel`` (LTX-Video's config: 32 heads, **d64**, 28 blocks), packed latents
   ``(1, N, 128)`` with N = (1 + (frames-1)/8) · 16 · 22 at the default 704 x 512 (3,872 tokens at 81 frames;
   ``--resolution 704``: 1216 x 704, 9,196 tokens) and 128 text tokens of which ``--text-tokens`` are valid (its
@@ -121,12 +127,16 @@ KERNEL_CLASSES = (
 class Case:
     """A model and its inputs: ``inputs`` are the keyword arguments of one forward (at noise level 0.5),
     ``timestep(sigma)`` the timestep input at noise level ``sigma`` in [0, 1] as the model's pipeline passes it, and
-    the output (``model(**inputs)[0]``) has the shape of ``inputs["hidden_states"]``, the latents it updates."""
+    the output (``model(**inputs)[0]``) has the shape of ``inputs["hidden_states"]``, the latents it updates (of its
+    first ``latent_channels`` channels where those are set)."""
 
     model: torch.nn.Module
     inputs: dict
     timestep: Callable[[float], torch.Tensor]
     header: str
+    #: When set, only the first ``latent_channels`` channels (dim 1) of ``hidden_states`` are the latents the output
+    #: updates; the rest are conditioning that every step appends again (HunyuanVideo-1.5's pipeline).
+    latent_channels: int | None = None
 
 
 #: Frame sizes, (height, width) pixels by ``--resolution``; a model's first entry is its default.
@@ -239,6 +249,47 @@ def build_hunyuan_video(*, blocks: int | None = None, single_blocks: int | None 
               f"{cfg['num_attention_heads']} heads, d{cfg['attention_head_dim']}), {frames} frames {height}p = "
               f"{tokens} video tokens + {text} text ({text_tokens} valid, the rest masked)")
     return Case(model, inputs, timestep, header)
+
+
+def build_hunyuan_video15(*, blocks: int | None = None, frames: int = 121, text_tokens: int = 120,
+                          resolution: int | None = None, device: str = "cuda", dims: dict | None = None, **_) -> Case:
+    """HunyuanVideo-1.5 text-to-video at ``resolution`` (480 by default, or 720: :data:`HUNYUAN_SIZES`; its
+    pipeline's 16:9 sizes), inputs as ``HunyuanVideo15Pipeline`` makes them: 65 latent channels (32 noisy, 32
+    conditioning zeros, a zero mask) through its 16x VAE, 1000 text tokens of which ``text_tokens`` are valid, 256
+    ByT5 tokens and 729 image tokens, none valid (no glyph text, no image). Every block masks its joint attention
+    with ``m_i & m_j`` of that padding mask. ``dims`` as for Wan."""
+    height, width = frame_size("HunyuanVideo-1.5", HUNYUAN_SIZES, resolution)
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    cfg = dict(num_attention_heads=16, attention_head_dim=128, num_layers=blocks or 54, num_refiner_layers=2,
+               text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152, rope_axes_dim=(16, 56, 56))
+    cfg.update(dims or {})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = HunyuanVideo15Transformer3DModel(in_channels=65, out_channels=32, task_type="t2v",
+                                                 **cfg).to(torch.bfloat16).eval()
+    latent_frames, text, byt5, image = 1 + (frames - 1) // 4, 1000, 256, 729
+    bf16 = dict(device=device, dtype=torch.bfloat16)
+    latents = torch.randn(1, 32, latent_frames, height // 16, width // 16, **bf16)
+
+    def timestep(sigma: float) -> torch.Tensor:  # HunyuanVideo15Pipeline: the scheduler's timestep, in bf16
+        return torch.full((1,), 1000.0 * sigma, **bf16)
+
+    inputs = dict(
+        hidden_states=torch.cat([latents, torch.zeros(1, 33, *latents.shape[2:], **bf16)], dim=1),
+        timestep=timestep(0.5),
+        encoder_hidden_states=torch.randn(1, text, cfg["text_embed_dim"], **bf16),
+        encoder_attention_mask=text_mask(text, text_tokens, device).to(torch.int64),
+        encoder_hidden_states_2=torch.randn(1, byt5, cfg["text_embed_2_dim"], **bf16),
+        encoder_attention_mask_2=torch.zeros(1, byt5, device=device, dtype=torch.int64),
+        image_embeds=torch.zeros(1, image, cfg["image_embed_dim"], **bf16),
+        return_dict=False,
+    )
+    tokens = latent_frames * (height // 16) * (width // 16)
+    header = (f"HunyuanVideo-1.5 config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {frames} frames {height}p = {tokens} video tokens + {text} text "
+              f"({text_tokens} valid) + {byt5} ByT5 + {image} image (none valid), masked m_i & m_j")
+    return Case(model, inputs, timestep, header, latent_channels=latents.shape[1])
 
 
 def build_ltx_video(*, blocks: int | None = None, frames: int = 81, resolution: int | None = None,
@@ -401,7 +452,8 @@ def build_cogvideox(*, blocks: int | None = None, frames: int = 49, resolution: 
 
 
 MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "ltx_video": build_ltx_video, "flux": build_flux,
-          "cogvideox": build_cogvideox, "qwen_image": build_qwen_image}
+          "cogvideox": build_cogvideox, "qwen_image": build_qwen_image,
+          "hunyuan_video15": build_hunyuan_video15}
 
 
 def no_attention_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -453,11 +505,14 @@ def denoise(step: Callable, case: Case, steps: int, timer=contextlib.nullcontext
     """``steps`` Euler steps of a flow-matching sampler from noise level 1 to 0: each calls ``step`` (the model,
     compiled or not) on the current latents with that step's timestep (a new tensor every step, as a pipeline passes
     it) and moves the latents by ``(sigma_next - sigma) x output``. Each call runs inside ``timer()``; returns the
-    final latents."""
-    latents = case.inputs["hidden_states"]
+    final latents (``case.latent_channels`` of them where set: the conditioning channels are appended each call)."""
+    latents, condition = case.inputs["hidden_states"], None
+    if case.latent_channels is not None:
+        latents, condition = latents[:, :case.latent_channels], latents[:, case.latent_channels:]
     sigmas = [1.0 - i / steps for i in range(steps + 1)]
     for sigma, sigma_next in zip(sigmas, sigmas[1:]):
-        call = dict(case.inputs, hidden_states=latents, timestep=case.timestep(sigma))
+        hidden = latents if condition is None else torch.cat([latents, condition], dim=1)
+        call = dict(case.inputs, hidden_states=hidden, timestep=case.timestep(sigma))
         torch.compiler.cudagraph_mark_step_begin()  # each call a new step for CUDA graphs (reduce-overhead)
         with timer():
             velocity = step(**call)[0]
@@ -559,12 +614,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--single-blocks", type=int, help="single-stream blocks of HunyuanVideo (default 40) and Flux "
                                                           "(default 38)")
     parser.add_argument("--text-tokens", type=int, default=120, help="HunyuanVideo: valid text tokens of 256; "
-                                                                     "LTX-Video: of 128; Qwen-Image: text tokens")
+                                                                     "HunyuanVideo-1.5: of 1000; LTX-Video: of 128; "
+                                                                     "Qwen-Image: text tokens")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
     parser.add_argument("--resolution", type=int, help="Flux, Qwen-Image: image side in pixels, a multiple of 16 "
                         "(default 1024, Qwen-Image 1328); "
-                        "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo: 480 (848 x 480, the "
-                        "default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704); "
+                        "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo (1.5): 480 (848 x 480, "
+                        "the default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704); "
                         "CogVideoX: 480 (720 x 480)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "

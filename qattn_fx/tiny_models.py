@@ -83,6 +83,27 @@ def hunyuan_video():
     return model, inputs
 
 
+def hunyuan_video15():
+    """HunyuanVideo-1.5 (text-to-video inputs: the image embedding all zeros), its text padded: 7 of 12 text tokens
+    and 3 of 6 ByT5 tokens valid. Every block's joint self-attention masks with ``m_i & m_j`` of the padding mask.
+    Its forward reorders the text tokens by a data-dependent mask, so Dynamo breaks the graph there (compile
+    without ``fullgraph``)."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    torch.manual_seed(0)
+    model = HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+        num_refiner_layers=1, text_embed_dim=24, text_embed_2_dim=20, image_embed_dim=16, rope_axes_dim=(4, 6, 6),
+    ).eval()
+    text, byt5 = torch.zeros(1, 12, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.int64)
+    text[:, :7], byt5[:, :3] = 1, 1
+    inputs = dict(hidden_states=torch.randn(1, 9, 2, 8, 8), timestep=torch.tensor([500.0]),
+                  encoder_hidden_states=torch.randn(1, 12, 24), encoder_attention_mask=text,
+                  encoder_hidden_states_2=torch.randn(1, 6, 20), encoder_attention_mask_2=byt5,
+                  image_embeds=torch.zeros(1, 5, 16), return_dict=False)
+    return model, inputs
+
+
 def sd3():
     """SD3.5's layout: joint attention, and a second (image-only) attention in block 0 (``dual_attention_layers``)."""
     from diffusers import SD3Transformer2DModel

@@ -186,6 +186,10 @@ TINY_DIT = {
     "flux": dict(resolution=128, blocks=1, single_blocks=1,
                  dims=dict(num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(4, 6, 6))),
     "cogvideox": dict(frames=5, dims=dict(num_attention_heads=2, attention_head_dim=16, num_layers=1)),
+    "hunyuan_video15": dict(frames=1, text_tokens=7, dims=dict(num_attention_heads=2, attention_head_dim=16,
+                                                               num_layers=1, num_refiner_layers=1, text_embed_dim=24,
+                                                               text_embed_2_dim=20, image_embed_dim=16,
+                                                               rope_axes_dim=(4, 6, 6))),
     "qwen_image": dict(resolution=64, text_tokens=6, dims=dict(num_attention_heads=2, attention_head_dim=16,
                                                                joint_attention_dim=24, num_layers=1,
                                                                axes_dims_rope=(4, 6, 6))),
@@ -208,6 +212,9 @@ def test_dit_step_arguments():
                                               "attention_head_dim", "guidance_embeds")} == \
         dict(num_layers=19, num_single_layers=38, num_attention_heads=24, attention_head_dim=128, guidance_embeds=True)
     assert dit_step.VARIANTS["qattn auto (default spec)"] == qattn_fx.Spec()
+    hv15 = dit_step.build_hunyuan_video15(device="cpu", **TINY_DIT["hunyuan_video15"])  # 16x VAE: 30 x 53 patches
+    assert hv15.inputs["hidden_states"].shape == (1, 65, 1, 30, 53) and "= 1590 video tokens + 1000 text (7 valid)" in (
+        hv15.header)
     with pytest.raises(ValueError, match="resolution=1000 is invalid; valid: a multiple of 16"):
         dit_step.build_flux(resolution=1000, device="cpu")
     with pytest.raises(ValueError, match="resolution=1024 is invalid for Wan2.1-1.3b; valid: 480, 720"):
@@ -300,7 +307,9 @@ def test_dit_step_models_denoise_on_cpu(model):
     case = dit_step.MODELS[model](device="cpu", **TINY_DIT[model])
     with torch.no_grad():
         latents = dit_step.denoise(case.model, case, 1)
-    assert latents.shape == case.inputs["hidden_states"].shape and torch.isfinite(latents).all()
+    shape = list(case.inputs["hidden_states"].shape)
+    shape[1] = case.latent_channels or shape[1]  # HunyuanVideo-1.5: 32 latent channels of 65
+    assert list(latents.shape) == shape and torch.isfinite(latents).all()
     assert case.timestep(0.25).shape == case.inputs["timestep"].shape
 
 

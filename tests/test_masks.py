@@ -3,7 +3,8 @@
 Masked keys contribute nothing, any pattern (not only a padded tail); a row whose keys are all masked gives what
 SDPA gives (0); a padded call equals the same call on the unpadded keys up to quantization (the K scales, K's
 smoothing mean and V's per-channel scales then see different keys). Masks that vary per query or head stay dense;
-a per-key mask repeated over the heads (diffusers' ``prepare_attention_mask``) is read per key.
+a per-key mask repeated over the heads (diffusers' ``prepare_attention_mask``) is read per key, and so is a
+symmetric padding mask ``m_i & m_j`` (HunyuanVideo-1.5), whose masked queries' rows are then set to 0.
 """
 
 import pytest
@@ -197,6 +198,72 @@ def test_masked_lengths_are_symbolic_too():
     assert len(backend.graph_modules) == 2 and all(s.rewritten for s in backend.report.sites)
 
 
+def _symmetric(m, tile="repeat", op="and", swap=False):
+    """HunyuanVideo-1.5's self-attention mask of a (B, S) padding mask: ``m_i & m_j``, as its processor builds it."""
+    b, s = m.shape
+    row = m.bool().view(b, 1, 1, s)
+    tiled = row.repeat(1, 1, s, 1) if tile == "repeat" else row.expand(b, 1, s, s)
+    a, t = (tiled.transpose(2, 3), tiled) if swap else (tiled, tiled.transpose(2, 3))
+    return (a & t if op == "and" else torch.logical_and(a, t)).bool()
+
+
+def _symmetric_sdpa(q, k, v, m, tile="repeat", op="and", swap=False):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_symmetric(m, tile, op, swap))
+
+
+@pytest.mark.parametrize("form", [dict(), dict(tile="expand"), dict(op="logical_and"), dict(swap=True)],
+                         ids=["repeat", "expand", "logical_and", "swapped"])
+def test_a_symmetric_padding_mask_is_read_per_key_with_masked_queries_zeroed(form):
+    """``m_i & m_j`` of a (B, S) padding mask: read as the key mask ``m`` (a note says so), quantized, equal to the
+    call with that key mask whose masked queries' rows are set to 0, which is what SDPA gives those rows."""
+    q, k, v = qkv(b=2, h=3, sq=40, skv=40)
+    m = torch.ones(2, 40, dtype=torch.int64)
+    m[0, 30:] = 0  # a padded tail
+    m[1, 5:9] = 0  # a gap
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = lambda q, k, v, m: _symmetric_sdpa(q, k, v, m, **form)  # noqa: E731
+    out = compiled(backend, fn)(q, k, v, m)
+    (site,) = backend.report.sites
+    assert site.rewritten and site.notes == (
+        "attn_mask (2, 1, 40, 40) is m_i & m_j of a (2, 1, 1, 40) key mask m (repeat + transpose): read per key, the "
+        "rows of masked queries set to 0 (SDPA's output for them)",)
+    key_mask = m.bool()[:, None, None, :]
+    per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=key_mask)
+    torch.testing.assert_close(out, torch.where(key_mask.transpose(-2, -1), per_key, 0.0), rtol=0, atol=0)
+    dense = fn(q, k, v, m)
+    assert out[0, :, 30:].eq(0).all() and dense[0, :, 30:].eq(0).all() and out[1, :, 5:9].eq(0).all()
+    close(out, dense)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: _symmetric(m) & (torch.arange(m.shape[1]) < 30),  # a further key mask on top
+    lambda m: m.bool().view(2, 1, 1, -1).repeat(1, 1, 40, 1) & m.flip(1).bool().view(2, 1, 1, -1).repeat(
+        1, 1, 40, 1).transpose(2, 3),  # rows of another mask
+], ids=["extra-and", "other-rows"])
+def test_other_query_by_key_masks_stay_dense(make):
+    q, k, v = qkv(b=2, h=3, sq=40, skv=40)
+    m = torch.ones(2, 40, dtype=torch.int64)
+    m[0, 30:] = 0
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=make(m))  # noqa: E731
+    out = compiled(backend, fn)(q, k, v, m)
+    (site,) = backend.report.sites
+    assert not site.rewritten and "varies per query or head" in site.reason and not site.notes
+    torch.testing.assert_close(out, fn(q, k, v, m), rtol=0, atol=0)
+
+
+def test_symmetric_masks_at_symbolic_lengths():
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = compiled(backend, _symmetric_sdpa)
+    for s in (40, 57, 90):
+        q, k, v = qkv(sq=s, skv=s)
+        m = (torch.arange(s) < s - 7).expand(2, s).to(torch.int64)
+        per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=m.bool()[:, None, None, :])
+        expected = torch.where(m.bool()[:, None, :, None], per_key, 0.0)
+        torch.testing.assert_close(fn(q, k, v, m), expected, rtol=0, atol=0)
+    assert len(backend.graph_modules) == 2 and all(s.rewritten for s in backend.report.sites)
+
+
 @pytest.mark.slow
 def test_hunyuan_video_dual_and_single_stream_sites_are_quantized_with_text_padding():
     """HunyuanVideo's joint attention pads the text to a fixed length and masks the padding with a (B, 1, 1, N)
@@ -215,3 +282,24 @@ def test_hunyuan_video_dual_and_single_stream_sites_are_quantized_with_text_padd
     assert len(backend.graph_modules) == 1
     rel = (out - dense).abs().max() / dense.abs().max()
     assert rel < 1e-2, rel
+
+
+@pytest.mark.slow
+def test_hunyuan_video15_blocks_are_quantized_with_their_symmetric_text_padding_mask():
+    """HunyuanVideo-1.5 masks every block's joint attention with ``m_i & m_j`` of its padding mask: each block site
+    is quantized, read per key (the note says so), and the compiled model matches the dense one; the token
+    refiner (a mask repeated over the heads by ``prepare_attention_mask``) stays dense with its reason."""
+    model, inputs = tiny_models.hunyuan_video15()
+    backend = qattn_fx.backend(emulate=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        dense = model(**inputs)[0]
+        out = torch.compile(model, backend=backend)(**inputs)[0]
+    blocks = [s for s in backend.report.sites if "token_refiner" not in s.module]
+    refiner = [s for s in backend.report.sites if "token_refiner" in s.module]
+    assert blocks and all(s.rewritten and "is m_i & m_j of a (1, 1, 1, 151) key mask" in s.notes[0]
+               for s in blocks)
+    assert refiner and not any(s.rewritten for s in refiner)
+    rel = (out - dense).abs().max() / dense.abs().max()
+    cos = F.cosine_similarity(out.flatten(), dense.flatten(), dim=0)
+    assert rel < 1e-2 and cos > 0.9999, (rel, cos)

@@ -93,32 +93,33 @@ class ProbedModel:
         touched: dict[int, fx.GraphModule] = {}
         for call in calls:
             call.args = match.normalize_sdpa_args(call.node)
-            source = masks.per_key_source(call)
-            site = describe_site(call, layers=layers, uses=uses, grad_enabled=training, mask_source=source)
+            read = masks.per_key_read(call)
+            site = describe_site(call, layers=layers, uses=uses, grad_enabled=training, mask_read=read)
             n = seen.get((site.module, site.layer), 0)
             seen[(site.module, site.layer)] = n + 1
             key = SiteKey(site.module, site.layer, n)
             self.sites.setdefault(key, site)
-            self._replace(call, key, site, source)
+            self._replace(call, key, site, read)
             touched[id(call.module)] = call.module
         for module in touched.values():
             module.graph.lint()
             module.recompile()
         return gm.forward
 
-    def _replace(self, call: match.SdpaCall, key: SiteKey, site: Site, mask_source: fx.Node | None) -> None:
-        """``call`` replaced by the site's probe; ``mask_source``: the probe gets the mask per key, as a quantized
+    def _replace(self, call: match.SdpaCall, key: SiteKey, site: Site, mask_read: masks.MaskRead | None) -> None:
+        """``call`` replaced by the site's probe; ``mask_read``: the probe gets the mask per key, as a quantized
         site would (:mod:`qattn_fx.fx.masks`)."""
         probe = self._probe(key, site)
         a = call.args
+        make = lambda target, args, name: call.graph.call_function(target, args)  # noqa: E731
         with call.graph.inserting_before(call.node):
-            mask = a["attn_mask"] if mask_source is None else call.graph.call_function(torch.unsqueeze,
-                                                                                        (mask_source, 1))
+            mask = a["attn_mask"] if mask_read is None else mask_read.key_mask(make)
             node = call.graph.call_function(probe, (a["query"], a["key"], a["value"]), {
                 "attn_mask": mask, "dropout_p": a["dropout_p"], "is_causal": a["is_causal"],
                 "scale": a["scale"], "enable_gqa": a["enable_gqa"]})
-        node.meta.update(call.node.meta)
-        call.node.replace_all_uses_with(node)
+            node.meta.update(call.node.meta)
+            out = node if mask_read is None else mask_read.finish(node, make)
+        call.node.replace_all_uses_with(out)
         call.graph.erase_node(call.node)
 
     def _probe(self, key: SiteKey, site: Site) -> Callable:

@@ -11,11 +11,27 @@ source).
 
 Matched forms: ``Tensor.repeat_interleave`` / ``torch.repeat_interleave`` / ``aten.repeat_interleave.self_int`` with
 an integer ``repeats`` and ``dim=0``, followed by ``view`` / ``reshape`` (method, function or aten op) to
-``(B, repeats, *source.shape[1:])``. Sizes are compared only where they are known to be equal without a guard, so a
-symbolic size never adds one.
+``(B, repeats, *source.shape[1:])``.
+
+Read a symmetric padding mask as its key mask and a row mask.
+
+HunyuanVideo-1.5 (every block) and the token refiners of the HunyuanVideo family build their self-attention mask
+from a ``(B, S)`` padding mask ``m`` as ``M = R & R.transpose(2, 3)`` with ``R = m.view(B, 1, 1, S).repeat(1, 1, S,
+1)``: ``M[b, 0, i, j] = m[b, i] & m[b, j]``. A query ``i`` that is kept sees exactly the keys of the per-key mask
+``m.view(B, 1, 1, S)``; a query that is masked has every key masked, and SDPA gives its row as 0.
+:func:`symmetric_source` recognizes that form (``&`` as ``operator.and_``, ``bitwise_and`` or ``logical_and``, either
+operand order, no-op ``.bool()`` conversions around it; the tiling as ``repeat`` or ``expand`` along the query axis;
+the transpose of the last two axes); a quantized site takes the per-key mask and sets the rows of masked queries to
+0 (:meth:`MaskRead.finish`), which is SDPA's output for them.
+
+Sizes are compared only where they are known to be equal without a guard, so a symbolic size never adds one.
 """
 
 from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -29,6 +45,13 @@ _REPEAT_FUNCTIONS = (torch.repeat_interleave, torch.ops.aten.repeat_interleave.s
 _VIEW_METHODS = ("view", "reshape")
 _VIEW_FUNCTIONS = (torch.reshape, torch.ops.aten.view.default, torch.ops.aten.reshape.default,
                    torch.ops.aten._unsafe_view.default)
+_AND_METHODS = ("__and__", "bitwise_and", "logical_and")
+_AND_FUNCTIONS = (operator.and_, torch.bitwise_and, torch.logical_and, torch.ops.aten.bitwise_and.Tensor,
+                  torch.ops.aten.logical_and.default)
+_TILE_METHODS = ("repeat", "expand")
+_TILE_FUNCTIONS = (torch.ops.aten.repeat.default, torch.ops.aten.expand.default)
+_TRANSPOSE_METHODS = ("transpose", "swapaxes")
+_TRANSPOSE_FUNCTIONS = (torch.transpose, torch.swapaxes, torch.ops.aten.transpose.int)
 
 
 def _is(node: object, methods: tuple[str, ...], functions: tuple) -> bool:
@@ -88,16 +111,111 @@ def _per_key(shape: tuple, is_bool: bool, ndim: int) -> bool:
     return canonical.mask_kind(tuple(shape), is_bool, ndim) in ("key_padding", "key_bias")
 
 
-def per_key_source(call: SdpaCall) -> fx.Node | None:
-    """:func:`head_repeated_source` of the site's ``attn_mask`` where that mask is not a per-key mask of its operands
-    by its shape (:func:`qattn_fx.ops.canonical.mask_kind`) but its source, read per head, is; else ``None`` (a mask
-    already per key needs nothing; a source that still varies per query gains nothing)."""
+def _input(node: fx.Node) -> object:
+    return node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
+
+
+def _bool_value(node: object) -> bool:
+    value = example_value(node) if isinstance(node, fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype == torch.bool
+
+
+def _without_bool_casts(node: object) -> object:
+    """``node`` with the ``.bool()`` conversions of a boolean tensor (no-ops) around it taken off."""
+    while (isinstance(node, fx.Node) and node.op == "call_method" and node.target == "bool" and not node.kwargs
+           and len(node.args) == 1 and _bool_value(node.args[0])):
+        node = node.args[0]
+    return node
+
+
+def _transposed(node: object) -> object:
+    """``x`` when ``node`` is ``x.transpose(-2, -1)`` of a 4-D ``x`` (either order, either sign), else None."""
+    if not _is(node, _TRANSPOSE_METHODS, _TRANSPOSE_FUNCTIONS) or len(node.args) != 3 or node.kwargs:
+        return None
+    x, a, b = node.args
+    if not isinstance(x, fx.Node) or _ndim(x) != 4 or not all(isinstance(d, int) for d in (a, b)):
+        return None
+    return x if {a % 4, b % 4} == {2, 3} else None
+
+
+def _query_tiled(node: object) -> fx.Node | None:
+    """``x`` of shape ``(B, 1, 1, S)`` when ``node`` is ``x`` repeated or expanded along the query axis only, to
+    ``(B, 1, Sq, S)``, else None."""
+    if not _is(node, _TILE_METHODS, _TILE_FUNCTIONS):
+        return None
+    x = _input(node)
+    xv, out = example_value(x) if isinstance(x, fx.Node) else None, example_value(node)
+    if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor) or xv.dim() != 4 or out.dim() != 4:
+        return None
+    if not (_same(xv.shape[1], 1) and _same(xv.shape[2], 1) and _same(out.shape[1], 1)):
+        return None
+    return x if _same(out.shape[0], xv.shape[0]) and _same(out.shape[3], xv.shape[3]) else None
+
+
+def symmetric_source(mask: object) -> fx.Node | None:
+    """The ``(B, 1, 1, S)`` boolean node ``x`` when ``mask`` is ``R & R.transpose(-2, -1)`` with ``R`` ``x`` tiled
+    along the query axis (so that ``mask[b, 0, i, j] == x[b, 0, 0, i] & x[b, 0, 0, j]``), else None."""
+    mask = _without_bool_casts(mask)
+    if not _is(mask, _AND_METHODS, _AND_FUNCTIONS) or len(mask.args) != 2 or mask.kwargs:
+        return None
+    a, b = (_without_bool_casts(x) for x in mask.args)
+    for tiled, other in ((a, b), (b, a)):
+        if isinstance(tiled, fx.Node) and _transposed(other) is tiled:
+            source = _query_tiled(tiled)
+            if source is not None and _bool_value(source):
+                return source
+    return None
+
+
+@dataclass(frozen=True)
+class MaskRead:
+    """How a quantized site reads an ``attn_mask`` that is not per key by its shape.
+
+    ``source``: the node the per-key mask is made of; ``head_repeated``: read as ``unsqueeze(source, 1)`` (a mask
+    repeated over the heads), else as ``source`` itself; ``masks_queries``: the mask also masks the query of each
+    masked key (the symmetric form), whose rows :meth:`finish` sets to 0; ``shape``: the per-key mask's shape;
+    ``note``: the report's line.
+    """
+
+    source: fx.Node
+    head_repeated: bool
+    masks_queries: bool
+    shape: tuple
+    note: str
+
+    def key_mask(self, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
+        """The per-key mask node; ``make(target, args, name)`` creates a node."""
+        return make(torch.unsqueeze, (self.source, 1), "mask_per_key") if self.head_repeated else self.source
+
+    def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
+        """``out`` (``(B, H, S, D)``) with the rows of masked queries set to 0, as SDPA gives a row whose keys are all
+        masked; ``out`` itself when the mask masks no query."""
+        if not self.masks_queries:
+            return out
+        rows = make(torch.transpose, (self.source, -2, -1), "masked_queries")
+        return make(torch.where, (rows, out, 0.0), "zero_masked_queries")
+
+
+def per_key_read(call: SdpaCall) -> MaskRead | None:
+    """How the site's ``attn_mask`` is read per key where it is not a per-key mask of its operands by its shape
+    (:func:`qattn_fx.ops.canonical.mask_kind`): repeated over the heads (:func:`head_repeated_source`) or symmetric
+    (:func:`symmetric_source`, 4-D calls that return no LSE); else ``None`` (a mask already per key needs nothing; a
+    source that still varies per query gains nothing)."""
     mask, ndim = call.args["attn_mask"], example_value(call.q).dim()
     value = example_value(mask)
     if not isinstance(value, torch.Tensor):
         return None
-    is_bool = value.dtype == torch.bool
+    is_bool, shape = value.dtype == torch.bool, tuple(value.shape)
     if _per_key(value.shape, is_bool, ndim):
         return None
     source = head_repeated_source(mask)
-    return source if source is not None and _per_key(per_key_shape(source), is_bool, ndim) else None
+    if source is not None and _per_key(per_key_shape(source), is_bool, ndim):
+        read = tuple(per_key_shape(source))
+        return MaskRead(source, True, False, read, f"attn_mask {shape} repeats a {tuple(example_value(source).shape)} "
+                        f"mask over the heads (repeat_interleave + view): read per key as {read}")
+    source = symmetric_source(mask) if ndim == 4 and not call.lse else None
+    if source is not None and _per_key(example_value(source).shape, is_bool, ndim):
+        read = tuple(example_value(source).shape)
+        return MaskRead(source, False, True, read, f"attn_mask {shape} is m_i & m_j of a {read} key mask m (repeat + "
+                        "transpose): read per key, the rows of masked queries set to 0 (SDPA's output for them)")
+    return None

@@ -95,19 +95,17 @@ def _specialized_dropout(arg: object) -> tuple[bool, float | None]:
 
 
 def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[int, int],
-                  grad_enabled: bool, mask_source: fx.Node | None = None) -> Site:
-    """The :class:`~qattn_fx.policy.Site` of ``call``; ``mask_source``: the per-key mask its ``attn_mask`` repeats
-    over the heads (:func:`qattn_fx.fx.masks.per_key_source`), described in its place."""
+                  grad_enabled: bool, mask_read: masks.MaskRead | None = None) -> Site:
+    """The :class:`~qattn_fx.policy.Site` of ``call``; ``mask_read``: how its ``attn_mask`` is read per key
+    (:func:`qattn_fx.fx.masks.per_key_read`), described in its place."""
     q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
     mask = match.example_value(call.args["attn_mask"]) if call.args["attn_mask"] is not None else None
     mask_shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else None
     mask_kind = match.mask_kind(mask, q.dim())
     mask_note = None
-    if mask_source is not None:
-        read = tuple(masks.per_key_shape(mask_source))
-        mask_note = (f"attn_mask {mask_shape} repeats a {tuple(match.example_value(mask_source).shape)} mask over the "
-                     f"heads (repeat_interleave + view): read per key as {read}")
-        mask_shape, mask_kind = read, canonical.mask_kind(read, mask.dtype == torch.bool, q.dim())
+    if mask_read is not None:
+        mask_note, mask_shape = mask_read.note, mask_read.shape
+        mask_kind = canonical.mask_kind(mask_shape, mask.dtype == torch.bool, q.dim())
     path = match.module_path(call.node)
     container, index = match.split_layer(path)
     shared_graph = uses.get(id(call.module), 1) > 1
@@ -203,9 +201,9 @@ def _timestep_node(call: match.SdpaCall, decision: Decision, root: fx.GraphModul
 
 
 def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep=None,
-                 timestep_scale: float = 1000.0, mask_source: fx.Node | None = None) -> tuple[str, ...]:
-    """Replace ``call`` by the quantized attention of ``decision``; ``mask_source``: read the mask per key from the
-    mask its ``attn_mask`` repeats over the heads (a ``<prefix>_mask_per_key`` node: ``unsqueeze(source, 1)``)."""
+                 timestep_scale: float = 1000.0, mask_read: masks.MaskRead | None = None) -> tuple[str, ...]:
+    """Replace ``call`` by the quantized attention of ``decision``; ``mask_read``: read the mask per key as it says
+    (:class:`qattn_fx.fx.masks.MaskRead`: a ``<prefix>_mask_per_key`` node, rows of masked queries zeroed)."""
     q = match.example_value(call.q)
     # kernels are specialised per head_dim: a symbolic one (dynamic=True) is fixed here by a guard on the graph
     head_dim = guard_int(q.shape[-1])
@@ -213,8 +211,7 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     emit = FxEmitter(call.graph, prefix, _fake_mode_of(q), call.node.meta)
     with call.graph.inserting_before(call.node):
-        mask = call.args["attn_mask"] if mask_source is None else emit(torch.unsqueeze, (mask_source, 1),
-                                                                          "mask_per_key")
+        mask = call.args["attn_mask"] if mask_read is None else mask_read.key_mask(emit)
         out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
                                   out_dtype=q.dtype, head_dim=head_dim, attn_mask=mask,
                                   enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit,
@@ -223,7 +220,7 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep
         if call.lse:
             _replace_lse_outputs(call, *out, emit)
         else:
-            call.node.replace_all_uses_with(out)
+            call.node.replace_all_uses_with(out if mask_read is None else mask_read.finish(out, emit))
     call.graph.erase_node(call.node)
     return tuple(n.name for n in emit.created)
 
@@ -276,8 +273,8 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
     for i, call in enumerate(calls, start=first_index):
         # an earlier site's output may feed this one (chained attention): read the arguments after its rewrite
         call.args = match.normalize_sdpa_args(call.node)
-        source = masks.per_key_source(call)
-        site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled, mask_source=source)
+        read = masks.per_key_read(call)
+        site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled, mask_read=read)
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
         decision = resolve(site, hw, spec, emulate=emulate, target=target)
         inserted: tuple[str, ...] = ()
@@ -285,7 +282,7 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
         if decision.quantized:
             prefix = node_prefix(site.module, taken)
             inserted = rewrite_site(call, decision, prefix, _timestep_node(call, decision, root, timestep),
-                                    timestep.scale, source)
+                                    timestep.scale, read)
             touched[id(call.module)] = call.module
         outcomes.append(SiteOutcome(i, call.node.name, call.graph_name, site, decision, inserted, prefix))
     for gm in touched.values():
