@@ -23,9 +23,9 @@ Models (random weights at the published configs, bf16, built on the GPU):
   ``(B, 1, 1, N)`` key mask.
 * ``hunyuan_video15``: ``HunyuanVideo15Transformer3DModel`` (HunyuanVideo-1.5's config: 16 heads, d128, 54
   blocks), text-to-video: 480p latents ``(1, 65, 1 + (frames-1)/4, 30, 53)`` through its 16x VAE (33,390 tokens at
-  81 frames, 49,290 at its pipeline's 121; ``--resolution 720``: ``45, 80``) and 1,985 conditioning tokens of which ``--text-tokens`` are
-  valid: every block's joint attention masks with ``m_i & m_j`` of that padding mask (a graph break where its
-  forward reorders the text by the mask).
+  81 frames, 49,290 at its pipeline's 121; ``--resolution 720``: ``45, 80``) and 1,985 conditioning tokens of which
+  ``--text-tokens`` are valid: every block's joint attention masks with ``m_i & m_j`` of that padding mask (a graph
+  break where its forward reorders the text by the mask).
 * ``ltx_video``: ``LTXVideoTransformer3DModel`` (LTX-Video's config: 32 heads, **d64**, 28 blocks), packed latents
   ``(1, N, 128)`` with N = (1 + (frames-1)/8) · 16 · 22 at the default 704 x 512 (3,872 tokens at 81 frames;
   ``--resolution 704``: 1216 x 704, 9,196 tokens) and 128 text tokens of which ``--text-tokens`` are valid (its
@@ -378,9 +378,9 @@ QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, 
 def build_qwen_image(*, blocks: int | None = None, resolution: int | None = None, text_tokens: int = 120,
                      device: str = "cuda", dims: dict | None = None, **_) -> Case:
     """Qwen-Image at ``resolution`` x ``resolution`` pixels (a multiple of 16; default 1328, the model card's 1:1
-    size; the pipeline's default is 1024) with ``text_tokens`` text tokens, inputs as ``QwenImagePipeline`` makes them for one prompt (packed 2 x 2
-    latent patches of 64 channels, ``img_shapes``, the text's mask of ones: the joint attention takes it as a
-    ``(B, 1, 1, N)`` boolean key mask); ``dims`` as for Wan."""
+    size; the pipeline's default is 1024) with ``text_tokens`` text tokens, inputs as ``QwenImagePipeline`` makes
+    them for one prompt (packed 2 x 2 latent patches of 64 channels, ``img_shapes``, the text's mask of ones: the
+    joint attention takes it as a ``(B, 1, 1, N)`` boolean key mask); ``dims`` as for Wan."""
     from diffusers import QwenImageTransformer2DModel
 
     resolution = resolution or 1328
@@ -618,10 +618,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                      "Qwen-Image: text tokens")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
     parser.add_argument("--resolution", type=int, help="Flux, Qwen-Image: image side in pixels, a multiple of 16 "
-                        "(default 1024, Qwen-Image 1328); "
-                        "Wan: 480 (832 x 480, the default) or 720 (1280 x 720); HunyuanVideo (1.5): 480 (848 x 480, "
-                        "the default) or 720 (1280 x 720); LTX-Video: 512 (704 x 512, the default) or 704 (1216 x 704); "
-                        "CogVideoX: 480 (720 x 480)")
+                        "(default 1024, Qwen-Image 1328); Wan: 480 (832 x 480, the default) or 720 (1280 x 720); "
+                        "HunyuanVideo (1.5): 480 (848 x 480, the default) or 720 (1280 x 720); LTX-Video: 512 (704 x "
+                        "512, the default) or 704 (1216 x 704); CogVideoX: 480 (720 x 480)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")
     parser.add_argument("--mode", choices=MODES, default="default", help="torch.compile mode (reduce-overhead: "
                                                                          "CUDA graphs)")

@@ -215,7 +215,7 @@ def _symmetric_sdpa(q, k, v, m, tile="repeat", op="and", swap=False):
                          ids=["repeat", "expand", "logical_and", "swapped"])
 def test_a_symmetric_padding_mask_is_read_per_key_with_masked_queries_zeroed(form):
     """``m_i & m_j`` of a (B, S) padding mask: read as the key mask ``m`` (a note says so), quantized, equal to the
-    call with that key mask whose masked queries' rows are set to 0, which is what SDPA gives those rows."""
+    call with that key mask whose masked queries' rows are set to 0, which is what SDPA's math kernel gives them."""
     q, k, v = qkv(b=2, h=3, sq=40, skv=40)
     m = torch.ones(2, 40, dtype=torch.int64)
     m[0, 30:] = 0  # a padded tail
@@ -226,7 +226,7 @@ def test_a_symmetric_padding_mask_is_read_per_key_with_masked_queries_zeroed(for
     (site,) = backend.report.sites
     assert site.rewritten and site.notes == (
         "attn_mask (2, 1, 40, 40) is m_i & m_j of a (2, 1, 1, 40) key mask m (repeat + transpose): read per key, the "
-        "rows of masked queries set to 0 (SDPA's output for them)",)
+        "rows of masked queries set to 0 (SDPA math's output for them)",)
     key_mask = m.bool()[:, None, None, :]
     per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=key_mask)
     torch.testing.assert_close(out, torch.where(key_mask.transpose(-2, -1), per_key, 0.0), rtol=0, atol=0)

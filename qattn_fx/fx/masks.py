@@ -18,11 +18,13 @@ Read a symmetric padding mask as its key mask and a row mask.
 HunyuanVideo-1.5 (every block) and the token refiners of the HunyuanVideo family build their self-attention mask
 from a ``(B, S)`` padding mask ``m`` as ``M = R & R.transpose(2, 3)`` with ``R = m.view(B, 1, 1, S).repeat(1, 1, S,
 1)``: ``M[b, 0, i, j] = m[b, i] & m[b, j]``. A query ``i`` that is kept sees exactly the keys of the per-key mask
-``m.view(B, 1, 1, S)``; a query that is masked has every key masked, and SDPA gives its row as 0.
+``m.view(B, 1, 1, S)``; a query that is masked has every key masked, a row that SDPA's math and memory-efficient
+kernels give as 0 (its cuDNN kernel on the H200 gives other finite values: ``tools/masked_rows.py``); those rows
+belong to padding tokens, which every later attention masks as keys.
 :func:`symmetric_source` recognizes that form (``&`` as ``operator.and_``, ``bitwise_and`` or ``logical_and``, either
 operand order, no-op ``.bool()`` conversions around it; the tiling as ``repeat`` or ``expand`` along the query axis;
 the transpose of the last two axes); a quantized site takes the per-key mask and sets the rows of masked queries to
-0 (:meth:`MaskRead.finish`), which is SDPA's output for them.
+0 (:meth:`MaskRead.finish`), as SDPA's reference (math) kernel does.
 
 Sizes are compared only where they are known to be equal without a guard, so a symbolic size never adds one.
 """
@@ -188,8 +190,8 @@ class MaskRead:
         return make(torch.unsqueeze, (self.source, 1), "mask_per_key") if self.head_repeated else self.source
 
     def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
-        """``out`` (``(B, H, S, D)``) with the rows of masked queries set to 0, as SDPA gives a row whose keys are all
-        masked; ``out`` itself when the mask masks no query."""
+        """``out`` (``(B, H, S, D)``) with the rows of masked queries set to 0, as SDPA's math kernel gives a row
+        whose keys are all masked; ``out`` itself when the mask masks no query."""
         if not self.masks_queries:
             return out
         rows = make(torch.transpose, (self.source, -2, -1), "masked_queries")
@@ -217,5 +219,5 @@ def per_key_read(call: SdpaCall) -> MaskRead | None:
     if source is not None and _per_key(example_value(source).shape, is_bool, ndim):
         read = tuple(example_value(source).shape)
         return MaskRead(source, False, True, read, f"attn_mask {shape} is m_i & m_j of a {read} key mask m (repeat + "
-                        "transpose): read per key, the rows of masked queries set to 0 (SDPA's output for them)")
+                        "transpose): read per key, the rows of masked queries set to 0 (SDPA math's output for them)")
     return None
