@@ -15,12 +15,14 @@ an integer ``repeats`` and ``dim=0``, followed by ``view`` / ``reshape`` (method
 
 Read a symmetric padding mask as its key mask and a row mask.
 
-HunyuanVideo-1.5 (every block) and the token refiners of the HunyuanVideo family build their self-attention mask
-from a ``(B, S)`` padding mask ``m`` as ``M = R & R.transpose(2, 3)`` with ``R = m.view(B, 1, 1, S).repeat(1, 1, S,
-1)``: ``M[b, 0, i, j] = m[b, i] & m[b, j]``. A query ``i`` that is kept sees exactly the keys of the per-key mask
-``m.view(B, 1, 1, S)``; a query that is masked has every key masked, a row that SDPA's math and memory-efficient
-kernels give as 0 (its cuDNN kernel on the H200 gives other finite values: ``tools/masked_rows.py``); those rows
-belong to padding tokens, which every later attention masks as keys.
+HunyuanVideo-1.5 builds every block's self-attention mask from a ``(B, S)`` padding mask ``m`` as ``M = R &
+R.transpose(2, 3)`` with ``R = m.view(B, 1, 1, S).repeat(1, 1, S, 1)``: ``M[b, 0, i, j] = m[b, i] & m[b, j]``. (The
+token refiners of the HunyuanVideo family start from the same form, then repeat it over the heads or set a column
+in place: those stay dense.) A query ``i`` that is kept sees exactly the keys of the per-key mask ``m.view(B, 1, 1,
+S)``; a query that is masked has every key masked, a row that SDPA's math and memory-efficient kernels give as 0
+(its cuDNN kernel on the H200 gives other finite values:
+``benchmarks/results/2026-12-03_h200_sdpa_fully_masked_rows.log``); those rows belong to padding tokens, which every
+later attention masks as keys.
 :func:`symmetric_source` recognizes that form (``&`` as ``operator.and_``, ``bitwise_and`` or ``logical_and``, either
 operand order, no-op ``.bool()`` conversions around it; the tiling as ``repeat`` or ``expand`` along the query axis;
 the transpose of the last two axes); a quantized site takes the per-key mask and sets the rows of masked queries to
