@@ -152,8 +152,8 @@ MODELS = {"wan": wan, "flux": flux, "dit": dit, "hunyuan_video": hunyuan_video, 
 
 #: The model classes :func:`example_inputs` makes inputs for.
 KNOWN_CLASSES = ("WanTransformer3DModel", "FluxTransformer2DModel", "DiTTransformer2DModel",
-                 "HunyuanVideoTransformer3DModel", "SD3Transformer2DModel", "CogVideoXTransformer3DModel",
-                 "LTXVideoTransformer3DModel")
+                 "HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel", "SD3Transformer2DModel",
+                 "CogVideoXTransformer3DModel", "LTXVideoTransformer3DModel", "QwenImageTransformer2DModel")
 
 
 def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, width: int = 16,
@@ -168,7 +168,10 @@ def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, 
     ``seed`` seeds the random tensors; ``noise_level`` in (0, 1] sets the timestep as that fraction of the model's
     range (Flux: of 1; the others: of 1000 steps), else a mid-range default. CogVideoX takes its latents
     frames-first, ``(B, frames, C, height, width)``, and its rotary embeddings when its config uses them; LTX-Video
-    takes them packed, ``(B, frames·height·width, C)``, with its text's padding mask (every token valid).
+    takes them packed, ``(B, frames·height·width, C)``, with its text's padding mask (every token valid);
+    Qwen-Image packed 2 x 2, ``(B, height/2 · width/2, C)``, with ``img_shapes`` and its text mask (all valid);
+    HunyuanVideo-1.5 text-to-video inputs: ``text_len`` tokens of each text encoder (all valid) and ``text_len``
+    image tokens of zeros (none valid).
     """
     name = type(model).__name__
     if name not in KNOWN_CLASSES:
@@ -197,6 +200,19 @@ def example_inputs(model, *, batch: int = 1, frames: int = 2, height: int = 16, 
         if c.guidance_embeds:
             inputs["guidance"] = torch.full((batch,), 5000.0)
         return inputs
+    if name == "HunyuanVideo15Transformer3DModel":  # text-to-video: the image embedding all zeros
+        ones = torch.ones(batch, text_len, dtype=torch.int64)
+        return dict(hidden_states=rand(batch, c.in_channels, frames, height, width), timestep=t.to(dtype),
+                    encoder_hidden_states=rand(batch, text_len, c.text_embed_dim), encoder_attention_mask=ones,
+                    encoder_hidden_states_2=rand(batch, text_len, c.text_embed_2_dim), encoder_attention_mask_2=ones,
+                    image_embeds=torch.zeros(batch, text_len, c.image_embed_dim, dtype=dtype), return_dict=False)
+    if name == "QwenImageTransformer2DModel":
+        side_h, side_w = height // c.patch_size, width // c.patch_size
+        return dict(hidden_states=rand(batch, side_h * side_w, c.in_channels),
+                    encoder_hidden_states=rand(batch, text_len, c.joint_attention_dim),
+                    encoder_hidden_states_mask=torch.ones(batch, text_len, dtype=torch.int64),
+                    timestep=torch.full((batch,), level).to(dtype), img_shapes=[[(1, side_h, side_w)]] * batch,
+                    return_dict=False)
     if name == "FluxTransformer2DModel":
         tokens = height * width
         inputs = dict(hidden_states=rand(batch, tokens, c.in_channels),

@@ -133,3 +133,31 @@ def test_a_padded_call_equals_the_unpadded_call(kernel):
     c = cos(padded[:, :, :4196], unpadded)
     print(f"[{kernel}] padded vs unpadded: cosine {c:.5f}")
     assert c > 0.998
+
+
+@needs_sm90
+@pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
+def test_a_symmetric_padding_mask_runs_per_key_on_the_kernel(kernel):
+    """HunyuanVideo-1.5's ``m_i & m_j`` mask (4096 video tokens + 256 text tokens of which 100 are valid): the site
+    runs the kernel with the key mask, the rows of masked queries are 0, and the kept rows match SDPA."""
+    spec = KERNEL_SPECS[kernel][0]
+    backend = qattn_fx.backend(spec)
+    torch._dynamo.reset()
+
+    def hv15(q, k, v, m):
+        r = m.view(1, 1, 1, -1).repeat(1, 1, m.shape[-1], 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(r & r.transpose(2, 3)).bool())
+
+    fn = torch.compile(hv15, backend=backend, fullgraph=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q, k, v = (torch.randn(1, 4352, 8, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    m = torch.ones(1, 4352, dtype=torch.bool, device=DEV)
+    m[:, 4196:] = False
+    out = fn(q, k, v, m)
+    (site,) = backend.report.sites
+    assert site.kernel == kernel and site.notes and "m_i & m_j" in site.notes[0], str(backend.report)
+    assert torch.equal(out[:, :, 4196:], torch.zeros_like(out[:, :, 4196:]))
+    c = cos(out[:, :, :4196], hv15(q, k, v, m)[:, :, :4196])
+    print(f"[{kernel}] m_i & m_j: kept rows' cosine {c:.5f}")
+    assert c > 0.998
