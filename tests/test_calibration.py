@@ -134,7 +134,7 @@ def test_sites_are_named_as_the_backend_reports_them():
     assert [s.site for s in result.sites] == ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]
 
 
-@pytest.mark.parametrize("factory", ["flux", "dit", "hunyuan_video"])
+@pytest.mark.parametrize("factory", ["flux", "dit", "hunyuan_video", "hunyuan_video15"])
 def test_the_other_tiny_diffusers_models_calibrate_and_their_plan_compiles(factory):
     """Joint attention (Flux), a class-conditional DiT and masked joint attention (HunyuanVideo): sites as the
     backend reports them, and the plan's spec compiled by the backend quantizes exactly the planned sites."""

@@ -119,6 +119,7 @@ class ProbedModel:
                 "scale": a["scale"], "enable_gqa": a["enable_gqa"]})
             node.meta.update(call.node.meta)
             out = node if mask_read is None else mask_read.finish(node, make)
+            out.meta.update(call.node.meta)  # the SDPA output's meta: what later sites read of their inputs
         call.node.replace_all_uses_with(out)
         call.graph.erase_node(call.node)
 

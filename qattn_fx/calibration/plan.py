@@ -159,8 +159,11 @@ def spec_for(plan: Plan, options: dict[tuple[str, int | None], list[Option]], ca
     for unit in plan:
         groups.setdefault(group_glob(*unit), []).append(unit)
     rules: list[Rule] = []
-    # deeper paths first: a glob's "*" also spans dots, so blocks.*.attn1 would match blocks.3.cross.attn1
-    for glob in sorted(groups, key=lambda g: -g.count(".")):
+    # a site of a graph shared by several blocks first: it knows only its path inside the block (``attn``), which a
+    # deeper glob would also match by its tail (context_embedder.*.attn), while its own glob matches no other path;
+    # then deeper paths first: a glob's "*" also spans dots, so blocks.*.attn1 would match blocks.3.cross.attn1
+    shared = {group_glob(*unit) for unit, site in sites.items() if site.layer is None and site.layer_shared}
+    for glob in sorted(groups, key=lambda g: (g not in shared, -g.count("."))):
         units = groups[glob]
         safe = _safe_choice(units, plan, options, budget, limit)
         layered = [u for u in units if u[1] is not None and split_layer(u[0])[1] == u[1]]
