@@ -159,11 +159,26 @@ def frame_size(model: str, sizes: dict, resolution: int | None) -> tuple[int, in
     return sizes[resolution]
 
 
-def timestep_x1000(device: str, shape: tuple[int, ...] = (1,)) -> Callable[[float], torch.Tensor]:
+def timestep_x1000(device: str, shape: tuple[int, ...] = (1,),
+                   dtype: torch.dtype = torch.float32) -> Callable[[float], torch.Tensor]:
     """The timestep input of Wan's, HunyuanVideo's and LTX-Video's pipelines at noise level ``sigma``: the
     scheduler's timestep, ``sigma · 1000``, of ``shape`` (``(1,)``; Wan2.2-TI2V-5B's pipeline passes one per token,
-    ``(1, tokens)``, all equal in text-to-video)."""
-    return lambda sigma: torch.full(shape, 1000.0 * sigma, device=device)
+    ``(1, tokens)``, all equal in text-to-video) and ``dtype`` (HunyuanVideo-1.5's pipeline: the latents', bf16)."""
+    return lambda sigma: torch.full(shape, 1000.0 * sigma, device=device, dtype=dtype)
+
+
+def timestep_sigma(device: str) -> Callable[[float], torch.Tensor]:
+    """The timestep input of Flux's and Qwen-Image's pipelines at noise level ``sigma``: the scheduler's timestep
+    / 1000, ``sigma`` itself, in the latents' dtype (bf16), of shape ``(1,)``."""
+    return lambda sigma: torch.tensor([sigma], device=device, dtype=torch.bfloat16)
+
+
+def image_side(resolution: int | None, default: int) -> int:
+    """A square image's side in pixels (``default`` when None), checked to be a positive multiple of 16."""
+    resolution = resolution or default
+    if resolution < 16 or resolution % 16:
+        raise ValueError(f"resolution={resolution} is invalid; valid: a multiple of 16 (VAE factor 8, 2 x 2 patches)")
+    return resolution
 
 
 def text_mask(length: int, valid: int, device: str) -> torch.Tensor:
@@ -271,9 +286,7 @@ def build_hunyuan_video15(*, blocks: int | None = None, frames: int = 121, text_
     latent_frames, text, byt5, image = 1 + (frames - 1) // 4, 1000, 256, 729
     bf16 = dict(device=device, dtype=torch.bfloat16)
     latents = torch.randn(1, 32, latent_frames, height // 16, width // 16, **bf16)
-
-    def timestep(sigma: float) -> torch.Tensor:  # HunyuanVideo15Pipeline: the scheduler's timestep, in bf16
-        return torch.full((1,), 1000.0 * sigma, **bf16)
+    timestep = timestep_x1000(device, dtype=torch.bfloat16)
 
     inputs = dict(
         hidden_states=torch.cat([latents, torch.zeros(1, 33, *latents.shape[2:], **bf16)], dim=1),
@@ -332,9 +345,7 @@ def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, r
     ``FluxPipeline`` makes them (packed 2 x 2 latent patches, position ids, guidance 3.5); ``dims`` as for Wan."""
     from diffusers import FluxTransformer2DModel
 
-    resolution = resolution or 1024
-    if resolution < 16 or resolution % 16:
-        raise ValueError(f"resolution={resolution} is invalid; valid: a multiple of 16 (VAE factor 8, 2 x 2 patches)")
+    resolution = image_side(resolution, 1024)
     cfg = dict(FLUX_DEV)
     if blocks:
         cfg["num_layers"] = blocks
@@ -349,9 +360,7 @@ def build_flux(*, blocks: int | None = None, single_blocks: int | None = None, r
     img_ids = torch.zeros(side, side, 3, device=device)
     img_ids[..., 1] = torch.arange(side, device=device)[:, None]
     img_ids[..., 2] = torch.arange(side, device=device)[None, :]
-
-    def timestep(sigma: float) -> torch.Tensor:  # FluxPipeline: the scheduler's timestep / 1000, in the latents' dtype
-        return torch.tensor([sigma], device=device, dtype=torch.bfloat16)
+    timestep = timestep_sigma(device)
 
     inputs = dict(
         hidden_states=torch.randn(1, tokens, cfg["in_channels"], device=device, dtype=torch.bfloat16),
@@ -383,9 +392,7 @@ def build_qwen_image(*, blocks: int | None = None, resolution: int | None = None
     joint attention takes it as a ``(B, 1, 1, N)`` boolean key mask); ``dims`` as for Wan."""
     from diffusers import QwenImageTransformer2DModel
 
-    resolution = resolution or 1328
-    if resolution < 16 or resolution % 16:
-        raise ValueError(f"resolution={resolution} is invalid; valid: a multiple of 16 (VAE factor 8, 2 x 2 patches)")
+    resolution = image_side(resolution, 1328)
     cfg = dict(QWEN_IMAGE, num_layers=blocks or QWEN_IMAGE["num_layers"])
     cfg.update(dims or {})
     torch.manual_seed(0)
@@ -393,9 +400,7 @@ def build_qwen_image(*, blocks: int | None = None, resolution: int | None = None
         model = QwenImageTransformer2DModel(**cfg).to(torch.bfloat16).eval()
     side = resolution // 16
     tokens = side * side
-
-    def timestep(sigma: float) -> torch.Tensor:  # QwenImagePipeline: the scheduler's timestep / 1000
-        return torch.tensor([sigma], device=device, dtype=torch.bfloat16)
+    timestep = timestep_sigma(device)
 
     inputs = dict(
         hidden_states=torch.randn(1, tokens, cfg["in_channels"], device=device, dtype=torch.bfloat16),

@@ -75,6 +75,11 @@ def _repeat_args(node: fx.Node) -> tuple[object, object, object]:
     return values["input"], values["repeats"], values["dim"]
 
 
+def _input(node: fx.Node) -> object:
+    """The tensor a method or function node takes first (``args[0]``, or its ``input`` / ``self`` keyword)."""
+    return node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
+
+
 def _ndim(node: fx.Node) -> int:
     value = example_value(node)
     return value.dim() if isinstance(value, torch.Tensor) else 0
@@ -89,7 +94,7 @@ def head_repeated_source(mask: object) -> fx.Node | None:
     ``(B, ...)``, so that ``mask[b, h] == x[b]`` for every head ``h``), else ``None``."""
     if not _is(mask, _VIEW_METHODS, _VIEW_FUNCTIONS):
         return None
-    repeated = mask.args[0] if mask.args else mask.kwargs.get("input", mask.kwargs.get("self"))
+    repeated = _input(mask)
     if not _is(repeated, _REPEAT_METHODS, _REPEAT_FUNCTIONS):
         return None
     source, repeats, dim = _repeat_args(repeated)
@@ -113,10 +118,6 @@ def per_key_shape(source: fx.Node) -> tuple:
 
 def _per_key(shape: tuple, is_bool: bool, ndim: int) -> bool:
     return canonical.mask_kind(tuple(shape), is_bool, ndim) in ("key_padding", "key_bias")
-
-
-def _input(node: fx.Node) -> object:
-    return node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
 
 
 def _bool_value(node: object) -> bool:
@@ -213,13 +214,13 @@ def per_key_read(call: SdpaCall) -> MaskRead | None:
     if _per_key(value.shape, is_bool, ndim):
         return None
     source = head_repeated_source(mask)
-    if source is not None and _per_key(per_key_shape(source), is_bool, ndim):
-        read = tuple(per_key_shape(source))
+    read = tuple(per_key_shape(source)) if source is not None else None
+    if read is not None and _per_key(read, is_bool, ndim):
         return MaskRead(source, True, False, read, f"attn_mask {shape} repeats a {tuple(example_value(source).shape)} "
                         f"mask over the heads (repeat_interleave + view): read per key as {read}")
     source = symmetric_source(mask) if ndim == 4 and not call.lse else None
-    if source is not None and _per_key(example_value(source).shape, is_bool, ndim):
-        read = tuple(example_value(source).shape)
-        return MaskRead(source, False, True, read, f"attn_mask {shape} is m_i & m_j of a {read} key mask m (repeat + "
-                        "transpose): read per key, the rows of masked queries set to 0 (SDPA math's output for them)")
-    return None
+    if source is None:
+        return None
+    read = tuple(example_value(source).shape)  # (B, 1, 1, S): per key by symmetric_source's own shape test
+    return MaskRead(source, False, True, read, f"attn_mask {shape} is m_i & m_j of a {read} key mask m (repeat + "
+                    "transpose): read per key, the rows of masked queries set to 0 (SDPA math's output for them)")
