@@ -225,8 +225,7 @@ def _qwen_image():
     ("hunyuan_video15", "HunyuanVideo15Transformer3DModel", 1)])
 def test_inspect_configs_of_more_model_classes(tmp_path, capsys, name, cls, sites):
     """--config + --class builds inputs for SD3, CogVideoX, LTX-Video, Qwen-Image and HunyuanVideo-1.5 too; every
-    site is found and emulated (HunyuanVideo-1.5: its blocks' one graph and ``m_i & m_j`` mask; its token refiner's
-    site, a mask repeated over the heads, stays dense)."""
+    site is found and emulated (HunyuanVideo-1.5: its blocks' one graph and ``m_i & m_j`` mask)."""
     made = {"qwen_image": _qwen_image, "hunyuan_video15": tiny_models.hunyuan_video15}
     model, _ = made[name]() if name in made else tiny_models.MODELS[name]()
     config = tmp_path / "config.json"

@@ -235,6 +235,40 @@ def test_a_symmetric_padding_mask_is_read_per_key_with_masked_queries_zeroed(for
     close(out, dense)
 
 
+def test_a_symmetric_mask_repeated_over_the_heads_is_read_per_key():
+    """HunyuanVideo-1.5's token refiner: ``m_i & m_j`` as a (B, 1, S, S) mask through ``prepare_attention_mask``
+    (repeated over the heads, then viewed per head) is read as the key mask ``m``, like the symmetric mask itself."""
+    q, k, v = qkv(b=2, h=3, sq=40, skv=40)
+    m = torch.ones(2, 40, dtype=torch.int64)
+    m[0, 30:] = 0
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = lambda q, k, v, m: _prepared(q, k, v, _symmetric(m))  # noqa: E731
+    out = compiled(backend, fn)(q, k, v, m)
+    (site,) = backend.report.sites
+    assert site.rewritten and site.notes == (
+        "attn_mask (2, 3, 40, 40) repeats a (2, 1, 40, 40) mask over the heads (repeat_interleave + view), which is "
+        "m_i & m_j of a (2, 1, 1, 40) key mask m (repeat + transpose): read per key, the rows of masked queries set "
+        "to 0 (SDPA math's output for them)",)
+    key_mask = m.bool()[:, None, None, :]
+    per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=key_mask)
+    torch.testing.assert_close(out, torch.where(key_mask.transpose(-2, -1), per_key, 0.0), rtol=0, atol=0)
+    close(out, fn(q, k, v, m))
+
+
+def test_a_4d_key_mask_repeated_over_the_heads_is_read_as_itself():
+    q, k, v = qkv(b=2, h=3)
+    bias = torch.zeros(2, 1, 1, 56)
+    bias[0, ..., 40:] = float("-inf")
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = compiled(backend, _prepared)(q, k, v, bias)
+    (site,) = backend.report.sites
+    assert site.rewritten and site.notes == (
+        "attn_mask (2, 3, 1, 56) repeats a (2, 1, 1, 56) mask over the heads (repeat_interleave + view): read per "
+        "key as (2, 1, 1, 56)",)
+    assert not any("mask_per_key" in n.name for n in backend.graph_modules[0].graph.nodes)
+    torch.testing.assert_close(out, quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=bias), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("make", [
     lambda m: _symmetric(m) & (torch.arange(m.shape[1]) < 30),  # a further key mask on top
     lambda m: m.bool().view(2, 1, 1, -1).repeat(1, 1, 40, 1) & m.flip(1).bool().view(2, 1, 1, -1).repeat(
@@ -250,6 +284,44 @@ def test_other_query_by_key_masks_stay_dense(make):
     (site,) = backend.report.sites
     assert not site.rewritten and "varies per query or head" in site.reason and not site.notes
     torch.testing.assert_close(out, fn(q, k, v, m), rtol=0, atol=0)
+
+
+def _column_set_mask(m):
+    """HunyuanVideo's token refiner: ``m_i & m_j`` with its first column set in place (a masked query sees key 0)."""
+    mask = _symmetric(m)
+    mask[:, :, :, 0] = True
+    return mask
+
+
+def _column_set(q, k, v, m):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_column_set_mask(m))
+
+
+def _bias_written_after_its_repeat(q, k, v, bias):
+    mask = bias.repeat_interleave(q.shape[1], dim=0).view(q.shape[0], q.shape[1], -1, bias.shape[-1])
+    bias.masked_fill_(bias < 0, 0.0)  # the repeated copy keeps the old values
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("case", ["column-set", "symmetric-repeated-column-set", "source-written"])
+def test_a_mask_written_in_place_is_not_read_per_key(case):
+    """A read of the source would miss (or see) a write into the mask's chain after it was built: such masks stay
+    dense, exactly as SDPA computes them."""
+    q, k, v = qkv(b=2, h=3, sq=40, skv=40)
+    m = torch.ones(2, 40, dtype=torch.int64)
+    m[0, 30:] = 0
+    bias = torch.zeros(2, 1, 40)
+    bias[0, :, 30:] = -10000.0
+    fn, arg = {
+        "column-set": (_column_set, m),
+        "symmetric-repeated-column-set": (lambda q, k, v, m: _prepared(q, k, v, _column_set_mask(m)), m),
+        "source-written": (_bias_written_after_its_repeat, bias),
+    }[case]
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = compiled(backend, fn)(q, k, v, arg.clone())
+    (site,) = backend.report.sites
+    assert not site.rewritten and "varies per query or head" in site.reason and not site.notes
+    torch.testing.assert_close(out, fn(q, k, v, arg.clone()), rtol=0, atol=0)
 
 
 def test_symmetric_masks_at_symbolic_lengths():
@@ -287,8 +359,8 @@ def test_hunyuan_video_dual_and_single_stream_sites_are_quantized_with_text_padd
 @pytest.mark.slow
 def test_hunyuan_video15_blocks_are_quantized_with_their_symmetric_text_padding_mask():
     """HunyuanVideo-1.5 masks every block's joint attention with ``m_i & m_j`` of its padding mask: each block site
-    is quantized, read per key (the note says so), and the compiled model matches the dense one; the token
-    refiner (a mask repeated over the heads by ``prepare_attention_mask``) stays dense with its reason."""
+    is quantized, read per key (the note says so), and so is the token refiner's (the same form repeated over the
+    heads by ``prepare_attention_mask``); the compiled model matches the dense one."""
     model, inputs = tiny_models.hunyuan_video15()
     backend = qattn_fx.backend(emulate=True)
     torch._dynamo.reset()
@@ -299,7 +371,7 @@ def test_hunyuan_video15_blocks_are_quantized_with_their_symmetric_text_padding_
     refiner = [s for s in backend.report.sites if "token_refiner" in s.module]
     assert blocks and all(s.rewritten and "is m_i & m_j of a (1, 1, 1, 151) key mask" in s.notes[0]
                for s in blocks)
-    assert refiner and not any(s.rewritten for s in refiner)
+    assert refiner and all(s.rewritten and "which is m_i & m_j" in s.notes[0] for s in refiner)
     rel = (out - dense).abs().max() / dense.abs().max()
     cos = F.cosine_similarity(out.flatten(), dense.flatten(), dim=0)
     assert rel < 1e-2 and cos > 0.9999, (rel, cos)

@@ -7,18 +7,19 @@ shape may vary per head, so the pass would keep the site dense. :func:`head_repe
 in the graph and returns the mask it started from; the site is then described with the per-key shape
 ``(B, 1, 1, Skv)`` (:func:`per_key_shape`), and a quantized site reads ``unsqueeze(source, 1)``: the same values
 at every head, by ``repeat_interleave``'s definition (row ``b·H + h`` of the repeated mask is row ``b`` of the
-source).
+source). A 4-D mask with a head axis of 1 goes through the same chain to ``(B, H, ...)``; it is read as itself.
 
 Matched forms: ``Tensor.repeat_interleave`` / ``torch.repeat_interleave`` / ``aten.repeat_interleave.self_int`` with
 an integer ``repeats`` and ``dim=0``, followed by ``view`` / ``reshape`` (method, function or aten op) to
-``(B, repeats, *source.shape[1:])``.
+``(B, repeats, *source.shape[1:])`` (or ``(B, repeats, *source.shape[2:])`` when ``source.shape[1]`` is 1).
 
 Read a symmetric padding mask as its key mask and a row mask.
 
 HunyuanVideo-1.5 builds every block's self-attention mask from a ``(B, S)`` padding mask ``m`` as ``M = R &
-R.transpose(2, 3)`` with ``R = m.view(B, 1, 1, S).repeat(1, 1, S, 1)``: ``M[b, 0, i, j] = m[b, i] & m[b, j]``. (The
-token refiners of the HunyuanVideo family start from the same form, then repeat it over the heads or set a column
-in place: those stay dense.) A query ``i`` that is kept sees exactly the keys of the per-key mask ``m.view(B, 1, 1,
+R.transpose(2, 3)`` with ``R = m.view(B, 1, 1, S).repeat(1, 1, S, 1)``: ``M[b, 0, i, j] = m[b, i] & m[b, j]``.
+Its token refiner's processor repeats that mask over the heads (``prepare_attention_mask``): read the same way.
+(HunyuanVideo's token refiner sets the mask's first column in place, which lets a masked query see key 0: it stays
+dense.) A query ``i`` that is kept sees exactly the keys of the per-key mask ``m.view(B, 1, 1,
 S)``; a query that is masked has every key masked, a row that SDPA's math and memory-efficient kernels give as 0
 (its cuDNN kernel on the H200 gives other finite values:
 ``benchmarks/results/2026-12-03_h200_sdpa_fully_masked_rows.log``); those rows belong to padding tokens, which every
@@ -89,9 +90,11 @@ def _same(a, b) -> bool:
     return statically_known_true(a == b)
 
 
-def head_repeated_source(mask: object) -> fx.Node | None:
-    """The node ``x`` when ``mask`` is ``view(repeat_interleave(x, H, dim=0), (B, H, *x.shape[1:]))`` (``x`` of shape
-    ``(B, ...)``, so that ``mask[b, h] == x[b]`` for every head ``h``), else ``None``."""
+def head_repeated_source(mask: object) -> tuple[fx.Node, bool] | None:
+    """``(x, True)`` when ``mask`` is ``view(repeat_interleave(x, H, dim=0), (B, H, *x.shape[1:]))`` (``x`` of
+    shape ``(B, ...)``: ``mask[b, h] == x[b]``); ``(x, False)`` when ``x`` has a head axis of 1 already and the view
+    is ``(B, H, *x.shape[2:])`` (``mask[b, h] == x[b, 0]``: a 4-D mask through ``prepare_attention_mask``); else
+    ``None``. The flag says whether the per-key read adds the head axis (:func:`per_key_shape`)."""
     if not _is(mask, _VIEW_METHODS, _VIEW_FUNCTIONS):
         return None
     repeated = _input(mask)
@@ -103,17 +106,20 @@ def head_repeated_source(mask: object) -> fx.Node | None:
     x, out = example_value(source), example_value(mask)
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or x.dim() < 1:
         return None
-    if out.dim() != x.dim() + 1 or not _same(out.shape[1], repeats) or not _same(out.shape[0], x.shape[0]):
+    if not _same(out.shape[1], repeats) or not _same(out.shape[0], x.shape[0]):
         return None
-    if not all(_same(a, b) for a, b in zip(out.shape[2:], x.shape[1:])):
+    add_head_axis = out.dim() == x.dim() + 1
+    if not add_head_axis and not (out.dim() == x.dim() and _same(x.shape[1], 1)):
         return None
-    return source
+    rest = x.shape[1:] if add_head_axis else x.shape[2:]
+    return (source, add_head_axis) if all(_same(a, b) for a, b in zip(out.shape[2:], rest)) else None
 
 
-def per_key_shape(source: fx.Node) -> tuple:
-    """The shape of ``unsqueeze(source, 1)``: the repeated mask's shape with 1 on the head axis."""
+def per_key_shape(source: fx.Node, add_head_axis: bool) -> tuple:
+    """The shape of the per-key read of a mask repeated over the heads: ``unsqueeze(source, 1)``'s when the
+    repeat added the head axis, else ``source``'s."""
     x = example_value(source)
-    return (x.shape[0], 1, *x.shape[1:])
+    return (x.shape[0], 1, *x.shape[1:]) if add_head_axis else tuple(x.shape)
 
 
 def _per_key(shape: tuple, is_bool: bool, ndim: int) -> bool:
@@ -172,25 +178,94 @@ def symmetric_source(mask: object) -> fx.Node | None:
     return None
 
 
+_ALIAS_METHODS = ("view", "view_as", "reshape", "expand", "expand_as", "transpose", "swapaxes", "permute", "movedim",
+                  "unsqueeze", "squeeze", "flatten", "unflatten", "narrow", "select", "t", "diagonal", "as_strided",
+                  "contiguous", "detach", "__getitem__", "to", "type", "bool", "float", "half", "bfloat16", "int",
+                  "long")
+_ALIAS_FUNCTIONS = (operator.getitem, torch.reshape, torch.transpose, torch.swapaxes, torch.permute, torch.movedim,
+                    torch.unsqueeze, torch.squeeze, torch.flatten, torch.narrow, torch.select, torch.t,
+                    torch.diagonal, torch.as_strided, torch.detach)
+_INPLACE_OPERATORS = (operator.setitem, operator.iand, operator.ior, operator.ixor, operator.iadd, operator.isub,
+                      operator.imul, operator.itruediv)
+
+
+def _aliases_input(node: fx.Node) -> bool:
+    """Whether ``node``'s output may share memory with its first input (a view, or a cast that may return self)."""
+    if node.op == "call_method":
+        return node.target in _ALIAS_METHODS
+    if node.op != "call_function":
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:  # an aten op: its schema says whether the output aliases an input
+        return any(r.alias_info is not None for r in schema.returns)
+    return node.target in _ALIAS_FUNCTIONS
+
+
+def _mutates_input(node: fx.Node) -> bool:
+    """Whether ``node`` writes into its first input in place (``x[i] = v``, ``x &= m``, ``x.masked_fill_(...)``)."""
+    target = node.target
+    if node.op == "call_method":
+        return (target.endswith("_") and not target.startswith("__")) or target == "__setitem__" or (
+            target.startswith("__i") and target.endswith("__"))
+    if node.op != "call_function":
+        return False
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.is_mutable
+    if target in _INPLACE_OPERATORS:
+        return True
+    name = getattr(target, "__name__", "")  # torch.fill_, Tensor.masked_fill_; not operator.and_ / or_
+    return name.endswith("_") and not name.startswith("_") and getattr(target, "__module__", None) != "_operator"
+
+
+def _root(node: object) -> object:
+    """The tensor ``node`` is a view of, following view-like nodes up through their first input."""
+    while isinstance(node, fx.Node) and _aliases_input(node) and isinstance(_input(node), fx.Node):
+        node = _input(node)
+    return node
+
+
+def _written_in_place(mask: fx.Node, source: fx.Node) -> bool:
+    """Whether anything in the graph writes in place into a tensor on the path from ``source`` to ``mask`` (or a
+    view of one): a read of ``source`` in place of ``mask`` would then miss or see the write. HunyuanVideo's token
+    refiner sets its ``m_i & m_j`` mask's first column this way. Conservative: the order of the write is not
+    considered."""
+    graph, reach = mask.graph, {source}
+    for node in graph.nodes:
+        if node is not source and any(a in reach for a in node.all_input_nodes):
+            reach.add(node)
+        if node is mask:
+            break
+    chain, stack = set(), [mask]
+    while stack:  # the nodes on paths from source to mask
+        node = stack.pop()
+        if node in reach and node not in chain:
+            chain.add(node)
+            stack.extend(node.all_input_nodes)
+    roots = {_root(n) for n in chain}
+    return any(_mutates_input(n) and _root(_input(n)) in roots for n in graph.nodes if n.op in (
+        "call_method", "call_function") and isinstance(_input(n), fx.Node))
+
+
 @dataclass(frozen=True)
 class MaskRead:
     """How a quantized site reads an ``attn_mask`` that is not per key by its shape.
 
-    ``source``: the node the per-key mask is made of; ``head_repeated``: read as ``unsqueeze(source, 1)`` (a mask
-    repeated over the heads), else as ``source`` itself; ``masks_queries``: the mask also masks the query of each
-    masked key (the symmetric form), whose rows :meth:`finish` sets to 0; ``shape``: the per-key mask's shape;
-    ``note``: the report's line.
+    ``source``: the node the per-key mask is made of; ``add_head_axis``: read as ``unsqueeze(source, 1)`` (a
+    ``(B, ...)`` mask repeated over the heads), else as ``source`` itself; ``masks_queries``: the mask also masks
+    the query of each masked key (the symmetric form), whose rows :meth:`finish` sets to 0; ``shape``: the per-key
+    mask's shape; ``note``: the report's line.
     """
 
     source: fx.Node
-    head_repeated: bool
+    add_head_axis: bool
     masks_queries: bool
     shape: tuple
     note: str
 
     def key_mask(self, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
         """The per-key mask node; ``make(target, args, name)`` creates a node."""
-        return make(torch.unsqueeze, (self.source, 1), "mask_per_key") if self.head_repeated else self.source
+        return make(torch.unsqueeze, (self.source, 1), "mask_per_key") if self.add_head_axis else self.source
 
     def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
         """``out`` (``(B, H, S, D)``) with the rows of masked queries set to 0, as SDPA's math kernel gives a row
@@ -213,14 +288,21 @@ def per_key_read(call: SdpaCall) -> MaskRead | None:
     is_bool, shape = value.dtype == torch.bool, tuple(value.shape)
     if _per_key(value.shape, is_bool, ndim):
         return None
-    source = head_repeated_source(mask)
-    read = tuple(per_key_shape(source)) if source is not None else None
-    if read is not None and _per_key(read, is_bool, ndim):
-        return MaskRead(source, True, False, read, f"attn_mask {shape} repeats a {tuple(example_value(source).shape)} "
-                        f"mask over the heads (repeat_interleave + view): read per key as {read}")
-    source = symmetric_source(mask) if ndim == 4 and not call.lse else None
-    if source is None:
+    repeated = head_repeated_source(mask)
+    if repeated is not None:
+        source, add_head_axis = repeated
+        read = per_key_shape(source, add_head_axis)
+        repeats = f"repeats a {tuple(example_value(source).shape)} mask over the heads (repeat_interleave + view)"
+        if _written_in_place(mask, source):
+            return None
+        if _per_key(read, is_bool, ndim):
+            return MaskRead(source, add_head_axis, False, read, f"attn_mask {shape} {repeats}: read per key as {read}")
+        mask = None if add_head_axis else source  # a (B, 1, S, S) mask repeated: read it as it is, per head
+    symmetric = symmetric_source(mask) if ndim == 4 and not call.lse and mask is not None else None
+    if symmetric is None or _written_in_place(call.args["attn_mask"], symmetric):
         return None
-    read = tuple(example_value(source).shape)  # (B, 1, 1, S): per key by symmetric_source's own shape test
-    return MaskRead(source, False, True, read, f"attn_mask {shape} is m_i & m_j of a {read} key mask m (repeat + "
-                    "transpose): read per key, the rows of masked queries set to 0 (SDPA math's output for them)")
+    read = tuple(example_value(symmetric).shape)  # (B, 1, 1, S): per key by symmetric_source's own shape test
+    what = f"{repeats}, which " if repeated is not None else ""
+    return MaskRead(symmetric, False, True, read, f"attn_mask {shape} {what}is m_i & m_j of a {read} key mask m "
+                    "(repeat + transpose): read per key, the rows of masked queries set to 0 (SDPA math's output "
+                    "for them)")
