@@ -442,6 +442,32 @@ def test_roles_follow_the_token_streams_not_every_concatenation():
         ("attn.0", "self"), ("attn.1", "self"), ("attn.2", "cross"), ("attn.3", "joint"), ("streams", "joint")]
 
 
+@pytest.mark.parametrize("dense_role", [None, "cross", "self"])
+def test_a_sites_role_does_not_depend_on_the_rewrites_before_it(dense_role):
+    """Cross-attention to ``cat([image_tokens, text])`` (Wan image-to-video, ChronoEdit, HunyuanDiT), then the next
+    block's self-attention: the latter stays ``self`` whether the cross site before it was rewritten or not, so role
+    rules decide the same for every block."""
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.ModuleList(_Attention() for _ in range(4))
+
+        def forward(self, x, image, text):
+            context = torch.cat([image, text], dim=1)
+            for i in range(0, 4, 2):
+                x = self.attn[i + 1](self.attn[i](x), context)
+            return x
+
+    rules = [{"match": {"role": [dense_role]}, "use": "dense"}] if dense_role else []
+    backend = qattn_fx.backend({"rules": rules}, emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Blocks(), backend=backend, fullgraph=True)(
+            torch.randn(1, 24, 32), torch.randn(1, 4, 32), torch.randn(1, 8, 32))
+    assert [(s.role, s.rewritten) for s in backend.report.sites] == [
+        (role, role != dense_role) for role in ("self", "cross", "self", "cross")]
+
+
 def test_a_restarted_analysis_leaves_one_row_per_site():
     """With ``dynamic=True`` a float attribute passed as SDPA's scale (diffusers' ``attn.scale``) becomes symbolic;
     Inductor then has Dynamo restart its analysis and call the backend again for the same frame."""

@@ -33,6 +33,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.operator_schemas import normalize_function
 
 from ..ops import canonical
+from ..ops.attention import ATTENTION_OPS
 
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 #: Attention ops that return ``(out, logsumexp, ...)``: outputs 0 and 1 are served, the others (backward
@@ -68,6 +69,13 @@ _ANCESTRY_LIMIT = 20000
 def is_sdpa(node: fx.Node) -> bool:
     """An attention site: the SDPA builtin or aten op, or an LSE-returning attention op (:data:`LSE_TARGETS`)."""
     return node.op == "call_function" and (node.target in SDPA_TARGETS or node.target in LSE_TARGETS)
+
+
+def is_attention(node: fx.Node) -> bool:
+    """An attention call in the graph: a site (:func:`is_sdpa`) or the qattn op that a rewritten site became. Walks
+    that describe a site stop at both, so a site's description does not depend on whether the sites before it were
+    rewritten (:func:`qattn_fx.fx.rewrite.rewrite` describes each site after rewriting the earlier ones)."""
+    return is_sdpa(node) or (node.op == "call_function" and node.target in ATTENTION_OPS)
 
 
 #: Words that name an attention op in an operator's name (``flex_attention``, ``_flash_attn_forward``, ...).
@@ -312,7 +320,7 @@ def _projection_inputs(start: fx.Node) -> set[fx.Node]:
             if node.args and isinstance(node.args[0], fx.Node):
                 found.add(node.args[0])
             continue
-        if is_sdpa(node) or node.op == "placeholder":
+        if is_attention(node) or node.op == "placeholder":
             continue
         frontier.extend(node.all_input_nodes)
     return found
@@ -395,7 +403,7 @@ def site_role(call: SdpaCall) -> str:
     q_in, k_in = _projection_inputs(call.q), _projection_inputs(call.k)
     if q_in and k_in and not q_in & k_in:  # K projected from none of the activations Q is projected from
         return "cross"
-    if any(_is_sequence_cat(n) or _is_stream_assembly(n) for n in _ancestors(call.q, is_sdpa)):
+    if any(_is_sequence_cat(n) or _is_stream_assembly(n) for n in _ancestors(call.q, is_attention)):
         return "joint"
     return "self"
 
@@ -424,7 +432,8 @@ def _collective(node: fx.Node) -> str | None:
 
 
 def _stop_at_projection(node: fx.Node) -> bool:
-    return (node.op == "call_function" and node.target in _LINEAR_TARGETS) or node.op == "call_module" or is_sdpa(node)
+    return ((node.op == "call_function" and node.target in _LINEAR_TARGETS) or node.op == "call_module"
+            or is_attention(node))
 
 
 def context_parallel(call: SdpaCall) -> str | None:
