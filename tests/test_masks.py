@@ -136,10 +136,10 @@ def _prepared(q, k, v, bias):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-@pytest.mark.parametrize("source", [(2, 1, 56), (2, 1, 1, 56)], ids=["3d", "4d"])
+@pytest.mark.parametrize("source", [(2, 56), (2, 1, 56), (2, 1, 1, 56)], ids=["2d", "3d", "4d"])
 def test_a_mask_repeated_over_the_heads_is_read_per_key(source):
-    """prepare_attention_mask's (B, H, 1, Skv) mask: read as its source (a note says so; a 3-D source gains the
-    head axis, a 4-D one is read as it is), quantized, and equal to the call with the per-key mask itself."""
+    """prepare_attention_mask's (B, H, 1, Skv) mask: read as its source (a note says so; a 2-D or 3-D source gains
+    unit axes, a 4-D one is read as it is), quantized, and equal to the call with the per-key mask itself."""
     q, k, v = qkv(b=2, h=3)
     bias = torch.zeros(source)
     bias[0, ..., 40:] = -10000.0  # LTX-Video's padding bias: (1 - mask) * -10000
@@ -149,10 +149,55 @@ def test_a_mask_repeated_over_the_heads_is_read_per_key(source):
     assert site.rewritten and site.notes == (
         f"attn_mask (2, 3, 1, 56) repeats a {source} mask over the heads (repeat_interleave + view): read per key "
         "as (2, 1, 1, 56)",)
-    assert any("mask_per_key" in n.name for n in backend.graph_modules[0].graph.nodes) == (len(source) == 3)
+    assert sum("mask_per_key" in n.name for n in backend.graph_modules[0].graph.nodes) == 4 - len(source)
     per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=bias.view(2, 1, 1, 56))
     torch.testing.assert_close(out, per_key, rtol=0, atol=0)
     close(out, _prepared(q, k, v, bias))
+
+
+@pytest.mark.parametrize("tile", [
+    lambda m, h, sq: m.expand(-1, h, sq, -1),  # Lumina-Next's processor
+    lambda m, h, sq: m.expand(-1, 1, sq, -1),
+    lambda m, h, sq: m.repeat(1, h, sq, 1),
+], ids=["expand-heads-queries", "expand-queries", "repeat"])
+def test_a_key_mask_broadcast_over_heads_and_queries_is_read_per_key(tile):
+    q, k, v = qkv(b=2, h=3)
+    m = torch.ones(2, 56, dtype=torch.int32)
+    m[0, 40:] = 0
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, attn_mask=tile(m.bool().view(2, 1, 1, -1), q.shape[1], q.shape[2]))
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = compiled(backend, fn)(q, k, v, m)
+    (site,) = backend.report.sites
+    assert site.rewritten and len(site.notes) == 1 and site.notes[0].endswith(
+        "broadcasts a (2, 1, 1, 56) mask over the heads and queries (expand or repeat): read per key")
+    per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=m.bool().view(2, 1, 1, -1))
+    torch.testing.assert_close(out, per_key, rtol=0, atol=0)
+    close(out, fn(q, k, v, m))
+
+
+def _tiled_then_written(m):
+    key_mask = m.bool().view(2, 1, 1, -1).clone()
+    mask = key_mask.repeat(1, 3, 40, 1)
+    key_mask[..., 0] = False  # the repeated copy keeps the old values
+    return mask
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: (m.bool()[:, None, :40, None] & m.bool()[:, None, None, :]).expand(-1, 3, -1, -1),
+    lambda m: m.bool().view(2, 1, 1, -1).expand(-1, 3, 40, -1).masked_fill(torch.eye(40, 56, dtype=torch.bool), 0),
+    _tiled_then_written,
+], ids=["per-query-source", "changed-after", "source-written"])
+def test_other_broadcast_masks_stay_dense(make):
+    q, k, v = qkv(b=2, h=3)
+    m = torch.ones(2, 56, dtype=torch.int32)
+    m[0, 40:] = 0
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=make(m))  # noqa: E731
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = compiled(backend, fn)(q, k, v, m)
+    (site,) = backend.report.sites
+    assert not site.rewritten and "varies per query or head" in site.reason and not site.notes
+    torch.testing.assert_close(out, fn(q, k, v, m), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("make", [

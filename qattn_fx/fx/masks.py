@@ -7,11 +7,16 @@ shape may vary per head, so the pass would keep the site dense. :func:`head_repe
 in the graph and returns the mask it started from; the site is then described with the per-key shape
 ``(B, 1, 1, Skv)`` (:func:`per_key_shape`), and a quantized site reads ``unsqueeze(source, 1)``: the same values
 at every head, by ``repeat_interleave``'s definition (row ``b·H + h`` of the repeated mask is row ``b`` of the
-source). A 4-D mask with a head axis of 1 goes through the same chain to ``(B, H, ...)``; it is read as itself.
+source). A 4-D mask with a head axis of 1 goes through the same chain to ``(B, H, ...)``; it is read as itself. A
+``(B, Skv)`` mask goes through it to ``(B, H, 1, Skv)`` (diffusers' ``AttnProcessor2_0`` given a 2-D
+``encoder_attention_mask``: Latte); it is read as ``(B, 1, 1, Skv)``. Lumina-Next's processor broadcasts its
+``(B, 1, 1, S)`` mask with ``expand(-1, H, Sq, -1)``: a 4-D mask tiled over the heads and queries (``expand`` or
+``repeat``) is read as the mask it tiles.
 
 Matched forms: ``Tensor.repeat_interleave`` / ``torch.repeat_interleave`` / ``aten.repeat_interleave.self_int`` with
 an integer ``repeats`` and ``dim=0``, followed by ``view`` / ``reshape`` (method, function or aten op) to
-``(B, repeats, *source.shape[1:])`` (or ``(B, repeats, *source.shape[2:])`` when ``source.shape[1]`` is 1).
+``(B, repeats, *source.shape[1:])`` (or ``(B, repeats, *source.shape[2:])`` when ``source.shape[1]`` is 1, or
+``(B, repeats, 1, Skv)`` for a ``(B, Skv)`` source).
 
 Read a symmetric padding mask as its key mask and a row mask.
 
@@ -90,11 +95,12 @@ def _same(a, b) -> bool:
     return statically_known_true(a == b)
 
 
-def head_repeated_source(mask: object) -> tuple[fx.Node, bool] | None:
-    """``(x, True)`` when ``mask`` is ``view(repeat_interleave(x, H, dim=0), (B, H, *x.shape[1:]))`` (``x`` of
-    shape ``(B, ...)``: ``mask[b, h] == x[b]``); ``(x, False)`` when ``x`` has a head axis of 1 already and the view
-    is ``(B, H, *x.shape[2:])`` (``mask[b, h] == x[b, 0]``: a 4-D mask through ``prepare_attention_mask``); else
-    ``None``. The flag says whether the per-key read adds the head axis (:func:`per_key_shape`)."""
+def head_repeated_source(mask: object) -> tuple[fx.Node, int] | None:
+    """``(x, n)`` when ``mask`` is ``view(repeat_interleave(x, H, dim=0), (B, H, ...))`` and every head of it holds
+    ``x[b]`` read with ``n`` unit axes after the batch axis: ``n = 1`` for ``x`` of shape ``(B, ...)`` viewed to
+    ``(B, H, *x.shape[1:])``; ``n = 2`` for a ``(B, Skv)`` ``x`` viewed to ``(B, H, 1, Skv)``; ``n = 0`` for ``x``
+    with a head axis of 1 already, viewed to ``(B, H, *x.shape[2:])`` (a 4-D mask through
+    ``prepare_attention_mask``). Else ``None``. :func:`per_key_shape` is the read's shape."""
     if not _is(mask, _VIEW_METHODS, _VIEW_FUNCTIONS):
         return None
     repeated = _input(mask)
@@ -108,18 +114,20 @@ def head_repeated_source(mask: object) -> tuple[fx.Node, bool] | None:
         return None
     if not _same(out.shape[1], repeats) or not _same(out.shape[0], x.shape[0]):
         return None
-    add_head_axis = out.dim() == x.dim() + 1
-    if not add_head_axis and not (out.dim() == x.dim() and _same(x.shape[1], 1)):
+    new_axes = out.dim() - x.dim()
+    if new_axes not in (0, 1, 2) or (new_axes == 0 and x.dim() < 2):
         return None
-    rest = x.shape[1:] if add_head_axis else x.shape[2:]
-    return (source, add_head_axis) if all(_same(a, b) for a, b in zip(out.shape[2:], rest)) else None
+    read = per_key_shape(source, new_axes)
+    if not _same(read[1], 1) or not all(_same(a, b) for a, b in zip(out.shape[2:], read[2:])):
+        return None
+    return source, new_axes
 
 
-def per_key_shape(source: fx.Node, add_head_axis: bool) -> tuple:
-    """The shape of the per-key read of a mask repeated over the heads: ``unsqueeze(source, 1)``'s when the
-    repeat added the head axis, else ``source``'s."""
+def per_key_shape(source: fx.Node, new_axes: int) -> tuple:
+    """The shape of the per-key read of a mask repeated over the heads: ``source``'s with ``new_axes`` unit axes
+    after the batch axis (:func:`head_repeated_source`)."""
     x = example_value(source)
-    return (x.shape[0], 1, *x.shape[1:]) if add_head_axis else tuple(x.shape)
+    return (x.shape[0], *(1,) * new_axes, *x.shape[1:])
 
 
 def _per_key(shape: tuple, is_bool: bool, ndim: int) -> bool:
@@ -149,16 +157,16 @@ def _transposed(node: object) -> object:
     return x if {a % 4, b % 4} == {2, 3} else None
 
 
-def _query_tiled(node: object) -> fx.Node | None:
-    """``x`` of shape ``(B, 1, 1, S)`` when ``node`` is ``x`` repeated or expanded along the query axis only, to
-    ``(B, 1, Sq, S)``, else None."""
+def _tiled(node: object, *, over_heads: bool) -> fx.Node | None:
+    """``x`` of shape ``(B, 1, 1, S)`` when ``node`` is ``x`` repeated or expanded along the query axis (and, with
+    ``over_heads``, the head axis) only, to ``(B, 1 | H, Sq, S)``, else None: ``node[b, h, i, j] == x[b, 0, 0, j]``."""
     if not _is(node, _TILE_METHODS, _TILE_FUNCTIONS):
         return None
     x = _input(node)
     xv, out = example_value(x) if isinstance(x, fx.Node) else None, example_value(node)
     if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor) or xv.dim() != 4 or out.dim() != 4:
         return None
-    if not (_same(xv.shape[1], 1) and _same(xv.shape[2], 1) and _same(out.shape[1], 1)):
+    if not (_same(xv.shape[1], 1) and _same(xv.shape[2], 1) and (over_heads or _same(out.shape[1], 1))):
         return None
     return x if _same(out.shape[0], xv.shape[0]) and _same(out.shape[3], xv.shape[3]) else None
 
@@ -172,7 +180,7 @@ def symmetric_source(mask: object) -> fx.Node | None:
     a, b = (_without_bool_casts(x) for x in mask.args)
     for tiled, other in ((a, b), (b, a)):
         if isinstance(tiled, fx.Node) and _transposed(other) is tiled:
-            source = _query_tiled(tiled)
+            source = _tiled(tiled, over_heads=False)
             if source is not None and _bool_value(source):
                 return source
     return None
@@ -251,21 +259,24 @@ def _written_in_place(mask: fx.Node, source: fx.Node) -> bool:
 class MaskRead:
     """How a quantized site reads an ``attn_mask`` that is not per key by its shape.
 
-    ``source``: the node the per-key mask is made of; ``add_head_axis``: read as ``unsqueeze(source, 1)`` (a
-    ``(B, ...)`` mask repeated over the heads), else as ``source`` itself; ``masks_queries``: the mask also masks
-    the query of each masked key (the symmetric form), whose rows :meth:`finish` sets to 0; ``shape``: the per-key
-    mask's shape; ``note``: the report's line.
+    ``source``: the node the per-key mask is made of; ``new_axes``: the unit axes the read adds after the batch axis
+    (``unsqueeze(source, 1)`` that many times: a ``(B, ...)`` mask repeated over the heads); ``masks_queries``: the
+    mask also masks the query of each masked key (the symmetric form), whose rows :meth:`finish` sets to 0;
+    ``shape``: the per-key mask's shape; ``note``: the report's line.
     """
 
     source: fx.Node
-    add_head_axis: bool
+    new_axes: int
     masks_queries: bool
     shape: tuple
     note: str
 
     def key_mask(self, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
         """The per-key mask node; ``make(target, args, name)`` creates a node."""
-        return make(torch.unsqueeze, (self.source, 1), "mask_per_key") if self.add_head_axis else self.source
+        mask = self.source
+        for _ in range(self.new_axes):
+            mask = make(torch.unsqueeze, (mask, 1), "mask_per_key")
+        return mask
 
     def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
         """``out`` (``(B, H, S, D)``) with the rows of masked queries set to 0, as SDPA's math kernel gives a row
@@ -278,7 +289,8 @@ class MaskRead:
 
 def per_key_read(call: SdpaCall) -> MaskRead | None:
     """How the site's ``attn_mask`` is read per key where it is not a per-key mask of its operands by its shape
-    (:func:`qattn_fx.ops.canonical.mask_kind`): repeated over the heads (:func:`head_repeated_source`) or symmetric
+    (:func:`qattn_fx.ops.canonical.mask_kind`): repeated over the heads (:func:`head_repeated_source`), broadcast
+    over the heads and queries (``expand`` / ``repeat`` of a ``(B, 1, 1, S)`` mask, 4-D calls) or symmetric
     (:func:`symmetric_source`, 4-D calls that return no LSE); else ``None`` (a mask already per key needs nothing; a
     source that still varies per query gains nothing)."""
     mask, ndim = call.args["attn_mask"], example_value(call.q).dim()
@@ -290,19 +302,24 @@ def per_key_read(call: SdpaCall) -> MaskRead | None:
         return None
     repeated = head_repeated_source(mask)
     if repeated is not None:
-        source, add_head_axis = repeated
-        read = per_key_shape(source, add_head_axis)
+        source, new_axes = repeated
+        read = per_key_shape(source, new_axes)
         repeats = f"repeats a {tuple(example_value(source).shape)} mask over the heads (repeat_interleave + view)"
         if _written_in_place(mask, source):
             return None
         if _per_key(read, is_bool, ndim):
-            return MaskRead(source, add_head_axis, False, read, f"attn_mask {shape} {repeats}: read per key as {read}")
-        mask = None if add_head_axis else source  # a (B, 1, S, S) mask repeated: read it as it is, per head
+            return MaskRead(source, new_axes, False, read, f"attn_mask {shape} {repeats}: read per key as {read}")
+        mask = None if new_axes else source  # a (B, 1, S, S) mask repeated: read it as it is, per head
+    broadcast = _tiled(mask, over_heads=True) if ndim == 4 and repeated is None else None
+    if broadcast is not None and not _written_in_place(mask, broadcast):
+        read = tuple(example_value(broadcast).shape)
+        return MaskRead(broadcast, 0, False, read, f"attn_mask {shape} broadcasts a {read} mask over the heads and "
+                        f"queries (expand or repeat): read per key")
     symmetric = symmetric_source(mask) if ndim == 4 and not call.lse and mask is not None else None
     if symmetric is None or _written_in_place(call.args["attn_mask"], symmetric):
         return None
     read = tuple(example_value(symmetric).shape)  # (B, 1, 1, S): per key by symmetric_source's own shape test
     what = f"{repeats}, which " if repeated is not None else ""
-    return MaskRead(symmetric, False, True, read, f"attn_mask {shape} {what}is m_i & m_j of a {read} key mask m "
+    return MaskRead(symmetric, 0, True, read, f"attn_mask {shape} {what}is m_i & m_j of a {read} key mask m "
                     "(repeat + transpose): read per key, the rows of masked queries set to 0 (SDPA math's output "
                     "for them)")
