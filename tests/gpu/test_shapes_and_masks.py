@@ -161,3 +161,38 @@ def test_a_symmetric_padding_mask_runs_per_key_on_the_kernel(kernel):
     c = cos(out[:, :, :4196], hv15(q, k, v, m)[:, :, :4196])
     print(f"[{kernel}] m_i & m_j: kept rows' cosine {c:.5f}")
     assert c > 0.998
+
+
+MASK_FORMS = {  # a per-key mask (B, Skv) -> the attn_mask a model hands SDPA
+    "prepared-2d": lambda m, h, sq: m.float().sub(1).mul(10000).repeat_interleave(h, 0).view(m.shape[0], h, 1, -1),
+    "prepared-3d": lambda m, h, sq: (m.float().sub(1).mul(10000)[:, None].repeat_interleave(h, 0)
+                                     .view(m.shape[0], h, 1, -1)),
+    "expand-heads-queries": lambda m, h, sq: m.bool().view(m.shape[0], 1, 1, -1).expand(-1, h, sq, -1),
+}
+
+
+@needs_sm90
+@pytest.mark.parametrize("form", list(MASK_FORMS))
+def test_masks_repeated_or_broadcast_over_heads_run_per_key_on_gluon_sage(form):
+    """diffusers' ``prepare_attention_mask`` (LTX-Video's bias from a 2-D or 3-D source) and Lumina-Next's
+    ``expand`` over heads and queries: the site runs gluon_sage with the per-key mask and matches SDPA on the
+    full mask (2 samples, 4352 keys, the first sample's last 156 masked)."""
+    backend = qattn_fx.backend(KERNEL_SPECS["gluon_sage"][0])
+    torch._dynamo.reset()
+
+    def model(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=MASK_FORMS[form](m, q.shape[1], q.shape[2]))
+
+    fn = torch.compile(model, backend=backend, fullgraph=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q, k, v = (torch.randn(2, 4352, 8, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    m = torch.ones(2, 4352, dtype=torch.int32, device=DEV)
+    m[0, 4196:] = 0
+    out = fn(q, k, v, m)
+    (site,) = backend.report.sites
+    assert site.kernel == "gluon_sage" and len(site.notes) == 1 and "read per key" in site.notes[0], str(
+        backend.report)
+    c = cos(out, model(q, k, v, m))
+    print(f"[{form}] cosine against SDPA with the full mask {c:.5f}")
+    assert c > 0.998
