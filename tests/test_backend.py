@@ -468,6 +468,32 @@ def test_a_sites_role_does_not_depend_on_the_rewrites_before_it(dense_role):
         (role, role != dense_role) for role in ("self", "cross", "self", "cross")]
 
 
+@pytest.mark.parametrize("dense_role", [None, "self"])
+def test_outputs_of_one_stream_attended_per_segment_and_put_back_together_stay_one_stream(dense_role):
+    """QwenImage21's prefill: each layer attends per segment of its one token sequence (a prefix segment over its
+    own keys, the rest over all keys) and concatenates the outputs. The next layer's first segment is ``self`` as
+    in the first layer, whether the calls before it were rewritten or not: pieces of one stream join no streams."""
+    class Segmented(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).unflatten(-1, (3, 2, 16)).permute(2, 0, 3, 1, 4)
+            prefix = F.scaled_dot_product_attention(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+            rest = F.scaled_dot_product_attention(q[:, :, 8:], k, v)
+            return x + self.out(torch.cat([prefix, rest], dim=2).transpose(1, 2).flatten(2))
+
+    rules = [{"match": {"role": [dense_role]}, "use": "dense"}] if dense_role else []
+    backend = qattn_fx.backend({"rules": rules}, emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(torch.nn.Sequential(Segmented(), Segmented()), backend=backend, fullgraph=True)(
+            torch.randn(1, 24, 32))
+    assert [(s.module, s.role, s.rewritten) for s in backend.report.sites] == [
+        (layer, role, role != dense_role) for layer in ("0", "1") for role in ("self", "cross")]
+
+
 def test_a_restarted_analysis_leaves_one_row_per_site():
     """With ``dynamic=True`` a float attribute passed as SDPA's scale (diffusers' ``attn.scale``) becomes symbolic;
     Inductor then has Dynamo restart its analysis and call the backend again for the same frame."""

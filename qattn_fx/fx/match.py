@@ -14,7 +14,8 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
   indices under the same container among the graph's sites);
 * role: ``cross`` when K has another length than Q or is projected from none of the activations Q is; ``joint``
   when Q's data flow joins two token streams along the sequence axis (text and image tokens, MM-DiT): a
-  concatenation (padding with zeros joins none) or slice assignments into one buffer (Lumina2); else ``self``;
+  concatenation (padding with zeros joins none, nor do pieces of one stream put back together) or slice
+  assignments into one buffer (Lumina2); else ``self``;
 * mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
   varies per key / bool / float;
 * context parallelism (:func:`context_parallel`): the collectives that bring Q or K/V to this rank (Ulysses'
@@ -344,7 +345,8 @@ def _is_fill(node: object) -> bool:
 
 def _is_sequence_cat(node: fx.Node) -> bool:
     """A concatenation of two or more token streams along a sequence axis (not the batch or channel axis) of 3-D
-    or higher tensors; operands that are constant fills (padding) do not count as streams."""
+    or higher tensors; operands that are constant fills (padding) do not count as streams, nor do pieces of one
+    stream (:func:`_stream`)."""
     if node.op != "call_function" or node.target not in _CAT_TARGETS:
         return False
     tensors = node.args[0] if node.args else node.kwargs.get("tensors")
@@ -352,7 +354,7 @@ def _is_sequence_cat(node: fx.Node) -> bool:
     values = [example_value(t) for t in (tensors or ())]
     if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values):
         return False
-    if sum(not _is_fill(t) for t in tensors) < 2:
+    if len({_stream(t) for t in tensors if not _is_fill(t)}) < 2:
         return False
     ndim = values[0].dim()
     if ndim < 3 or not isinstance(dim, int):
@@ -368,6 +370,23 @@ def _source(node: object) -> object:
             or (node.op == "call_method" and node.target in _SAME_VALUES_METHODS)):
         node = node.args[0]
     return node
+
+
+def _is_qattn_op(node: fx.Node) -> bool:
+    target = node.target
+    return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.namespace == "qattn"
+
+
+def _stream(node: object) -> object:
+    """The tensor whose tokens ``node`` carries: :func:`_source`, followed also through attention calls to their
+    query (an output row is its query's token) and through qattn's quantize ops, so that pieces of one stream put
+    back together (QwenImage21 attends per segment of its sequence and concatenates the outputs) are one stream
+    whether or not the calls that made them were rewritten."""
+    while True:
+        node = _source(node)
+        if not isinstance(node, fx.Node) or not (is_attention(node) or _is_qattn_op(node)):
+            return node
+        node = node.args[0] if node.args else node.kwargs.get("query")
 
 
 def _sequence_slice(index: object, ndim: int) -> bool:
