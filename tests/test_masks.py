@@ -176,6 +176,31 @@ def test_a_key_mask_broadcast_over_heads_and_queries_is_read_per_key(tile):
     close(out, fn(q, k, v, m))
 
 
+@pytest.mark.parametrize("form", ["repeat_interleave", "expand"])
+@pytest.mark.parametrize("cast", [lambda x: x.to(torch.bfloat16), lambda x: x.bfloat16()], ids=["to", "bfloat16"])
+def test_a_mask_cast_after_it_is_repeated_is_read_per_key_and_cast_alike(form, cast):
+    """``mask.to(query.dtype)`` after the repeat over the heads (or the broadcast over heads and queries): the read
+    is the source cast the same way (an fp32 bias rounded to bf16 as SDPA sees it), equal to the per-key call on
+    the cast bias."""
+    q, k, v = (t.bfloat16() for t in qkv(b=2, h=3))
+    bias = torch.randn(2, 56) * 3
+    bias[0, 40:] = -10000.0
+
+    def fn(q, k, v, bias):
+        mask = (bias.repeat_interleave(3, dim=0).view(2, 3, 1, -1) if form == "repeat_interleave"
+                else bias.view(2, 1, 1, -1).expand(-1, 3, 40, -1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=cast(mask))
+
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    out = compiled(backend, fn)(q, k, v, bias)
+    (site,) = backend.report.sites
+    assert site.rewritten and len(site.notes) == 1 and ", then cast to torch.bfloat16: read per key" in site.notes[0]
+    assert any(n.name.endswith("mask_per_key_cast") for n in backend.graph_modules[0].graph.nodes)
+    per_key = quantized_attention(q, k, v, DEFAULT_RECIPE, attn_mask=bias.bfloat16().view(2, 1, 1, 56))
+    torch.testing.assert_close(out, per_key, rtol=0, atol=0)
+    close(out.float(), fn(q, k, v, bias).float())
+
+
 def _tiled_then_written(m):
     key_mask = m.bool().view(2, 1, 1, -1).clone()
     mask = key_mask.repeat(1, 3, 40, 1)

@@ -171,6 +171,23 @@ def _tiled(node: object, *, over_heads: bool) -> fx.Node | None:
     return x if _same(out.shape[0], xv.shape[0]) and _same(out.shape[3], xv.shape[3]) else None
 
 
+_CAST_METHODS = ("to", "type", "float", "half", "bfloat16", "double")
+
+
+def _uncast(node: object) -> tuple[object, torch.dtype | None]:
+    """``(x, dtype)`` when ``node`` is ``x`` cast to another dtype (``.to(dtype)``, ``.bfloat16()``, ..., same
+    shape): a cast after a mask is repeated or broadcast over the heads, e.g. ``mask.to(query.dtype)``; else
+    ``(node, None)``."""
+    if not (isinstance(node, fx.Node) and node.op == "call_method" and node.target in _CAST_METHODS):
+        return node, None
+    x = _input(node)
+    xv, out = example_value(x) if isinstance(x, fx.Node) else None, example_value(node)
+    if not (isinstance(xv, torch.Tensor) and isinstance(out, torch.Tensor) and xv.dtype != out.dtype
+            and len(xv.shape) == len(out.shape) and all(_same(a, b) for a, b in zip(xv.shape, out.shape))):
+        return node, None
+    return x, out.dtype
+
+
 def symmetric_source(mask: object) -> fx.Node | None:
     """The ``(B, 1, 1, S)`` boolean node ``x`` when ``mask`` is ``R & R.transpose(-2, -1)`` with ``R`` ``x`` tiled
     along the query axis (so that ``mask[b, 0, i, j] == x[b, 0, 0, i] & x[b, 0, 0, j]``), else None."""
@@ -262,7 +279,8 @@ class MaskRead:
     ``source``: the node the per-key mask is made of; ``new_axes``: the unit axes the read adds after the batch axis
     (``unsqueeze(source, 1)`` that many times: a ``(B, ...)`` mask repeated over the heads); ``masks_queries``: the
     mask also masks the query of each masked key (the symmetric form), whose rows :meth:`finish` sets to 0;
-    ``shape``: the per-key mask's shape; ``note``: the report's line.
+    ``shape``: the per-key mask's shape; ``note``: the report's line; ``dtype``: the dtype the model casts the
+    repeated or broadcast mask to (the read is cast the same way), ``None`` without a cast.
     """
 
     source: fx.Node
@@ -270,12 +288,15 @@ class MaskRead:
     masks_queries: bool
     shape: tuple
     note: str
+    dtype: torch.dtype | None = None
 
     def key_mask(self, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
         """The per-key mask node; ``make(target, args, name)`` creates a node."""
         mask = self.source
         for _ in range(self.new_axes):
             mask = make(torch.unsqueeze, (mask, 1), "mask_per_key")
+        if self.dtype is not None:
+            mask = make(torch.Tensor.to, (mask, self.dtype), "mask_per_key_cast")
         return mask
 
     def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
@@ -300,7 +321,9 @@ def per_key_read(call: SdpaCall) -> MaskRead | None:
     is_bool, shape = value.dtype == torch.bool, tuple(value.shape)
     if _per_key(value.shape, is_bool, ndim):
         return None
-    repeated = head_repeated_source(mask)
+    uncast, dtype = _uncast(mask)
+    cast = "" if dtype is None else f", then cast to {dtype}"
+    repeated = head_repeated_source(uncast)
     if repeated is not None:
         source, new_axes = repeated
         read = per_key_shape(source, new_axes)
@@ -308,13 +331,14 @@ def per_key_read(call: SdpaCall) -> MaskRead | None:
         if _written_in_place(mask, source):
             return None
         if _per_key(read, is_bool, ndim):
-            return MaskRead(source, new_axes, False, read, f"attn_mask {shape} {repeats}: read per key as {read}")
-        mask = None if new_axes else source  # a (B, 1, S, S) mask repeated: read it as it is, per head
-    broadcast = _tiled(mask, over_heads=True) if ndim == 4 and repeated is None else None
+            return MaskRead(source, new_axes, False, read,
+                            f"attn_mask {shape} {repeats}{cast}: read per key as {read}", dtype)
+        mask = None if new_axes or dtype else source  # a (B, 1, S, S) mask repeated: read it as it is, per head
+    broadcast = _tiled(uncast, over_heads=True) if ndim == 4 and repeated is None else None
     if broadcast is not None and not _written_in_place(mask, broadcast):
         read = tuple(example_value(broadcast).shape)
         return MaskRead(broadcast, 0, False, read, f"attn_mask {shape} broadcasts a {read} mask over the heads and "
-                        f"queries (expand or repeat): read per key")
+                        f"queries (expand or repeat){cast}: read per key", dtype)
     symmetric = symmetric_source(mask) if ndim == 4 and not call.lse and mask is not None else None
     if symmetric is None or _written_in_place(call.args["attn_mask"], symmetric):
         return None
