@@ -442,6 +442,31 @@ def test_roles_follow_the_token_streams_not_every_concatenation():
         ("attn.0", "self"), ("attn.1", "self"), ("attn.2", "cross"), ("attn.3", "joint"), ("streams", "joint")]
 
 
+def test_keys_of_another_length_that_hold_the_queries_tokens_are_not_cross():
+    """Keys longer than the queries: text and image keys for image queries only (PRX) are ``joint``; the last
+    image tokens' queries over every image token's keys (Cosmos3's and QwenImage21's target over its prefix) are
+    ``self``; keys of text alone stay ``cross``."""
+    class Keys(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.image, self.text = _Attention(), _Attention()
+
+        def forward(self, x, text):
+            heads = lambda t: t.unflatten(-1, (2, 16)).transpose(1, 2)  # noqa: E731
+            image_only = heads(self.image.q(x))
+            both = [heads(torch.cat([self.text.k(text), self.image.k(x)], dim=1)),
+                    heads(torch.cat([self.text.v(text), self.image.v(x)], dim=1))]
+            own = [heads(self.image.k(x)), heads(self.image.v(x))]
+            return (F.scaled_dot_product_attention(image_only, *both),
+                    F.scaled_dot_product_attention(image_only[:, :, 8:], *own), self.image(x, text))
+
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Keys(), backend=backend, fullgraph=True)(torch.randn(1, 24, 32), torch.randn(1, 8, 32))
+    assert [s.role for s in backend.report.sites] == ["joint", "self", "cross"]
+
+
 @pytest.mark.parametrize("dense_role", [None, "cross", "self"])
 def test_a_sites_role_does_not_depend_on_the_rewrites_before_it(dense_role):
     """Cross-attention to ``cat([image_tokens, text])`` (Wan image-to-video, ChronoEdit, HunyuanDiT), then the next
@@ -472,7 +497,8 @@ def test_a_sites_role_does_not_depend_on_the_rewrites_before_it(dense_role):
 def test_outputs_of_one_stream_attended_per_segment_and_put_back_together_stay_one_stream(dense_role):
     """QwenImage21's prefill: each layer attends per segment of its one token sequence (a prefix segment over its
     own keys, the rest over all keys) and concatenates the outputs. The next layer's first segment is ``self`` as
-    in the first layer, whether the calls before it were rewritten or not: pieces of one stream join no streams."""
+    in the first layer, whether the calls before it were rewritten or not: pieces of one stream join no streams.
+    The rest's queries over the whole sequence are ``self`` too: their keys hold their own tokens."""
     class Segmented(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -491,7 +517,7 @@ def test_outputs_of_one_stream_attended_per_segment_and_put_back_together_stay_o
         torch.compile(torch.nn.Sequential(Segmented(), Segmented()), backend=backend, fullgraph=True)(
             torch.randn(1, 24, 32))
     assert [(s.module, s.role, s.rewritten) for s in backend.report.sites] == [
-        (layer, role, role != dense_role) for layer in ("0", "1") for role in ("self", "cross")]
+        (layer, "self", dense_role is None) for layer in ("0", "1") for _ in range(2)]
 
 
 def test_a_restarted_analysis_leaves_one_row_per_site():

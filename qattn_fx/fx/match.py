@@ -12,10 +12,10 @@ Facts come from the node's fake tensors (``meta["example_value"]``) and ``nn_mod
 
 * module path (``blocks.3.attn1``), layer index (the last integer in the path) and the layer count (distinct
   indices under the same container among the graph's sites);
-* role: ``cross`` when K has another length than Q or is projected from none of the activations Q is; ``joint``
-  when Q's data flow joins two token streams along the sequence axis (text and image tokens, MM-DiT): a
-  concatenation (padding with zeros joins none, nor do pieces of one stream put back together) or slice
-  assignments into one buffer (Lumina2); else ``self``;
+* role: ``cross`` when K is projected from none of the activations Q is, or has another length than Q and is not
+  projected from Q's activations; ``joint`` when Q's data flow (or, for keys of another length, K's) joins two token
+  streams along the sequence axis (text and image tokens, MM-DiT): a concatenation (padding with zeros joins none,
+  nor do pieces of one stream put back together) or slice assignments into one buffer (Lumina2); else ``self``;
 * mask kind (:mod:`qattn_fx.ops.canonical`): none / key_padding (bool) and key_bias (float) when the mask only
   varies per key / bool / float;
 * context parallelism (:func:`context_parallel`): the collectives that bring Q or K/V to this rank (Ulysses'
@@ -412,19 +412,25 @@ def _is_stream_assembly(node: fx.Node) -> bool:
     return len(sources) >= 2
 
 
+def _joins_streams(node: fx.Node) -> bool:
+    return any(_is_sequence_cat(n) or _is_stream_assembly(n) for n in _ancestors(node, is_attention))
+
+
 def site_role(call: SdpaCall) -> str:
     """``cross``, ``joint`` or ``self`` (module docstring). Lengths are compared without a guard: symbolic lengths
     that are not the same expression are different lengths (the graph serves calls where they differ), so a later
-    call whose lengths happen to be equal does not recompile."""
+    call whose lengths happen to be equal does not recompile. Keys of another length that are projected from Q's
+    activations too hold Q's tokens and others (PRX's image queries over text and image keys: ``joint``; a query
+    segment over its whole sequence: ``self``); of another length and provenance unknown, ``cross``."""
     q, k = example_value(call.q), example_value(call.k)
-    if not statically_known_true(q.shape[-2] == k.shape[-2]):
-        return "cross"
     q_in, k_in = _projection_inputs(call.q), _projection_inputs(call.k)
     if q_in and k_in and not q_in & k_in:  # K projected from none of the activations Q is projected from
         return "cross"
-    if any(_is_sequence_cat(n) or _is_stream_assembly(n) for n in _ancestors(call.q, is_attention)):
-        return "joint"
-    return "self"
+    if not statically_known_true(q.shape[-2] == k.shape[-2]):
+        if not q_in & k_in:
+            return "cross"
+        return "joint" if _joins_streams(call.q) or _joins_streams(call.k) else "self"
+    return "joint" if _joins_streams(call.q) else "self"
 
 
 def mask_kind(mask: object, ndim: int) -> str:
