@@ -21,14 +21,8 @@ from ._sage_common import LOG2_448, LOG2E
 FP8 = torch.float8_e4m3fn
 
 
-def _k_in_exponent(q_dtype, k_block, block_n, tile_keys):
-    """Whether ``kexp`` applies to a tile (gluon_sage's ``_deferred_k_block``)."""
-    grouped = k_block >= 8 and k_block % 8 == 0 and k_block < block_n and block_n % k_block == 0
-    return q_dtype == torch.int8 and grouped and tile_keys == block_n
-
-
 def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False,
-            key_bias=None, skip_threshold=None, skip_counts=None, kexp=False):
+            key_bias=None, skip_threshold=None, skip_counts=None):
     """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
 
     Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
@@ -43,11 +37,6 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     every tile of 64 rows and ``block_n`` (128) keys: ``max z - m < log2 λ`` for every row of the tile (``m``: the
     running max before it) leaves ``m``, ``l`` and ``acc`` unchanged for those rows. ``skip_counts``: a list that
     receives the number of tiles skipped.
-
-    ``kexp`` (gluon_sage's ``kexp`` configs): on full tiles of int8 Q/K with one K scale per group of 8·k keys and
-    no key bias, the K scales go into the exponent, ``P448 = exp2(fma(S + 1.5·2^23, a, b))`` with ``a = ks·rs`` and
-    ``b = fma(a, -1.5·2^23, -(m - log2 448))`` per row and group (the fused multiply-adds evaluated in fp64, then
-    rounded once); the running max is the same.
     """
     b, hq, sq, _ = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -83,7 +72,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         if k_scale is not None and k_block > 0:
             ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]
         if q.dtype == torch.int8:
-            t = s_raw = (s + 0x4B400000).view(torch.float32)
+            t = (s + 0x4B400000).view(torch.float32)
             if per_col:
                 t = (t - 12582912.0) * (ks.view(torch.int32) & -4).view(torch.float32)[:, :, None, :]
             else:
@@ -94,12 +83,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         if key_bias is None:
             tile_max = t.amax(-1) * r
             m_new = torch.maximum(m, tile_max)
-            if kexp and _k_in_exponent(q.dtype, k_block, block_n, len(n)):
-                mul = (ks.view(torch.int32) & -4).view(torch.float32)[:, :, None, :] * r[..., None]
-                add = (mul.double() * -12582912.0 - (m_new - LOG2_448)[..., None].double()).float()
-                p = torch.exp2((s_raw.double() * mul.double() + add.double()).float())
-            else:
-                p = torch.exp2(t * r[..., None] - (m_new - LOG2_448)[..., None])
+            p = torch.exp2(t * r[..., None] - (m_new - LOG2_448)[..., None])
             alpha = torch.exp2(m - m_new)
         else:
             kb = (key_bias.float()[:, None, None, :] * torch.tensor(LOG2E, dtype=torch.float32))[..., n]

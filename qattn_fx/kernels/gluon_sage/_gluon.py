@@ -58,11 +58,10 @@ class KernelFlags:
     SPLIT_TAIL: gl.constexpr
     HAS_BIAS: gl.constexpr
     SKIP: gl.constexpr
-    KEXP: gl.constexpr
 
     @constexpr_function
     def __init__(self, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                 SPLIT_TAIL, HAS_BIAS, SKIP, KEXP):
+                 SPLIT_TAIL, HAS_BIAS, SKIP):
         self.QK_KIND = gl.constexpr(QK_KIND)
         self.Q_BLOCK = gl.constexpr(Q_BLOCK)
         self.K_BLOCK = gl.constexpr(K_BLOCK)
@@ -77,4 +76,3 @@ class KernelFlags:
         self.SPLIT_TAIL = gl.constexpr(SPLIT_TAIL)
         self.HAS_BIAS = gl.constexpr(HAS_BIAS)
         self.SKIP = gl.constexpr(SKIP)
-        self.KEXP = gl.constexpr(KEXP)

@@ -75,10 +75,9 @@ class GluonConfig(LaunchConfig):
     mmasum: int = 0
     trio: int = 0
     quad: int = 0
-    kexp: int = 0
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
-    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad", "kexp")
+    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"
@@ -112,14 +111,13 @@ class GluonConfig(LaunchConfig):
         return self.consumers * ROWS_PER_CONSUMER
 
     @property
-    def numerics(self) -> tuple[int, int, int, int, int]:
-        """``(block_n, permk, mmasum, rows, kexp)``: what decides the output bits on given inputs. ``block_n``
-        places the online softmax's rescaling and the e4m3 rounding of P; ``permk`` orders each P·V tile's sum;
-        ``mmasum`` sums the denominator over e4m3 P; ``rows`` decides which rows the tail split runs in pieces;
-        ``kexp`` rounds the exponent of P once per group of keys instead of per logit. Configs with
+    def numerics(self) -> tuple[int, int, int, int]:
+        """``(block_n, permk, mmasum, rows)``: what decides the output bits on given inputs. ``block_n`` places the
+        online softmax's rescaling and the e4m3 rounding of P; ``permk`` orders each P·V tile's sum; ``mmasum``
+        sums the denominator over e4m3 P; ``rows`` decides which rows the tail split runs in pieces. Configs with
         equal ``numerics`` give bitwise-identical outputs (``stages``, ``ahead`` and ``tarrive`` move only time;
         tests/gpu/test_gluon_sage.py checks every tuned class)."""
-        return (self.block_n, self.permk, self.mmasum, self.rows, self.kexp)
+        return (self.block_n, self.permk, self.mmasum, self.rows)
 
 
 # The autotuner's candidates, one class per way of loading K. Every candidate of a class has the same

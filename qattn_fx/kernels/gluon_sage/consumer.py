@@ -141,15 +141,10 @@ def _row_reduce(x, IS_MAX: gl.constexpr):
 
 
 @jit
-def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr,
-                  DEFER: gl.constexpr = 0):
+def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
     """The raw ``S`` tile (int32 ``S + 1.5·2^23`` for int8 Q/K, else fp32) with the K scales applied: ``(t, rs)``,
     ``rs`` (64,) being ``q_scale · sm_scale · log2 e`` times K's scale when it is one per tile. ``ks``: the tile's
-    K scales (:func:`_tile_k_scales`). Reads every register of ``S``, which the next Q·Kᵀ may then reuse.
-    ``DEFER`` (:func:`_deferred_k_block`): ``t`` is ``S + 1.5·2^23`` read as fp32, its K scales applied later per
-    group (:func:`_group_max`, :func:`_group_exp`)."""
-    if DEFER:
-        return s.to(gl.float32, bitcast=True), rs
+    K scales (:func:`_tile_k_scales`). Reads every register of ``S``, which the next Q·Kᵀ may then reuse."""
     s_layout: gl.constexpr = s.type.layout
     PER_COL: gl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
     GROUPED: gl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
@@ -178,48 +173,6 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
     return t, rs
 
 
-@constexpr_function
-def _deferred_k_block(KEXP, QK_KIND, K_BLOCK, BLOCK_N, MASK, HAS_BIAS):
-    """``K_BLOCK`` where a tile's K scales go into the exponent per group of keys instead of onto every logit
-    (``kexp``, :func:`_group_max`, :func:`_group_exp`: one FMA per logit fewer): int8 Q/K with one K scale per
-    8·k keys, several groups per tile, a full tile (no masked columns) and no key bias; else 0. ``KEXP``,
-    ``QK_KIND``, ``K_BLOCK``, ``BLOCK_N``: the kernel's :class:`~._gluon.KernelFlags` of those names."""
-    grouped = K_BLOCK >= 8 and K_BLOCK % 8 == 0 and K_BLOCK < BLOCK_N and BLOCK_N % K_BLOCK == 0
-    return K_BLOCK if KEXP and QK_KIND == 0 and grouped and not MASK and not HAS_BIAS else 0
-
-
-@jit
-def _group_max(t, ks, rs, K_BLOCK: gl.constexpr):
-    """Each row's largest logit (log2 units) of a full tile whose K scales are deferred: ``t`` is the raw ``S +
-    1.5·2^23`` (fp32 view), ``ks`` ``(BLOCK_N / K_BLOCK,)`` group scales. The wgmma layout gives a thread 2 of
-    every 8 columns, so a group is ``(K_BLOCK / 8, 4 lanes, 2)``: the max over a thread's registers of each group
-    needs no shuffle, then it is scaled as :func:`_scale_logits` scales a logit (a rounding is monotone, so the
-    result equals the max of the scaled tile bit for bit), then the max over groups and the row's 4 lanes."""
-    BM: gl.constexpr = t.shape[0]
-    G: gl.constexpr = t.shape[1] // K_BLOCK
-    g = gl.max(gl.max(gl.reshape(t, [BM, G, K_BLOCK // 8, 4, 2]), axis=4), axis=2)  # (BM, G, 4 lanes)
-    ks3 = gl.convert_layout(ks, gl.SliceLayout(0, gl.SliceLayout(2, g.type.layout)))[None, :, None]
-    g = gl.fma(g, ks3, -(ks3 * C_INT8_ACC_OFFSET))
-    return gl.convert_layout(gl.max(gl.max(g, axis=1), axis=1), rs.type.layout) * rs
-
-
-@jit
-def _group_exp(t, ks, rs, m_new, K_BLOCK: gl.constexpr):
-    """``448 · exp2(z - m)`` of a full tile whose K scales are deferred (``t``, ``ks``: as :func:`_group_max`'s):
-    per row and group ``a = ks · rs`` and ``b = -1.5·2^23 · a - (m - log2 448)``, then one FMA per logit,
-    ``exp2(t · a + b)``. Against scaling first (:func:`_scale_logits`), the exponent differs by the rounding of
-    ``b``: about one unit of ``S`` in log2 units, far below P's e4m3 rounding."""
-    BM: gl.constexpr = t.shape[0]
-    BN: gl.constexpr = t.shape[1]
-    t3 = gl.reshape(t, [BM, BN // K_BLOCK, K_BLOCK])
-    row3: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, t3.type.layout))
-    ks3 = gl.convert_layout(ks, gl.SliceLayout(0, gl.SliceLayout(2, t3.type.layout)))[None, :, None]
-    a = ks3 * gl.convert_layout(rs, row3)[:, None, None]
-    b = gl.fma(a, -C_INT8_ACC_OFFSET, -gl.convert_layout(m_new - C_LOG2_448, row3)[:, None, None])
-    p3 = gl.exp2(gl.fma(t3, a, b))
-    return gl.convert_layout(gl.reshape(p3, [BM, BN]), t.type.layout, assert_trivial=True)
-
-
 @jit
 def _add_bias(t, rs, kb, HAS_BIAS: gl.constexpr):
     """``HAS_BIAS``: the tile's logits in log2 units with the key bias, ``z = t · rs + kb`` (``kb``:
@@ -232,13 +185,9 @@ def _add_bias(t, rs, kb, HAS_BIAS: gl.constexpr):
 
 
 @jit
-def _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0,
-              ks=0.0, DEFER: gl.constexpr = 0):
+def _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
     """Each row's largest logit (log2 units) in the scaled tile ``t`` (``MASK``: columns past ``SEQ_KV`` ignored).
-    ``HAS_BIAS``: ``t`` is :func:`_add_bias`'s ``z``, already in log2 units and masked. ``DEFER``: ``t`` is raw,
-    its K scales ``ks`` (:func:`_group_max`)."""
-    if DEFER:
-        return _group_max(t, ks, rs, DEFER)
+    ``HAS_BIAS``: ``t`` is :func:`_add_bias`'s ``z``, already in log2 units and masked."""
     if HAS_BIAS:
         return _row_reduce(t, True)
     if MASK:
@@ -250,34 +199,29 @@ def _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
 
 
 @jit
-def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0,
-                 ks=0.0, DEFER: gl.constexpr = 0):
+def _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
     """The new running max ``m`` (log2 units) after the scaled tile ``t``: :func:`_tile_max`'s, then the max."""
-    return gl.maximum(m_i, _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS, ks, DEFER))
+    return gl.maximum(m_i, _tile_max(t, rs, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS))
 
 
 @jit
 def _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr,
-                BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0, DEFER: gl.constexpr = 0):
+                BLOCK_N: gl.constexpr, MASK: gl.constexpr, HAS_BIAS: gl.constexpr = 0):
     """First half of an online-softmax step: :func:`_scale_logits` (and :func:`_add_bias`) then
     :func:`_running_max`; ``(t, rs, m)``."""
-    t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N, DEFER)
+    t, rs = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs, kb, HAS_BIAS)
-    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS, ks, DEFER)
+    return t, rs, _running_max(t, rs, m_i, start_n, SEQ_KV, BLOCK_N, MASK, HAS_BIAS)
 
 
 @jit
 def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-             MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0, ks=0.0, DEFER: gl.constexpr = 0):
+             MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
     """Second half: ``(p8, alpha, l)``: e4m3 ``448 · exp2(z - m)`` (0 past ``SEQ_KV`` when ``MASK``), the factor
     rescaling earlier tiles, row sum (``MMASUM``: ``l`` is returned as given; the P·V step's ones-MMA sums P).
     ``HAS_BIAS``: ``t`` is :func:`_add_bias`'s ``z``, and a running max of ``-inf`` (every key so far masked) is
-    used as 0, so such rows get P = 0 and alpha = 0 instead of NaN. ``DEFER``: ``t`` is raw, its K scales ``ks``
-    (:func:`_group_exp`)."""
-    if DEFER:
-        p = _group_exp(t, ks, rs, m_new, DEFER)
-        alpha = gl.exp2(m_i - m_new)
-    elif HAS_BIAS:
+    used as 0, so such rows get P = 0 and alpha = 0 instead of NaN."""
+    if HAS_BIAS:
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(t - (m_use - C_LOG2_448)[:, None])
         alpha = gl.exp2(m_i - m_use)
@@ -295,12 +239,10 @@ def _exp_sum(t, rs, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N: gl.constexpr, MAS
 @jit
 def _softmax(s, ks, kb, m_i, l_i, rs, start_n, SEQ_KV,
              QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, MASK: gl.constexpr,
-             MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0, DEFER: gl.constexpr = 0):
-    """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``.
-    ``DEFER``: :func:`_deferred_k_block`'s."""
-    t, rs_t, m_new = _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK, HAS_BIAS,
-                                 DEFER)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM, HAS_BIAS, ks, DEFER)
+             MMASUM: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0):
+    """One online-softmax step (:func:`_logits_max` then :func:`_exp_sum`); returns ``(p8, alpha, l, m)``."""
+    t, rs_t, m_new = _logits_max(s, ks, kb, m_i, rs, start_n, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, MASK, HAS_BIAS)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, start_n, SEQ_KV, BLOCK_N, MASK, MMASUM, HAS_BIAS)
     return p8, alpha, l_i, m_new
 
 
@@ -440,9 +382,8 @@ def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_read
     ``MMASUM`` row sums (:func:`_pv_issue`)."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     MMASUM: gl.constexpr = flags.MMASUM
-    DEFER: gl.constexpr = _deferred_k_block(flags.KEXP, flags.QK_KIND, flags.K_BLOCK, BLOCK_N, MASK, BIAS)
     p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, rs, j * BLOCK_N, SEQ_KV, flags.QK_KIND, flags.K_BLOCK,
-                                   BLOCK_N, MASK, MMASUM, BIAS, DEFER)
+                                   BLOCK_N, MASK, MMASUM, BIAS)
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK, sums[0], sums[1],
                        MMASUM)
     if MMASUM:
@@ -469,15 +410,13 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v
     STAGES: gl.constexpr = flags.STAGES
     MMASUM: gl.constexpr = flags.MMASUM
     log2_thr, row_out, count_ptrs, count_mask = skip
-    DEFER: gl.constexpr = _deferred_k_block(flags.KEXP, flags.QK_KIND, flags.K_BLOCK, BLOCK_N, MASK, BIAS)
-    t, rs_t = _scale_logits(s, ks, rs, flags.QK_KIND, flags.K_BLOCK, BLOCK_N, DEFER)
+    t, rs_t = _scale_logits(s, ks, rs, flags.QK_KIND, flags.K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, kb, BIAS)
-    tile_max = _tile_max(t, rs_t, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, BIAS, ks, DEFER)
+    tile_max = _tile_max(t, rs_t, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, BIAS)
     vote = ((tile_max - m_i) < log2_thr) | row_out  # NaN (a row with every key so far masked) votes no
     if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
         m_new = gl.maximum(m_i, tile_max)
-        p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, MMASUM, BIAS, ks,
-                                  DEFER)
+        p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, MASK, MMASUM, BIAS)
         pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, PERMK, sums[0], sums[1],
                            MMASUM)
         if MMASUM:
@@ -509,12 +448,11 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     STAGES: gl.constexpr = flags.STAGES
     KS_TMA: gl.constexpr = flags.KS_TMA
     MMASUM: gl.constexpr = flags.MMASUM
-    DEFER: gl.constexpr = _deferred_k_block(flags.KEXP, flags.QK_KIND, flags.K_BLOCK, BLOCK_N, False, BIAS)
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
             ks = _k_scales_at_use(j, ks, ksrc, col_s, grp_layout, flags)
-        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N, DEFER)  # first: S_{j+1} takes S_j's registers
+        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
         if EARLY:  # tile j+1's K and scales have arrived (waited just above): the shared load's latency then
             # passes under this tile's exponentials instead of stalling the next tile's scaling
@@ -524,11 +462,10 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, q, rs, s_init, pv_zero, SEQ_KV, k_smem,
     else:  # the global load first, as early as possible (this order measured ~10 % faster for this path)
         ks_next = _k_scales_ahead(j + 1, ksrc, col_s, grp_layout, flags)
         s_next = _qk_issue(j + 1, q, s_init, k_smem, k_ready, QK_KIND, BLOCK_N, STAGES)
-        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N, DEFER)
+        t, rs_t = _scale_logits(s, ks, rs, QK_KIND, K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, _key_bias(j, kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK), BIAS)
-    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, BIAS, ks, DEFER)
-    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, BIAS, ks,
-                              DEFER)
+    m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, BIAS)
+    p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, SEQ_KV, BLOCK_N, False, MMASUM, BIAS)
     m_i = m_new
     pv, pl = _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK, sums[0], sums[1],
                        MMASUM)

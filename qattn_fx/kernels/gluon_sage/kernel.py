@@ -21,7 +21,7 @@ def _sage_fwd_ws(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
-    SKIP: gl.constexpr = 0, KEXP: gl.constexpr = 0,
+    SKIP: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -116,7 +116,7 @@ def _sage_fwd_ws(
             qk_scale, (SkipThr, SkipCount))
     # every partition takes the constexprs as one aggregate (in a plain tuple Gluon would turn them into tensors)
     flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                        SPLIT_TAIL, HAS_BIAS, SKIP, KEXP)
+                        SPLIT_TAIL, HAS_BIAS, SKIP)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
     # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop
     if CONSUMERS == 1:

@@ -365,7 +365,7 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
                 MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
-                SKIP=0 if skip is None else (2 if skip[1] is not None else 1), KEXP=config.kexp)
+                SKIP=0 if skip is None else (2 if skip[1] is not None else 1))
     grid = (tail.grid,) if tail else (n_m, bsz * hq)
     spec = DescriptorSpec.of
     return LaunchGeometry(
