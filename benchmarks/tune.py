@@ -3,10 +3,11 @@
 
 For each shape, quantizes random bf16 Q/K/V once with the recipe's ops (the layouts the compiled graph feeds the
 kernel: BSHD Q/K views, sequence-major V; :func:`benchmarks.common.quantized_inputs`), then times the kernel alone
-with every config (``triton.testing.do_bench``, median ms), checks each config's output against a reference output,
-and prints a table (config, ms, TFLOP/s with 4·B·H·Sq·Skv·D flops) plus the best config per shape. ``--out``
-writes everything as JSON. Use it to rank configs before changing a kernel's defaults or tuned list, or to measure
-a new config flag (the autotuner itself times ``TUNED_CONFIGS`` per problem key at run time)::
+with every config (``triton.testing.do_bench``, median ms; ``--timer graph``: CUDA-graph replays, for calls short
+enough that the host's per-call work would be timed, e.g. flux-1024), checks each config's output against a
+reference output, and prints a table (config, ms, TFLOP/s with 4·B·H·Sq·Skv·D flops) plus the best config per
+shape. ``--out`` writes everything as JSON. Use it to rank configs before changing a kernel's defaults or tuned
+list, or to measure a new config flag (the autotuner itself times ``TUNED_CONFIGS`` per problem key at run time)::
 
     python -m benchmarks.tune --kernel gluon_sage --out bench_out/tune_gluon.json
     python -m benchmarks.tune --kernel gluon_sage --shapes wan1.3b-480p,d64 \\
@@ -57,7 +58,13 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def bench(fn, warmup_ms: int, rep_ms: int) -> float:
+def bench(fn, warmup_ms: int, rep_ms: int, timer: str = "do_bench") -> float:
+    """Median ms of ``fn()``: ``do_bench`` (Triton's: calls queued from the host, L2 flushed between them) or
+    ``graph`` (replays of a CUDA graph of one call, :func:`benchmarks.common.time_ms`: the GPU's time alone, for
+    calls short enough that the host's per-call work would be timed instead, e.g. gluon_sage at flux-1024 with its
+    tail split's two launches)."""
+    if timer == "graph":
+        return float(common.time_ms(fn, method="graph", iters=1000, budget_ms=rep_ms, warmup=2))
     import triton  # noqa: PLC0415
 
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
@@ -84,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--timer", default="do_bench", choices=("do_bench", "graph"),
+                        help="do_bench: Triton's, from the host (L2 flushed); graph: CUDA-graph replays, the GPU's "
+                             "time without the host's per-call work (L2 not flushed)")
     parser.add_argument("--budget-s", type=float, default=220.0, help="stop starting new configs after this")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing torch SDPA (bf16) per shape")
     return parser.parse_args(argv)
@@ -123,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "triton": triton.__version__, "recipe": args.recipe, "kernel": args.kernel,
         "masked_keys": args.masked_keys, "mask_spread": args.mask_spread, "bf16_q": args.bf16_q,
         "flops": "4*B*H*Sq*Skv*D",
-        "timing": f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+        "timing": (f"do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms" if args.timer == "do_bench"
+                   else f"CUDA-graph replay median, {args.rep_ms} ms of replays"),
         "command": "python -m benchmarks.tune " + " ".join(sys.argv[1:] if argv is None else argv),
         "shapes": [],
     }
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             kv = torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16)
             try:
                 ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
-                           args.warmup_ms, args.rep_ms)
+                           args.warmup_ms, args.rep_ms, args.timer)
                 entry["sdpa_bf16_ms"] = ms
                 log(f"  torch SDPA bf16 (default backend): {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s")
             except Exception as exc:  # noqa: BLE001 - informational only
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                         row["max_rel_vs_first"] = float(diff)
                     del out
                     ms = bench(lambda: kernel.scaled_attention(*timed, sm_scale, torch.bfloat16, **extra),
-                               args.warmup_ms, args.rep_ms)
+                               args.warmup_ms, args.rep_ms, args.timer)
                 row["ms"] = ms
                 row["tflops"] = flops / ms / 1e9
                 flag = "" if row["max_rel_vs_first"] < AGREE else "  <-- DIFFERS"

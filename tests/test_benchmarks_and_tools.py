@@ -163,6 +163,10 @@ def test_tune_takes_one_kernel():
         tune.parse_args([])  # --kernel is required
     with pytest.raises(SystemExit):
         tune.parse_args(["--kernel", "gluon"])
+    assert tune.parse_args(["--kernel", "gluon_sage"]).timer == "do_bench"
+    assert tune.parse_args(["--kernel", "gluon_sage", "--timer", "graph"]).timer == "graph"
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--kernel", "gluon_sage", "--timer", "events"])
 
 
 def test_quantized_inputs_names_the_valid_recipes():
