@@ -18,7 +18,8 @@ call is Inductor-compiled quantize + kernel, as a model pays it, timed as CUDA-g
 but at cross-512) or with CUDA events (triton_sage, FA3 FP8, cuDNN FP8 at cross-512), which add the host's per-call
 work and so understate short calls. Other recipes of a kernel, masked calls (key bias) and other GPUs of the
 architecture are predicted from the same points (a key-padding-masked call runs about as fast as the unmasked one on
-both Sage kernels, and torch SDPA slows down with a mask more than they do: BENCHMARKS.md, "Key-padding masks").
+both Sage kernels, and torch SDPA slows down with a mask more than they do:
+docs/kernel-profile.md, "Key-padding masks").
 There is no data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
 
 **Between the points.** For the points of the kernel and architecture at the call's head_dim (a head_dim without

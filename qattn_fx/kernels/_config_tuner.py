@@ -49,8 +49,8 @@ def tuning_enabled() -> bool:
 def do_bench_ms(run: Callable[[], None]) -> float:
     """Median milliseconds of ``run()`` by ``triton.testing.do_bench`` (25 ms of warm-up calls, then about 100 ms
     of timed calls, L2 flushed before each; at least one of each): the protocol of
-    ``python -m benchmarks.tune``, whose rankings of gluon_sage's configs held across runs (BENCHMARKS.md, "Tuning:
-    gluon_sage's default config"). It
+    ``python -m benchmarks.tune``, whose rankings of gluon_sage's configs held across runs (docs/kernel-profile.md,
+    "Tuning: gluon_sage's default config"). It
     allocates triton's 256 MB L2-flush buffer while it runs."""
     from triton.testing import do_bench  # the kernels tuned here are Triton kernels: triton is importable
 
