@@ -8,5 +8,5 @@
 * :mod:`benchmarks.shapes`: the one table of benchmark shapes; :mod:`benchmarks.common`: timing, accuracy, inputs
   and reporting helpers shared by the benchmarks and by ``tools/``.
 
-Results of the runs behind BENCHMARKS.md are in ``benchmarks/results/``.
+Results of the runs behind BENCHMARKS.md and docs/kernel-profile.md are in ``benchmarks/results/``.
 """

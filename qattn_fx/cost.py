@@ -17,9 +17,10 @@ joint attention (cogvideox (48, 17776, 17776, 64)). The time of a quantized
 call is Inductor-compiled quantize + kernel, as a model pays it, timed as CUDA-graph replays (gluon_sage; cuDNN FP8
 but at cross-512) or with CUDA events (triton_sage, FA3 FP8, cuDNN FP8 at cross-512), which add the host's per-call
 work and so understate short calls. Other recipes of a kernel, masked calls (key bias) and other GPUs of the
-architecture are predicted from the same points (a key-padding-masked call runs within 2 % of the unmasked one on both
-Sage kernels, and torch SDPA slows down with a mask more than they do: BENCHMARKS.md, "Key-padding masks"). There is
-no data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
+architecture are predicted from the same points (a key-padding-masked call runs about as fast as the unmasked one on
+both Sage kernels, and torch SDPA slows down with a mask more than they do:
+docs/kernel-profile.md, "Key-padding masks").
+There is no data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
 
 **Between the points.** For the points of the kernel and architecture at the call's head_dim (a head_dim without
 points: the smallest prediction over the measured head dims), two curves, each piecewise linear in the logarithm of
@@ -32,7 +33,7 @@ its variable through the measured points (where points share a value of it, the 
 
 The prediction is the smaller of the two, since either alone limits the gain; at a measured self-attention point it
 is the measurement. Beyond the largest key length or work, the value at the largest is held (the measured gain
-flattens: gluon_sage 1.50x at wan1.3b-480p, 1.53x at wan14b-720p). Below the smallest, the value at the smallest is
+flattens at the longest calls: BENCHMARKS.md, "Attention op"). Below the smallest, the value at the smallest is
 held but never above 1.0: no gain is predicted for a size smaller than every measured one, and as the gain shrinks
 with size, the held value is an upper bound there (:attr:`Prediction.upper_bound`). :func:`no_gain` says when a
 prediction promises nothing (``auto`` then keeps the site dense).
@@ -101,8 +102,7 @@ class Prediction:
 def no_gain(speedup: float, upper_bound: bool, minimum: float) -> bool:
     """Whether a call predicted ``speedup`` (``upper_bound``: at most that) is not expected to beat ``minimum``: below
     it, or an upper bound that does not exceed it (below the measured sizes the held value is capped at 1.0, so no
-    gain is predicted there: the gain shrinks with size, gluon_sage at head_dim 64 from 1.14x at 16,384 tokens to
-    1.07x at 9,196 and 0.94x at 3,872)."""
+    gain is predicted there: the gain shrinks with size, BENCHMARKS.md, "head_dim 64")."""
     return speedup < minimum or (upper_bound and speedup <= minimum)
 
 

@@ -7,7 +7,7 @@ kernels are implementations of a recipe on some hardware (see ``qattn_fx.kernels
 Everything that decides whether a recipe is accepted, and where it can run, is *data* in :data:`TABLE`: one
 :class:`Row` per (backend, recipe family) taken from the two seed documents (TensorRT-LLM VisualGen quantized
 attention; vLLM-Omni ``TRTLLM_ATTN``) plus the Hopper rows served by this project's own kernels. Validation,
-policy resolution and the README's recipe table are all generated from it.
+policy resolution and docs/spec.md's recipe table are all generated from it.
 """
 
 from __future__ import annotations
@@ -496,7 +496,7 @@ def _fmt_set(items: Iterable) -> str:
 
 
 def recipe_table_markdown() -> str:
-    """The accepted-combinations table as markdown (README / docs are generated from this)."""
+    """The accepted-combinations table as markdown (docs/spec.md's recipe table is this, verbatim)."""
     lines = [
         "| backend | qk_dtype | v_dtype | (q, k, v) block sizes | scale scope | name | runs on (kernel) | source |",
         "|---|---|---|---|---|---|---|---|",

@@ -362,7 +362,8 @@ def test_multihead_attention_is_named_then_served_once_traced_into(restore_mha_r
 
 def test_module_globs_match_the_path_tail_under_regional_compilation():
     """compile_repeated_blocks compiles one block alone: its sites' paths start inside the block (``attn2``); the
-    README's rule ``blocks.*.attn2 → dense`` must still make cross-attention dense, and say how it matched."""
+    rule ``blocks.*.attn2 → dense`` (docs/spec.md's module glob) must still make cross-attention dense, and say how
+    it matched."""
     model, inputs = tiny_models.wan()
     spec = Spec(rules=(qattn_fx.Rule(qattn_fx.Match(module="blocks.*.attn2"), "dense"),))
     backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")

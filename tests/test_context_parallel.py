@@ -12,7 +12,7 @@ with the single-process compiled one:
   close to dense as the single process's.
 
 Graphs go to ``aot_eager`` after the pass (the pass is what is tested; Inductor on the same graphs is the
-benchmark's default: README, "Several GPUs").
+benchmark's default: docs/multi-gpu.md).
 """
 
 import json

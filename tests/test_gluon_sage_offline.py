@@ -322,7 +322,7 @@ def _loop_ops(config: str) -> list[str]:
 def test_trio_mmasum_trades_a_few_spills_for_fewer_instructions():
     """``trio,mmasum``: the ones-MMA does not fit 160 registers without spilling (offline: ~150 bytes, a few
     local-memory accesses per tile), but it takes ~50 instructions out of each tile's ~555 — and measured 5-7 %
-    faster than ``trio`` without it on the H200 (BENCHMARKS.md, "Tuning: gluon_sage's default config")."""
+    faster than ``trio`` without it on the H200 (docs/kernel-profile.md, "Tuning: gluon_sage's default config")."""
     plain = _loop_ops("128,3,trio,permk,tarrive")
     summed = _loop_ops("128,3,trio,permk,tarrive,mmasum")
     assert len(summed) <= len(plain) - 40, (len(summed), len(plain))

@@ -548,20 +548,20 @@ def test_hardware_for_arch():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# README
+# docs/spec.md
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_readme_recipe_table_is_generated_from_the_table():
+def test_docs_recipe_table_is_generated_from_the_table():
     table = recipe_table_markdown()
     lines = table.splitlines()
     assert len(lines) == 2 + len(TABLE)
     assert lines[0].startswith("| backend | qk_dtype | v_dtype |")
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    assert readme.exists(), "README.md is missing; it must contain recipe_table_markdown() verbatim"
-    text = readme.read_text()
-    assert table in text, "README.md's recipe table differs from qattn_fx.recipes.recipe_table_markdown()"
-    # exactly: the table block in the README ends where the generated one ends
+    doc = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
+    assert doc.exists(), "docs/spec.md is missing; it must contain recipe_table_markdown() verbatim"
+    text = doc.read_text()
+    assert table in text, "docs/spec.md's recipe table differs from qattn_fx.recipes.recipe_table_markdown()"
+    # exactly: the table block in docs/spec.md ends where the generated one ends
     readme_lines = text.splitlines()
     start = readme_lines.index(lines[0])
     block = []

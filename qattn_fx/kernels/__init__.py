@@ -44,7 +44,7 @@ class KernelInfo:
     ``qattn::quantize_per_block`` (no Q pass in the graph);
     ``requirements``: its targets (architectures, head dims, library floor, call-site capabilities), the one
     declaration of these facts: :data:`qattn_fx.recipes.TABLE` names them, the policy checks them, and the kernel
-    module reads its own limits from them; ``description`` is shown in reports and the README.
+    module reads its own limits from them; ``description`` is a one-line summary (docs/kernels.md has the table).
     """
 
     name: str

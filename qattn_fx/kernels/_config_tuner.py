@@ -5,8 +5,8 @@ express (the grid, the TMA descriptors and ``maxnreg`` depend on the config, as 
 seen for the first time it times every candidate with ``triton.testing.do_bench`` (:func:`do_bench_ms`: warm-up
 calls, which also compile, then timed calls with the L2 flushed before each) in :attr:`ConfigTuner.rounds`
 interleaved rounds (a, b, c, a, b, c, ...) and keeps the lowest median over the rounds: a kernel call of 100 ms or
-more gets a single timed call per ``do_bench``, and one round let clock drift between candidates pick a config
-3-5 % slower than the best (wan14b-720p on the H200; docs/kernel-design.md, "Tried and rejected"). Choices
+more gets a single timed call per ``do_bench``, and one round let clock drift between candidates pick a slower
+config than the best (docs/kernel-design.md, "Tried and rejected"). Choices
 live in memory and, unless disabled, in a JSON file shared across processes (``qattn_fx.config.tuning_cache``,
 ``$QATTN_TUNING_CACHE``, default ``~/.cache/qattn_fx/tuning.json``), keyed by kernel, GPU name, Triton version and
 problem key, so later processes start tuned.
@@ -49,7 +49,8 @@ def tuning_enabled() -> bool:
 def do_bench_ms(run: Callable[[], None]) -> float:
     """Median milliseconds of ``run()`` by ``triton.testing.do_bench`` (25 ms of warm-up calls, then about 100 ms
     of timed calls, L2 flushed before each; at least one of each): the protocol of
-    ``python -m benchmarks.tune``, whose rankings of gluon_sage's configs held across four H200 runs. It
+    ``python -m benchmarks.tune``, whose rankings of gluon_sage's configs held across runs (docs/kernel-profile.md,
+    "Tuning: gluon_sage's default config"). It
     allocates triton's 256 MB L2-flush buffer while it runs."""
     from triton.testing import do_bench  # the kernels tuned here are Triton kernels: triton is importable
 
