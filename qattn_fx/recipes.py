@@ -319,7 +319,15 @@ def validate(backend: str, recipe: Recipe, *, where: str = "") -> None:
 
 
 def _describe(rows: Iterable[Row]) -> str:
-    return "; ".join(_unique(row.blocks.describe() for row in rows))
+    """The block sizes ``rows`` accept: ``(1,1,1), (1,4,1)`` for one backend's rows; with several backends each is
+    named before its set, ``TRITON [q 1, 4; k 1, 4; v 0, 1], TRTLLM [(1,1,1), (1,4,1)]``."""
+    by_backend: dict[str, list[str]] = {}
+    for row in rows:
+        by_backend.setdefault(row.backend, []).append(row.blocks.describe())
+    sets = {backend: "; ".join(_unique(found)) for backend, found in by_backend.items()}
+    if len(sets) == 1:
+        return next(iter(sets.values()))
+    return ", ".join(f"{backend} [{found}]" for backend, found in sets.items())
 
 
 # ------------------------------------------------------------------------------------------------------------------

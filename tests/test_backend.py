@@ -584,3 +584,37 @@ def test_tokens_written_into_one_buffer_are_joint_when_they_come_from_two_stream
     with torch.no_grad():
         torch.compile(Assembled(), backend=backend, fullgraph=True)(torch.randn(2, 24, 32), torch.randn(2, 8, 32))
     assert [(s.module, s.role) for s in backend.report.sites] == [("attn.0", "joint"), ("attn.1", "self")]
+
+
+def test_aten_sdpa_overload_packet_is_a_site():
+    """``torch.ops.aten.scaled_dot_product_attention(...)`` (the overload packet, as Dynamo keeps a model's own
+    call) is a site like ``F.scaled_dot_product_attention``, not "an attention op other than SDPA"."""
+    def attend(q, k, v):
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v, None, 0.0, False, scale=0.5)
+
+    q, k, v = (torch.randn(1, 2, 16, 64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(attend, backend=backend, fullgraph=True)(q, k, v)
+    (site,) = backend.report.sites
+    assert site.rewritten and backend.report.notes == []
+    dense = attend(q, k, v)
+    assert (out - dense).norm() / dense.norm() < 0.05
+
+
+def test_one_query_head_over_several_key_heads_stays_dense_with_the_true_reason():
+    """SDPA broadcasts one query head over several key heads without enable_gqa (it runs the call); the ops do not
+    serve it, and the reason says so rather than that SDPA rejects it."""
+    q, k = torch.randn(1, 1, 16, 64), torch.randn(1, 4, 16, 64)
+    dense = F.scaled_dot_product_attention(q, k, k)
+    assert dense.shape == (1, 4, 16, 64)
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend=backend, fullgraph=True)(q, k, k)
+    (site,) = backend.report.sites
+    assert not site.rewritten
+    assert site.reason == ("dense: 1 query head and 4 key heads: SDPA broadcasts the query head (the output has 4 "
+                           "heads); the ops need query heads that are a multiple of the key heads")
+    torch.testing.assert_close(out, dense)

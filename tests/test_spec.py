@@ -524,8 +524,9 @@ def _rule(**match):
         ({"default": {"recipe": {"qk_dtype": "int8", "scale_scope": ["head"]}}},
          "spec.default.recipe.scale_scope=['head'] is invalid; valid: tensor, head"),
         ({"rules": [{"use": {"recipe": {"qk_dtype": "int8", "q_block_size": 1, "k_block_size": 2}}}]},
-         "spec.rules[0].use.recipe.k_block_size=2 is not accepted for any backend int8 Q/K; valid: q 1, 4, 16, 32, "
-         "64, 128; k 1, 4, 16, 32, 64, 128; v 0, 1; (1,1,1), (1,4,1), (1,16,1); q 1, 4, 16; k 1, 4, 16; v 1"),
+         "spec.rules[0].use.recipe.k_block_size=2 is not accepted for any backend int8 Q/K; valid: TRITON [q 1, 4, "
+         "16, 32, 64, 128; k 1, 4, 16, 32, 64, 128; v 0, 1], TRTLLM [(1,1,1), (1,4,1), (1,16,1)], TRTLLM_ATTN [q 1, 4, "
+         "16; k 1, 4, 16; v 1]"),
         ({"default": {"recipe": {"qk_dtype": "bf16", "smooth_k": True}}},
          "spec.default.recipe.smooth_k=True is invalid with qk_dtype='bf16' (K is not quantized); valid: false"),
         # canonical: skip_softmax fields
