@@ -408,10 +408,21 @@ def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
         return
     bound = f"[{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not math.isfinite(value)):  # ints: no float conversion (may overflow)
+            isinstance(value, float) and not math.isfinite(value)):
         raise _invalid(name, value, f"a finite number, {bound}")
-    if not lo <= value <= hi:
+    if not lo <= value <= hi:  # ints compare exactly, whatever their size
         raise ValueError(f"{name}={_show(value)} is out of range; valid: finite, {bound}")
+    if not _finite_float(value):  # in range but beyond float's (10**400): checked here, not where a kernel reads it
+        raise _invalid(name, value, f"a finite number, {bound}")
+
+
+def _finite_float(value: int | float) -> bool:
+    """Whether ``value`` is a finite float or an int that converts to one (an int beyond float's range, 10**400,
+    raises ``OverflowError`` where a kernel or a division reads it as a float)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 # ------------------------------------------------------------------------------------------------------------------

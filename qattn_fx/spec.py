@@ -343,12 +343,68 @@ class Spec:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Spec":
-        """A ``.json``, ``.yaml`` or ``.yml`` file in any accepted format."""
+        """A ``.json``, ``.yaml`` or ``.yml`` file in any accepted format (another suffix is read as JSON).
+
+        ``ValueError`` for a path that names no readable file: ``no such spec file: 'x.json'``, a directory (``""``
+        is one), a name the system refuses."""
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"path must be a str or a Path naming a .json/.yaml/.yml file; got "
+                            f"{type(path).__name__}: {_show(path)}")
+        if str(path) == "":
+            raise ValueError("spec path '' is empty; valid: the path of a .json, .yaml or .yml spec file")
         path = Path(path)
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ValueError(f"no such spec file: {_show(str(path))}") from None
+        except IsADirectoryError:
+            raise ValueError(f"spec path {_show(str(path))} is a directory; valid: the path of a .json, .yaml or "
+                             ".yml spec file") from None
+        except OSError as e:  # a name too long, no permission, ...
+            raise ValueError(f"spec file {_show(str(path))} cannot be read: {e.strerror or e}") from None
         if path.suffix in (".yaml", ".yml"):
             return cls.from_yaml(text)
         return cls.from_json(text)
+
+    @classmethod
+    def from_text(cls, text: str) -> "Spec":
+        """A spec written as JSON or YAML text (JSON is tried first; what it cannot read is read as YAML)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return cls.from_yaml(text)
+        return cls.from_dict(data)
+
+    @classmethod
+    def coerce(cls, value: "Spec | dict | str | Path | None") -> "Spec":
+        """The spec that ``qattn_fx.backend(spec)`` and the other entry points take: ``None`` (the default
+        :class:`Spec`), a :class:`Spec`, a mapping (:meth:`from_dict`), a :class:`~pathlib.Path` (:meth:`from_file`)
+        or a ``str``. A ``str`` is spec *text* (:meth:`from_text`, JSON or YAML) when it starts with ``{`` (leading
+        whitespace aside) or holds a newline, and otherwise the path of a spec file: ``'{"default": "dense"}'``
+        and ``"default: dense\\n"`` are specs, ``"spec.yaml"`` is a file.
+
+        ``TypeError`` for another type; ``ValueError`` for a bad spec, text that does not parse, or a path that
+        names no readable file (``no such spec file: 'x.json'``)."""
+        if value is None:
+            return cls()
+        if isinstance(value, Spec):
+            return value
+        if isinstance(value, dict):
+            return cls.from_dict(value)
+        if isinstance(value, Path):
+            return cls.from_file(value)
+        if isinstance(value, str):
+            if is_spec_text(value):
+                return cls.from_text(value)
+            try:
+                return cls.from_file(value)
+            except ValueError as e:
+                if not str(e).startswith("no such spec file") or ":" not in value:
+                    raise
+                raise ValueError(f"{e} (a str is read as spec text when it starts with '{{' or holds a "
+                                 "newline, else as a path)") from None
+        raise TypeError(f"spec must be a Spec, a mapping, JSON or YAML text, a path to a .json/.yaml/.yml file, or "
+                        f"None; got {type(value).__name__}: {_show(value)}")
 
     @classmethod
     def from_yaml(cls, text: str) -> "Spec":
@@ -361,6 +417,12 @@ class Spec:
         except yaml.YAMLError as e:
             raise ValueError(f"spec YAML does not parse: {e}") from e
         return cls.from_dict(data)
+
+
+def is_spec_text(value: str) -> bool:
+    """Whether :meth:`Spec.coerce` reads the ``str`` ``value`` as spec text (it starts with ``{``, leading
+    whitespace aside, or holds a newline) rather than as the path of a spec file."""
+    return value.lstrip().startswith("{") or "\n" in value
 
 
 def dense_spec() -> Spec:
@@ -479,4 +541,4 @@ def _from_vllm_omni(data: dict) -> Spec:
 
 
 __all__ = ["Spec", "AttentionSpec", "Rule", "Match", "DENSE", "DEFAULT_RECIPE", "ROLES", "dense_spec",
-           "layer_selected"]
+           "is_spec_text", "layer_selected"]

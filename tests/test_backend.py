@@ -618,3 +618,97 @@ def test_one_query_head_over_several_key_heads_stays_dense_with_the_true_reason(
     assert site.reason == ("dense: 1 query head and 4 key heads: SDPA broadcasts the query head (the output has 4 "
                            "heads); the ops need query heads that are a multiple of the key heads")
     torch.testing.assert_close(out, dense)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arguments and specs: ValueError for a bad value, TypeError for a wrong Python type, when the backend is made
+# ----------------------------------------------------------------------------------------------------------------
+
+HUGE = 10**400  # an int beyond float's range
+
+
+def test_spec_text_is_parsed_as_a_spec():
+    data = {"default": "dense", "rules": [{"match": {"role": "self"}, "use": {"backend": "REFERENCE"}}]}
+    expected = Spec.from_dict(data)
+    assert qattn_fx.backend(json.dumps(data)).spec == expected
+    assert qattn_fx.backend("  " + json.dumps(data, indent=2)).spec == expected
+    assert qattn_fx.backend("default: dense\nrules:\n  - match: {role: self}\n    use: {backend: REFERENCE}\n"
+                            ).spec == expected
+    assert qattn_fx.backend("{default: dense, rules: [{match: {role: self}, use: {backend: REFERENCE}}]}"
+                            ).spec == expected  # YAML flow mapping
+
+
+def test_spec_paths_still_name_files(tmp_path):
+    (tmp_path / "spec.json").write_text('{"default": "dense"}')
+    (tmp_path / "spec.yaml").write_text("default: dense\n")
+    for path in (tmp_path / "spec.json", str(tmp_path / "spec.json"), str(tmp_path / "spec.yaml")):
+        assert qattn_fx.backend(path).spec == qattn_fx.spec.dense_spec()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "spec path '' is empty; valid: the path of a .json, .yaml or .yml spec file"),
+    ("no/such/spec.json", "no such spec file: 'no/such/spec.json'"),
+    ("default: dense", "no such spec file: 'default: dense' (a str is read as spec text when it starts with '{' or "
+                       "holds a newline, else as a path)"),
+    ("x" * 5000, "cannot be read: "),  # today: OSError File name too long
+    ('{"default": "dense"', "Expecting ','"),  # JSON that does not parse is tried as YAML, which says why
+    ("[1, 2]\n", "spec must be a mapping (canonical, TensorRT-LLM attention_config or vLLM-Omni diffusion "
+                 "attention config), got list: [1, 2]"),
+    ({"default": {"skip_softmax": {"threshold": HUGE}}},
+     "spec.default.skip_softmax.threshold=1000"),  # today: OverflowError at compile time
+    ('{"attention_config": {"backend": "TRTLLM", "sparse_attention_config": {"algorithm": "skip_softmax", '
+     '"threshold_scale_factor": 1e400}}}',
+     "attention_config.sparse_attention_config.threshold_scale_factor=inf is invalid; valid: a finite number"),
+])
+@pytest.mark.parametrize("entry", ["backend", "pre_grad_pass", "explain"])
+def test_bad_specs_raise_value_error_at_every_entry_point(entry, spec, message):
+    make = {"backend": qattn_fx.backend, "pre_grad_pass": qattn_fx.pre_grad_pass,
+            "explain": lambda s: qattn_fx.explain(F.scaled_dot_product_attention, *(torch.randn(1, 2, 8, 16),) * 3,
+                                                  spec=s)}[entry]
+    with pytest.raises(ValueError) as e:
+        make(spec)
+    assert message in str(e.value) or (message == "Expecting ','" and "does not parse" in str(e.value))
+
+
+def test_a_directory_is_not_a_spec_file(tmp_path):
+    with pytest.raises(ValueError, match=f"^spec path '{tmp_path}' is a directory; valid: the path of a .json"):
+        qattn_fx.backend(str(tmp_path))
+
+
+def test_hardware_takes_an_arch_string():
+    """hardware="sm_90" is a supported install of sm_90 (as target= and calibrate(hardware=) read it); it used to
+    fail deep inside the compile with an AttributeError."""
+    assert qattn_fx.backend(hardware="sm_90").hardware == qattn_fx.Hardware.supported_install("sm_90")
+    with torch.no_grad():
+        report = qattn_fx.explain(F.scaled_dot_product_attention, *(torch.randn(1, 2, 8, 16),) * 3, hardware="sm_90")
+    assert report.sites[0].reason == ("dense: no kernel serves int8 Q/K 1/16, fp8 V per-channel, smooth K via auto "
+                                      "here (TRITON: head_dim 16 not in 64/128; TRTLLM: needs sm_100, have sm_90; "
+                                      "TRTLLM_ATTN: needs sm_100, have sm_90)")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(spec=42), TypeError, "spec must be a Spec, a mapping, JSON or YAML text, a path to a .json/.yaml/.yml "
+                               "file, or None; got int: 42"),
+    (dict(spec=b"{}"), TypeError, "spec must be a Spec"),
+    (dict(hardware=90), TypeError, "hardware must be a Hardware or an arch such as 'sm_90' (a supported install of "
+                                   "it), or None (this machine); got int: 90"),
+    (dict(hardware="h100"), ValueError, "arch='h100' is invalid; valid: 'cpu' or 'sm_XY' such as sm_90"),
+    (dict(emulate="yes"), TypeError, "emulate must be True or False; got str: 'yes'"),
+    (dict(compiler=None), TypeError, "compiler must be one of inductor, aot_eager, eager; got NoneType: None"),
+    (dict(compiler="tvm"), ValueError, "compiler='tvm' is invalid; valid: inductor, aot_eager, eager"),
+    (dict(debug_dir=3), TypeError, "debug_dir must be a str or Path naming a directory, or None; got int: 3"),
+    (dict(timestep=1), TypeError, "timestep must be the name of the model's forward argument"),
+    (dict(timestep_scale="1000"), TypeError, "timestep_scale must be a number > 0; got str: '1000'"),
+    (dict(timestep_scale=HUGE), ValueError, "is invalid; valid: a finite number > 0"),
+    (dict(timestep_scale=float("inf")), ValueError, "timestep_scale=inf is invalid; valid: a finite number > 0"),
+    (dict(emulate=True, target="h100"), ValueError, "arch='h100' is invalid"),
+    (dict(emulate=True, target=[]), ValueError, "target=[] is invalid; valid: a Hardware or an arch"),
+    (dict(emulate=True, target=[90]), TypeError, "target must be a Hardware or an arch such as 'sm_90'"),
+])
+def test_bad_arguments_name_what_is_accepted(kwargs, error, message):
+    with pytest.raises(error) as e:
+        qattn_fx.backend(**kwargs)
+    assert message in str(e.value)
+    if "compiler" not in kwargs:  # the pre-grad pass runs inside Inductor: it takes no compiler
+        with pytest.raises(error):
+            qattn_fx.pre_grad_pass(**kwargs)

@@ -166,6 +166,25 @@ def test_from_file_seed_formats(tmp_path):
         "TRTLLM_ATTN", Recipe("fp8", "fp8", 1, 16, 1, smooth_k=True))
 
 
+def test_missing_or_unreadable_spec_files_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"^no such spec file: 'no/such/spec\.json'$"):
+        Spec.from_file("no/such/spec.json")
+    with pytest.raises(ValueError, match=r"^spec path '' is empty; "):
+        Spec.from_file("")  # Path("") is the working directory
+    with pytest.raises(ValueError, match=r" is a directory; valid: the path of a \.json, \.yaml or \.yml spec file$"):
+        Spec.from_file(tmp_path)
+    with pytest.raises(ValueError, match=r" cannot be read: "):
+        Spec.from_file("s" * 5000 + ".json")
+
+
+@pytest.mark.parametrize("text", [json.dumps(CANONICAL), json.dumps(CANONICAL, indent=2), CANONICAL_YAML])
+def test_spec_text_is_coerced_like_a_file(text):
+    assert Spec.from_text(text).to_dict() == CANONICAL
+    assert Spec.coerce(text).to_dict() == CANONICAL
+    assert Spec.coerce(CANONICAL) == Spec.coerce(Spec.from_dict(CANONICAL)) == Spec.from_dict(CANONICAL)
+    assert Spec.coerce(None) == Spec()
+
+
 def test_from_json_invalid_top_level():
     with pytest.raises(ValueError, match=r"^spec must be a mapping \(canonical, TensorRT-LLM attention_config or "
                                          r"vLLM-Omni diffusion attention config\), got list: \[1, 2\]$"):
