@@ -32,7 +32,7 @@ from . import __version__
 from .fx import match, tracing
 from .fx.rewrite import TimestepSource, is_training_graph, rewrite
 from .hardware import Hardware, detect
-from .policy import Site, Target, rule_usage
+from .policy import TRAINING, Site, Target, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
 from .spec import Spec
 
@@ -176,7 +176,11 @@ class Backend:
         self._note_unused_rules()
         after = readable(gm)
         if sites.sites and not sites.quantized:
-            log.warning("%s (graph %d): no attention site was quantized", sites.summary(), graph)
+            log.warning("%s (graph %d): no attention site was quantized%s", sites.summary(), graph,
+                        self._what_would_quantize(gm, sites))
+        elif sites.sites and sites.deployed() and not any(done for done, _ in sites.deployed().values()):
+            log.warning("%s (graph %d): without emulation the deployment would quantize none of them",
+                        sites.summary(), graph)
         elif sites.sites:
             log.info("%s (graph %d)", sites.summary(), graph)
         emit_trace_artifacts(before, after, sites)
@@ -184,6 +188,20 @@ class Backend:
             write_dump(dump, graph, before, after, sites, self.context(gm))
             log.info("qattn_fx: debug dump of graph %d written to %s", graph, dump)
         return sites
+
+    def _what_would_quantize(self, gm: fx.GraphModule, sites: Report) -> str:
+        """For the warning of a graph with no quantized site: what would quantize its sites, where that is the
+        machine (no quantized kernel runs on it, ``emulate=True`` measures the recipes anyway) or grad mode (the
+        quantized ops have no backward); ``""`` when neither applies."""
+        hints = []
+        arch = (self.hardware or _hardware_of(gm)).arch
+        if not self.emulate and arch not in _kernel_archs():
+            hints.append(f"no quantized kernel runs on {arch}: emulate=True runs the recipes on the reference kernel "
+                         "to measure them")
+        if any(s.reason == f"dense: {TRAINING}" for s in sites.sites):
+            hints.append("the quantized attention ops have no backward: run the model under torch.no_grad() (or "
+                         "torch.inference_mode()), as pipelines do")
+        return f" ({'; '.join(hints)})" if hints else ""
 
     def _note_other_attention(self, gm: fx.GraphModule, graph: int) -> None:
         """A report-wide note (and a WARNING) for the calls of attention ops other than SDPA in ``gm``
@@ -282,6 +300,13 @@ def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
     if options:
         patches.update(options)
     return patches
+
+
+def _kernel_archs() -> set[str]:
+    """The archs some quantized kernel of :data:`qattn_fx.recipes.TABLE` runs on (the reference kernel aside)."""
+    from .recipes import TABLE
+
+    return {arch for row in TABLE for req in row.implementations if req.kernel and req.archs for arch in req.archs}
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list:

@@ -210,6 +210,10 @@ def rule_usage(spec: Spec, sites: list[Site]) -> list[tuple[int, int, int]]:
     return [(i + 1, decided[i], matched[i]) for i in range(len(spec.rules))]
 
 
+#: Why a site of a training graph (autograd enabled) stays dense.
+TRAINING = "autograd is enabled (training graph); the quantized attention ops have no backward"
+
+
 def _runtime_dropout(site: Site) -> str:
     known = "not known at compile time" if site.dropout != site.dropout else f"{site.dropout} when compiled"
     return f"dropout_p is a value computed in the graph ({known}); quantized kernels do not implement dropout"
@@ -219,7 +223,7 @@ def site_blocker(site: Site) -> str | None:
     """A fact of the site that no quantized kernel in qattn_fx serves, or None (what each kernel takes is
     :func:`unmet`'s question)."""
     if site.grad_enabled:
-        return "autograd is enabled (training graph); the quantized attention ops have no backward"
+        return TRAINING
     if "dropout_p" in site.runtime_args:
         return _runtime_dropout(site)
     if site.dropout:

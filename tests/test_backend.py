@@ -82,7 +82,9 @@ def test_summary_is_logged(caplog):
     block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
     with caplog.at_level(logging.INFO, logger="qattn_fx"):
         run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
-    assert "qattn_fx: 1/1 attention sites quantized, 0 dense (graph 0)" in caplog.text
+    # head_dim 32: emulated here, dense where the recipe deploys (gluon_sage and TRTLLM take 64/128 and 128)
+    assert ("qattn_fx: 1/1 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 1, on sm_100 0 "
+            "of 1), 0 dense (graph 0): without emulation the deployment would quantize none of them") in caplog.text
 
 
 def test_debug_dump_files(tmp_path):
@@ -712,3 +714,46 @@ def test_bad_arguments_name_what_is_accepted(kwargs, error, message):
     if "compiler" not in kwargs:  # the pre-grad pass runs inside Inductor: it takes no compiler
         with pytest.raises(error):
             qattn_fx.pre_grad_pass(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a CPU user sees
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_summary_says_what_the_deployment_would_quantize():
+    from qattn_fx.report import Report, SiteRecord
+
+    def record(deployment, rewritten=True):
+        return SiteRecord(0, "o", "", None, "self", [1, 2, 8, 64], [1, 2, 8, 64], "float32", rewritten, None,
+                          "reference", "quantized (emulated)", deployment=deployment)
+
+    dense_90 = "(as bf16) on sm_90: dense (TRITON: head_dim 12 not in 64/128); on sm_100: dense (TRTLLM: needs x)"
+    served = "(as bf16) on sm_90: gluon_sage; on sm_100: flashinfer_trtllm_sage"
+    mixed = "on sm_90: gluon_sage (predicted 1.5x); on sm_100: error (TRTLLM: head_dim 64 not in 128)"
+    assert Report([record(dense_90)] * 4).summary() == (
+        "qattn_fx: 4/4 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 4, on sm_100 0 of "
+        "4), 0 dense")
+    assert Report([record(served)] * 2).summary() == "qattn_fx: 2/2 attention sites quantized (emulated), 0 dense"
+    assert Report([record(served), record(mixed), record(None)]).summary() == (
+        "qattn_fx: 3/3 attention sites quantized (2 emulated; on sm_100 the spec would quantize 1 of 2), 0 dense")
+    assert Report([record(served), record(mixed)]).deployed() == {"sm_90": (2, 2), "sm_100": (1, 2)}
+
+
+@pytest.mark.parametrize("emulate, grad, hints", [
+    (False, True, ["emulate=True", "torch.no_grad()"]),
+    (False, False, ["emulate=True"]),
+    (True, True, ["torch.no_grad()"]),
+])
+def test_a_cpu_run_that_quantizes_nothing_says_what_would(caplog, emulate, grad, hints):
+    """On a CPU nothing is quantized unless emulate=True and torch.no_grad() are both in force: the warning names
+    whichever is missing."""
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="qattn_fx"), torch.set_grad_enabled(grad):
+        torch.compile(block, backend=qattn_fx.backend(emulate=emulate, compiler="eager"), fullgraph=True)(x)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "no attention site was quantized (" in warning
+    assert [hint for hint in ("emulate=True", "torch.no_grad()") if hint in warning] == hints
+    if "emulate=True" in hints:
+        assert "no quantized kernel runs on cpu: emulate=True runs the recipes on the reference kernel" in warning
