@@ -17,7 +17,6 @@ import contextvars
 import copy
 import hashlib
 import logging
-import math
 import os
 import time
 import weakref
@@ -35,6 +34,7 @@ from .hardware import Hardware, detect
 from .policy import TRAINING, Site, Target, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
 from .spec import Spec
+from .validate import finite_float, wrong_type
 
 log = logging.getLogger("qattn_fx")
 
@@ -57,17 +57,6 @@ _register_torch_log()
 COMPILERS = ("inductor", "aot_eager", "eager")
 
 
-def _as_spec(spec: Spec | dict | str | Path | None) -> Spec:
-    """:meth:`Spec.coerce` (kept for callers of this name)."""
-    return Spec.coerce(spec)
-
-
-def _wrong_type(name: str, value: Any, accepted: str) -> TypeError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return TypeError(f"{name} must be {accepted}; got {type(value).__name__}: {shown}")
-
-
 _ARCH = "a Hardware or an arch such as 'sm_90' (a supported install of it)"
 
 
@@ -78,7 +67,7 @@ def _as_hardware(hardware: Hardware | str | None) -> Hardware | None:
         return hardware
     if isinstance(hardware, str):
         return Hardware.supported_install(hardware)
-    raise _wrong_type("hardware", hardware, f"{_ARCH}, or None (this machine)")
+    raise wrong_type("hardware", hardware, f"{_ARCH}, or None (this machine)")
 
 
 def _check_target(target: Target) -> None:
@@ -87,7 +76,7 @@ def _check_target(target: Target) -> None:
         return
     items = (target,) if isinstance(target, (Hardware, str)) else target
     if not isinstance(items, (list, tuple)):
-        raise _wrong_type("target", target, f"{_ARCH}, a list of them, or None")
+        raise wrong_type("target", target, f"{_ARCH}, a list of them, or None")
     if not items:
         raise ValueError("target=[] is invalid; valid: a Hardware or an arch such as 'sm_90', a non-empty list of "
                          "them, or None (the archs of each recipe's backend)")
@@ -95,34 +84,27 @@ def _check_target(target: Target) -> None:
         if isinstance(item, str):
             Hardware.for_arch(item)  # ValueError naming the valid form
         elif not isinstance(item, Hardware):
-            raise _wrong_type("target", item, f"{_ARCH}, a list of them, or None")
+            raise wrong_type("target", item, f"{_ARCH}, a list of them, or None")
 
 
 def _check_arguments(emulate: Any, compiler: Any, debug_dir: Any, timestep: Any, timestep_scale: Any) -> None:
     """``TypeError`` for an argument of the wrong Python type, ``ValueError`` for a bad value; each names what is
     accepted."""
     if not isinstance(emulate, bool):
-        raise _wrong_type("emulate", emulate, "True or False")
+        raise wrong_type("emulate", emulate, "True or False")
     if not isinstance(compiler, str):
-        raise _wrong_type("compiler", compiler, f"one of {', '.join(COMPILERS)}")
+        raise wrong_type("compiler", compiler, f"one of {', '.join(COMPILERS)}")
     if compiler not in COMPILERS:
         raise ValueError(f"compiler={compiler!r} is invalid; valid: {', '.join(COMPILERS)}")
     if debug_dir is not None and not isinstance(debug_dir, (str, os.PathLike)):
-        raise _wrong_type("debug_dir", debug_dir, "a str or Path naming a directory, or None")
+        raise wrong_type("debug_dir", debug_dir, "a str or Path naming a directory, or None")
     if not isinstance(timestep, str):
-        raise _wrong_type("timestep", timestep, "the name of the model's forward argument holding the timestep")
+        raise wrong_type("timestep", timestep, "the name of the model's forward argument holding the timestep")
     if isinstance(timestep_scale, bool) or not isinstance(timestep_scale, (int, float)):
-        raise _wrong_type("timestep_scale", timestep_scale, "a number > 0")
-    if not (_finite(timestep_scale) and timestep_scale > 0):
+        raise wrong_type("timestep_scale", timestep_scale, "a number > 0")
+    if not (finite_float(timestep_scale) and timestep_scale > 0):
         raise ValueError(f"timestep_scale={timestep_scale!r:.80} is invalid; valid: a finite number > 0 (1000 for "
                          "diffusers' num_train_timesteps, 1 when the pipeline passes t in [0, 1])")
-
-
-def _finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an int beyond float's range
-        return False
 
 
 class Backend:

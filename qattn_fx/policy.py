@@ -33,6 +33,7 @@ from .hardware import Hardware, detect
 from .ops.canonical import KEY_MASKS, MASK_KINDS, unservable
 from .recipes import AUTO, REFERENCE, Recipe, Requirements, SkipSoftmax
 from .spec import DENSE, AttentionSpec, Match, Spec, layer_selected
+from .validate import check_choice
 
 
 
@@ -84,8 +85,8 @@ class Site:
     mask_note: str | None = None
 
     def __post_init__(self) -> None:
-        recipes._check_choice("site.mask", self.mask, MASK_KINDS)
-        recipes._check_choice("site.role", self.role, ("self", "cross", "joint"))
+        check_choice("site.mask", self.mask, MASK_KINDS)
+        check_choice("site.role", self.role, ("self", "cross", "joint"))
 
     @property
     def head_dim(self) -> int | None:
