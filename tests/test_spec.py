@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -742,3 +743,20 @@ def test_pinned_kernel_round_trips_and_is_described():
     assert Spec.from_dict(data).default == use
     assert use.describe() == "int8 Q/K 1/16, fp8 V per-channel, smooth K via TRITON (kernel triton_sage)"
     assert "kernel" not in AttentionSpec().to_dict()  # absent unless pinned: existing specs print as before
+
+
+def test_the_argument_checks_are_a_leaf_module():
+    """spec, recipes, policy, backend and calibration share their checks through qattn_fx.validate, which imports
+    nothing of qattn_fx (so none of them reaches into another for a private helper)."""
+    import ast
+
+    import qattn_fx.validate
+
+    tree = ast.parse(Path(qattn_fx.validate.__file__).read_text())
+    imported = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imported and not any(isinstance(node, ast.ImportFrom) and (node.level or "qattn_fx" in (node.module or ""))
+                                or isinstance(node, ast.Import) and any("qattn_fx" in a.name for a in node.names)
+                                for node in imported)
+    for path in ("spec.py", "recipes.py", "policy.py", "calibration/budget.py", "calibration/candidates.py"):
+        text = (Path(qattn_fx.validate.__file__).parent / path).read_text()
+        assert "recipes import _" not in text and "recipes._check" not in text, path
