@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 from . import config  # noqa: E402
 from .backend import Backend, backend, explain, install_pre_grad_pass, pre_grad_pass  # noqa: E402
-from .calibration import Budget, Calibration, calibrate
+from .calibration import Budget, Calibration, SkipCalibration, calibrate, calibrate_skip_softmax
 from .fx.tracing import trace_multihead_attention
 from .hardware import Hardware, detect
 from .ops import quantized_attention
@@ -24,7 +24,6 @@ from .policy import Decision, Site, resolve
 from .recipes import Recipe, SkipSoftmax
 from .report import Report
 from .schedule import DenseUntil
-from .skip_calibration import SkipCalibration, calibrate_skip_softmax
 from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
 __all__ = [

@@ -31,9 +31,10 @@ from . import __version__
 from .fx import match, tracing
 from .fx.rewrite import TimestepSource, is_training_graph, rewrite
 from .hardware import Hardware, detect
-from .policy import Site, Target, rule_usage
+from .policy import TRAINING, Site, Target, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
 from .spec import Spec
+from .validate import finite_float, wrong_type
 
 log = logging.getLogger("qattn_fx")
 
@@ -56,16 +57,54 @@ _register_torch_log()
 COMPILERS = ("inductor", "aot_eager", "eager")
 
 
-def _as_spec(spec: Spec | dict | str | Path | None) -> Spec:
-    if spec is None:
-        return Spec()
-    if isinstance(spec, Spec):
-        return spec
-    if isinstance(spec, dict):
-        return Spec.from_dict(spec)
-    if isinstance(spec, (str, Path)):
-        return Spec.from_file(spec)
-    raise TypeError(f"spec must be a Spec, a dict, a path to a JSON/YAML file, or None; got {type(spec).__name__}")
+_ARCH = "a Hardware or an arch such as 'sm_90' (a supported install of it)"
+
+
+def _as_hardware(hardware: Hardware | str | None) -> Hardware | None:
+    """``hardware=``: a :class:`Hardware`, an arch string (``"sm_90"``: :meth:`Hardware.supported_install`, as
+    ``target=`` and ``calibrate(hardware=)`` read one) or ``None``."""
+    if hardware is None or isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str):
+        return Hardware.supported_install(hardware)
+    raise wrong_type("hardware", hardware, f"{_ARCH}, or None (this machine)")
+
+
+def _check_target(target: Target) -> None:
+    """``target=``: a :class:`Hardware`, an arch string, a non-empty list of them, or ``None``."""
+    if target is None:
+        return
+    items = (target,) if isinstance(target, (Hardware, str)) else target
+    if not isinstance(items, (list, tuple)):
+        raise wrong_type("target", target, f"{_ARCH}, a list of them, or None")
+    if not items:
+        raise ValueError("target=[] is invalid; valid: a Hardware or an arch such as 'sm_90', a non-empty list of "
+                         "them, or None (the archs of each recipe's backend)")
+    for item in items:
+        if isinstance(item, str):
+            Hardware.for_arch(item)  # ValueError naming the valid form
+        elif not isinstance(item, Hardware):
+            raise wrong_type("target", item, f"{_ARCH}, a list of them, or None")
+
+
+def _check_arguments(emulate: Any, compiler: Any, debug_dir: Any, timestep: Any, timestep_scale: Any) -> None:
+    """``TypeError`` for an argument of the wrong Python type, ``ValueError`` for a bad value; each names what is
+    accepted."""
+    if not isinstance(emulate, bool):
+        raise wrong_type("emulate", emulate, "True or False")
+    if not isinstance(compiler, str):
+        raise wrong_type("compiler", compiler, f"one of {', '.join(COMPILERS)}")
+    if compiler not in COMPILERS:
+        raise ValueError(f"compiler={compiler!r} is invalid; valid: {', '.join(COMPILERS)}")
+    if debug_dir is not None and not isinstance(debug_dir, (str, os.PathLike)):
+        raise wrong_type("debug_dir", debug_dir, "a str or Path naming a directory, or None")
+    if not isinstance(timestep, str):
+        raise wrong_type("timestep", timestep, "the name of the model's forward argument holding the timestep")
+    if isinstance(timestep_scale, bool) or not isinstance(timestep_scale, (int, float)):
+        raise wrong_type("timestep_scale", timestep_scale, "a number > 0")
+    if not (finite_float(timestep_scale) and timestep_scale > 0):
+        raise ValueError(f"timestep_scale={timestep_scale!r:.80} is invalid; valid: a finite number > 0 (1000 for "
+                         "diffusers' num_train_timesteps, 1 when the pipeline passes t in [0, 1])")
 
 
 class Backend:
@@ -73,14 +112,15 @@ class Backend:
 
     def __init__(self, spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
                  compiler: str = "inductor", debug_dir: str | Path | None = None,
-                 hardware: Hardware | None = None, target: Target = None, timestep: str = "timestep",
+                 hardware: Hardware | str | None = None, target: Target = None, timestep: str = "timestep",
                  timestep_scale: float = 1000.0):
-        if compiler not in COMPILERS:
-            raise ValueError(f"compiler={compiler!r} is invalid; valid: {', '.join(COMPILERS)}")
+        _check_arguments(emulate, compiler, debug_dir, timestep, timestep_scale)
+        hardware = _as_hardware(hardware)
+        _check_target(target)
         if target is not None and not emulate:
             raise ValueError("target= names where an emulated compile (emulate=True) would deploy; without "
                              "emulation use hardware= to resolve the sites for another machine")
-        self.spec = _as_spec(spec)
+        self.spec = Spec.coerce(spec)
         self.timestep = TimestepSource(timestep, timestep_scale)
         self.emulate = emulate
         self.target = target
@@ -118,7 +158,11 @@ class Backend:
         self._note_unused_rules()
         after = readable(gm)
         if sites.sites and not sites.quantized:
-            log.warning("%s (graph %d): no attention site was quantized", sites.summary(), graph)
+            log.warning("%s (graph %d): no attention site was quantized%s", sites.summary(), graph,
+                        self._what_would_quantize(gm, sites))
+        elif sites.sites and sites.deployed() and not any(done for done, _ in sites.deployed().values()):
+            log.warning("%s (graph %d): without emulation the deployment would quantize none of them",
+                        sites.summary(), graph)
         elif sites.sites:
             log.info("%s (graph %d)", sites.summary(), graph)
         emit_trace_artifacts(before, after, sites)
@@ -126,6 +170,20 @@ class Backend:
             write_dump(dump, graph, before, after, sites, self.context(gm))
             log.info("qattn_fx: debug dump of graph %d written to %s", graph, dump)
         return sites
+
+    def _what_would_quantize(self, gm: fx.GraphModule, sites: Report) -> str:
+        """For the warning of a graph with no quantized site: what would quantize its sites, where that is the
+        machine (no quantized kernel runs on it, ``emulate=True`` measures the recipes anyway) or grad mode (the
+        quantized ops have no backward); ``""`` when neither applies."""
+        hints = []
+        arch = (self.hardware or _hardware_of(gm)).arch
+        if not self.emulate and arch not in _kernel_archs():
+            hints.append(f"no quantized kernel runs on {arch}: emulate=True runs the recipes on the reference kernel "
+                         "to measure them")
+        if any(s.reason == f"dense: {TRAINING}" for s in sites.sites):
+            hints.append("the quantized attention ops have no backward: run the model under torch.no_grad() (or "
+                         "torch.inference_mode()), as pipelines do")
+        return f" ({'; '.join(hints)})" if hints else ""
 
     def _note_other_attention(self, gm: fx.GraphModule, graph: int) -> None:
         """A report-wide note (and a WARNING) for the calls of attention ops other than SDPA in ``gm``
@@ -226,6 +284,13 @@ def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
     return patches
 
 
+def _kernel_archs() -> set[str]:
+    """The archs some quantized kernel of :data:`qattn_fx.recipes.TABLE` runs on (the reference kernel aside)."""
+    from .recipes import TABLE
+
+    return {arch for row in TABLE for req in row.implementations if req.kernel and req.archs for arch in req.archs}
+
+
 def _placeholder_values(gm: fx.GraphModule) -> list:
     return [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
 
@@ -238,9 +303,18 @@ def _hardware_of(gm: fx.GraphModule | None) -> Hardware:
 
 
 def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False, compiler: str = "inductor",
-            debug_dir: str | Path | None = None, hardware: Hardware | None = None,
+            debug_dir: str | Path | None = None, hardware: Hardware | str | None = None,
             target: Target = None, timestep: str = "timestep", timestep_scale: float = 1000.0) -> Backend:
     """A torch.compile backend that rewrites every SDPA per ``spec`` (default: the auto Sage INT8 spec).
+
+    ``spec``: a :class:`Spec`, a mapping in any accepted format, JSON or YAML text (a ``str`` starting with ``{``
+    or holding a newline), the path of a ``.json`` / ``.yaml`` / ``.yml`` file (any other ``str``, or a ``Path``),
+    or ``None`` (:meth:`Spec.coerce`). Every bad argument raises when the backend is made: ``TypeError`` for a
+    wrong Python type, ``ValueError`` for a bad value (a malformed spec, ``no such spec file: ...``, an unknown
+    arch), each naming what is accepted.
+
+    Without a supported GPU no kernel quantizes: on a CPU, ``emulate=True`` (and inference under
+    ``torch.no_grad()``, as pipelines run: the quantized ops have no backward) measures the recipe.
 
     ``emulate=True`` runs every quantized site on the reference kernel (any device): measure a recipe's quality
     before deploying it. Each emulated site's report also says what it would run where it is meant to deploy
@@ -248,8 +322,9 @@ def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = Fal
     that machine (a :class:`Hardware`, an arch such as ``"sm_90"`` for a supported install of it, or a list of
     them); by default the archs of the recipe's backend in the recipe table. ``compiler``: ``inductor``
     (default), ``aot_eager`` or ``eager``. ``debug_dir`` (or ``$QATTN_FX_DEBUG``) receives per-graph dumps.
-    ``hardware`` is the machine the compiled sites run on (default: detected from the inputs); set it to resolve
-    for another GPU without emulation. ``timestep`` / ``timestep_scale``: where step schedules
+    ``hardware`` is the machine the compiled sites run on (default: detected from the inputs): a
+    :class:`Hardware`, or an arch such as ``"sm_90"`` for a supported install of it; set it to resolve for another
+    GPU without emulation. ``timestep`` / ``timestep_scale``: where step schedules
     (``skip_softmax.disabled_until_timestep``) read the denoising timestep: the model's forward argument of that
     name, divided by ``timestep_scale`` to ``t`` in [0, 1] (:class:`~qattn_fx.fx.rewrite.TimestepSource`); it
     reaches the compiled graph as data, so a denoising loop compiles once.
@@ -264,7 +339,7 @@ def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = Fal
 
 
 def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
-                  debug_dir: str | Path | None = None, hardware: Hardware | None = None, target: Target = None,
+                  debug_dir: str | Path | None = None, hardware: Hardware | str | None = None, target: Target = None,
                   timestep: str = "timestep", timestep_scale: float = 1000.0):
     """The same rewrite as an Inductor ``pre_grad_custom_pass`` (a ``CustomGraphPass`` with a cache uuid).
 
@@ -393,7 +468,7 @@ def _note_attention_outside_graphs(owner: Backend, state: _Explaining, model, ar
 
 
 def explain(model: Callable, *args, spec: Spec | dict | str | Path | None = None, emulate: bool = False,
-            hardware: Hardware | None = None, target: Target = None, **kwargs) -> Report:
+            hardware: Hardware | str | None = None, target: Target = None, **kwargs) -> Report:
     """The site report for ``model(*args, **kwargs)`` under ``spec``, without compiling anything.
 
     Dynamo traces the call; each traced graph is rewritten (to decide every site) but the call itself runs the

@@ -177,11 +177,11 @@ def _libs(libs: dict) -> str:
 def _spec(args) -> Spec:
     if not args.spec:
         return Spec()
+    if not Path(args.spec).exists():
+        raise UsageError(f"--spec {args.spec!r}: no such file")
     try:
         return Spec.from_file(args.spec)
-    except FileNotFoundError:
-        raise UsageError(f"--spec {args.spec!r}: no such file")
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError) as e:  # a bad spec, a directory, an unreadable file
         raise UsageError(f"--spec {args.spec!r}: {e}")
 
 

@@ -33,6 +33,7 @@ from .hardware import Hardware, detect
 from .ops.canonical import KEY_MASKS, MASK_KINDS, unservable
 from .recipes import AUTO, REFERENCE, Recipe, Requirements, SkipSoftmax
 from .spec import DENSE, AttentionSpec, Match, Spec, layer_selected
+from .validate import check_choice
 
 
 
@@ -84,8 +85,8 @@ class Site:
     mask_note: str | None = None
 
     def __post_init__(self) -> None:
-        recipes._check_choice("site.mask", self.mask, MASK_KINDS)
-        recipes._check_choice("site.role", self.role, ("self", "cross", "joint"))
+        check_choice("site.mask", self.mask, MASK_KINDS)
+        check_choice("site.role", self.role, ("self", "cross", "joint"))
 
     @property
     def head_dim(self) -> int | None:
@@ -210,6 +211,10 @@ def rule_usage(spec: Spec, sites: list[Site]) -> list[tuple[int, int, int]]:
     return [(i + 1, decided[i], matched[i]) for i in range(len(spec.rules))]
 
 
+#: Why a site of a training graph (autograd enabled) stays dense.
+TRAINING = "autograd is enabled (training graph); the quantized attention ops have no backward"
+
+
 def _runtime_dropout(site: Site) -> str:
     known = "not known at compile time" if site.dropout != site.dropout else f"{site.dropout} when compiled"
     return f"dropout_p is a value computed in the graph ({known}); quantized kernels do not implement dropout"
@@ -219,7 +224,7 @@ def site_blocker(site: Site) -> str | None:
     """A fact of the site that no quantized kernel in qattn_fx serves, or None (what each kernel takes is
     :func:`unmet`'s question)."""
     if site.grad_enabled:
-        return "autograd is enabled (training graph); the quantized attention ops have no backward"
+        return TRAINING
     if "dropout_p" in site.runtime_args:
         return _runtime_dropout(site)
     if site.dropout:

@@ -16,12 +16,14 @@ import dataclasses
 import itertools
 import math
 from dataclasses import KW_ONLY, InitVar, dataclass
-from typing import Any, Callable, Iterable, Literal
+from typing import Iterable, Literal
 
 import torch
 
 from . import kernels
 from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)
+from .validate import (check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, path_at, reject_unknown,
+                       show, unique)
 
 QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
 VDType = Literal["fp8", "mxfp8", "nvfp4"]
@@ -67,16 +69,16 @@ class Recipe:
     where: InitVar[str] = ""
 
     def __post_init__(self, where: str) -> None:
-        _check_choice(_at(where, "qk_dtype"), self.qk_dtype, QK_DTYPES)
-        _check_choice(_at(where, "v_dtype"), self.v_dtype, V_DTYPES)
-        _check_choice(_at(where, "scale_scope"), self.scale_scope, SCALE_SCOPES)
+        check_choice(path_at(where, "qk_dtype"), self.qk_dtype, QK_DTYPES)
+        check_choice(path_at(where, "v_dtype"), self.v_dtype, V_DTYPES)
+        check_choice(path_at(where, "scale_scope"), self.scale_scope, SCALE_SCOPES)
         for name in ("q_block_size", "k_block_size", "v_block_size"):
-            _check_int(_at(where, name), getattr(self, name), 0)
+            check_int(path_at(where, name), getattr(self, name), 0)
         if self.smooth_k is None:
             object.__setattr__(self, "smooth_k", self.qk_dtype != "bf16")
-        _check_bool(_at(where, "smooth_k"), self.smooth_k)
+        check_bool(path_at(where, "smooth_k"), self.smooth_k)
         if self.smooth_k and self.qk_dtype == "bf16":
-            raise ValueError(f"{_at(where, 'smooth_k')}=True is invalid with qk_dtype='bf16' (K is not quantized); "
+            raise ValueError(f"{path_at(where, 'smooth_k')}=True is invalid with qk_dtype='bf16' (K is not quantized); "
                              "valid: false")
 
     # -- derived facts ------------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "recipe") -> "Recipe":
-        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
         return cls(**data, where=where)
 
 
@@ -154,8 +156,8 @@ class BlockChoices:
 
     def describe(self) -> str:
         if self.tuples:
-            return ", ".join(_fmt_tuple(t) for t in self.tuples)
-        return f"q {_fmt_set(self.q)}; k {_fmt_set(self.k)}; v {_fmt_set(self.v)}"
+            return ", ".join(fmt_tuple(t) for t in self.tuples)
+        return f"q {fmt_set(self.q)}; k {fmt_set(self.k)}; v {fmt_set(self.v)}"
 
 
 def _blocks(*tuples: tuple[int, int, int]) -> BlockChoices:
@@ -283,43 +285,51 @@ def validate(backend: str, recipe: Recipe, *, where: str = "") -> None:
     for that backend, e.g. ``k_block_size=16 is not accepted for TRTLLM fp8 Q/K; valid: (1,1,1), (1,4,1)``;
     ``where`` (the recipe's place in a spec, e.g. ``spec.default.recipe``) prefixes the field's name.
     """
-    _check_choice("backend", backend, ALL_BACKENDS)
+    check_choice("backend", backend, ALL_BACKENDS)
     if matching_rows(backend, recipe):
         return
     what = "any backend" if backend in (AUTO, REFERENCE) else backend
     rows = rows_for(backend)
-    qk_choices = _unique(row.qk_dtype for row in rows)
+    qk_choices = unique(row.qk_dtype for row in rows)
     if recipe.qk_dtype not in qk_choices:
-        raise ValueError(f"{_at(where, 'qk_dtype')}={recipe.qk_dtype!r} is not accepted for {what}; "
-                         f"valid: {_fmt_set(qk_choices)}")
+        raise ValueError(f"{path_at(where, 'qk_dtype')}={recipe.qk_dtype!r} is not accepted for {what}; "
+                         f"valid: {fmt_set(qk_choices)}")
     rows = tuple(row for row in rows if row.qk_dtype == recipe.qk_dtype)
-    v_choices = _unique(row.v_dtype for row in rows)
+    v_choices = unique(row.v_dtype for row in rows)
     if recipe.v_dtype not in v_choices:
         raise ValueError(
-            f"{_at(where, 'v_dtype')}={recipe.v_dtype!r} is not accepted for {what} {recipe.qk_dtype} Q/K; "
-            f"valid: {_fmt_set(v_choices)}"
+            f"{path_at(where, 'v_dtype')}={recipe.v_dtype!r} is not accepted for {what} {recipe.qk_dtype} Q/K; "
+            f"valid: {fmt_set(v_choices)}"
         )
     rows = tuple(row for row in rows if row.v_dtype == recipe.v_dtype)
     what += f" {recipe.qk_dtype} Q/K" + ("" if len(v_choices) == 1 else f" with {recipe.v_dtype} V")
     block_rows = tuple(row for row in rows if recipe.blocks in row.blocks.all())
     if not block_rows:
-        valid = _unique(t for row in rows for t in row.blocks.all())
+        valid = unique(t for row in rows for t in row.blocks.all())
         for i, name in enumerate(("q_block_size", "k_block_size", "v_block_size")):
-            field_choices = _unique(t[i] for t in valid)
+            field_choices = unique(t[i] for t in valid)
             if recipe.blocks[i] not in field_choices:
-                raise ValueError(f"{_at(where, name)}={recipe.blocks[i]} is not accepted for {what}; "
+                raise ValueError(f"{path_at(where, name)}={recipe.blocks[i]} is not accepted for {what}; "
                                  f"valid: {_describe(rows)}")
         raise ValueError(
-            f"{where + ': ' if where else ''}block sizes (q,k,v)={_fmt_tuple(recipe.blocks)} are not accepted for "
+            f"{where + ': ' if where else ''}block sizes (q,k,v)={fmt_tuple(recipe.blocks)} are not accepted for "
             f"{what}; valid: {_describe(rows)}"
         )
-    scopes = _unique(s for row in block_rows for s in row.scale_scopes)
-    raise ValueError(f"{_at(where, 'scale_scope')}={recipe.scale_scope!r} is not accepted for {what}; "
-                     f"valid: {_fmt_set(scopes)}")
+    scopes = unique(s for row in block_rows for s in row.scale_scopes)
+    raise ValueError(f"{path_at(where, 'scale_scope')}={recipe.scale_scope!r} is not accepted for {what}; "
+                     f"valid: {fmt_set(scopes)}")
 
 
 def _describe(rows: Iterable[Row]) -> str:
-    return "; ".join(_unique(row.blocks.describe() for row in rows))
+    """The block sizes ``rows`` accept: ``(1,1,1), (1,4,1)`` for one backend's rows; with several backends each is
+    named before its set, ``TRITON [q 1, 4; k 1, 4; v 0, 1], TRTLLM [(1,1,1), (1,4,1)]``."""
+    by_backend: dict[str, list[str]] = {}
+    for row in rows:
+        by_backend.setdefault(row.backend, []).append(row.blocks.describe())
+    sets = {backend: "; ".join(unique(found)) for backend, found in by_backend.items()}
+    if len(sets) == 1:
+        return next(iter(sets.values()))
+    return ", ".join(f"{backend} [{found}]" for backend, found in sets.items())
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -351,13 +361,13 @@ class SkipSoftmax:
     def __post_init__(self, where: str) -> None:
         given = [name for name in self.CONTROLS if getattr(self, name) is not None]
         if len(given) != 1:
-            got = ", ".join(f"{name}={_show(getattr(self, name))}" for name in self.CONTROLS)
+            got = ", ".join(f"{name}={show(getattr(self, name))}" for name in self.CONTROLS)
             raise ValueError(f"{where} needs exactly one of {' / '.join(self.CONTROLS)} (they are mutually "
                              f"exclusive); got {got}")
-        _check_range(_at(where, "target_sparsity"), self.target_sparsity, 0.0, 1.0)
-        _check_range(_at(where, "threshold"), self.threshold, 0.0, math.inf)
-        _check_range(_at(where, "threshold_scale_factor"), self.threshold_scale_factor, 0.0, math.inf)
-        _check_range(_at(where, "disabled_until_timestep"), self.disabled_until_timestep, 0.0, 1.0)
+        check_range(path_at(where, "target_sparsity"), self.target_sparsity, 0.0, 1.0)
+        check_range(path_at(where, "threshold"), self.threshold, 0.0, math.inf)
+        check_range(path_at(where, "threshold_scale_factor"), self.threshold_scale_factor, 0.0, math.inf)
+        check_range(path_at(where, "disabled_until_timestep"), self.disabled_until_timestep, 0.0, 1.0)
 
     @property
     def gated(self) -> bool:
@@ -391,108 +401,8 @@ class SkipSoftmax:
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "skip_softmax") -> "SkipSoftmax":
-        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
         return cls(**data, where=where)
-
-
-def _check_range(name: str, value: float | None, lo: float, hi: float) -> None:
-    if value is None:
-        return
-    bound = f"[{lo}, {hi}]" if math.isfinite(hi) else f">= {lo}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not math.isfinite(value)):  # ints: no float conversion (may overflow)
-        raise _invalid(name, value, f"a finite number, {bound}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={_show(value)} is out of range; valid: finite, {bound}")
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# Helpers shared by the spec parser.
-# ------------------------------------------------------------------------------------------------------------------
-
-
-# Every check takes the path of the value in the spec (``spec.rules[0].match.head_dim``) and raises ``ValueError``
-# naming that path, the bad value and what is valid; it returns the value on success.
-
-
-def _at(where: str, name: str) -> str:
-    """The path of ``name`` inside ``where`` (``where`` empty: the bare name)."""
-    return f"{where}.{name}" if where else name
-
-
-def _show(value: object, limit: int = 120) -> str:
-    """``repr(value)``, shortened to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _invalid(path: str, value: object, valid: str) -> ValueError:
-    return ValueError(f"{path}={_show(value)} is invalid; valid: {valid}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> Any:
-    if not isinstance(value, str) or value not in choices:
-        raise _invalid(name, value, _fmt_set(choices))
-    return value
-
-
-def _check_int(path: str, value: Any, minimum: int) -> int:
-    """An int (not a bool, not a float) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _invalid(path, value, f"an int >= {minimum}")
-    return value
-
-
-def _check_bool(path: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid(path, value, "true, false")
-    return value
-
-
-def _check_str(path: str, value: Any, valid: str) -> str:
-    if not isinstance(value, str):
-        raise _invalid(path, value, valid)
-    return value
-
-
-def _check_mapping(where: str, data: Any, what: str = "a mapping") -> dict:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be {what}, got {type(data).__name__}: {_show(data)}")
-    return data
-
-
-def _check_list(where: str, data: Any) -> list | tuple:
-    if not isinstance(data, (list, tuple)):
-        raise ValueError(f"{where} must be a list, got {type(data).__name__}: {_show(data)}")
-    return data
-
-
-def _check_items(path: str, value: Any, check_item: Callable[[str, Any], Any], valid: str) -> tuple:
-    """One item or a non-empty list of items, each passed through ``check_item(item_path, item)``; a tuple."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise _invalid(path, value, f"{valid}, or a non-empty list of them")
-        return tuple(check_item(f"{path}[{i}]", item) for i, item in enumerate(value))
-    return (check_item(path, value),)
-
-
-def _reject_unknown(data: Any, known: set[str], where: str) -> None:
-    _check_mapping(where, data)
-    unknown = sorted(set(data) - known, key=str)  # YAML keys need not be strings
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where}; valid: {sorted(known)}")
-
-
-def _unique(items: Iterable) -> tuple:
-    return tuple(dict.fromkeys(items))
-
-
-def _fmt_tuple(t: tuple[int, ...]) -> str:
-    return "(" + ",".join(str(x) for x in t) + ")"
-
-
-def _fmt_set(items: Iterable) -> str:
-    return ", ".join(str(x) for x in items)
 
 
 def recipe_table_markdown() -> str:

@@ -48,6 +48,8 @@ TABLE_COLUMNS = ("module", "layer", "role", "q/kv", "d", "recipe", "kernel", "re
 #: The default width of ``str(report)``.
 WIDTH = 120
 _MODULE_WIDTH = 40
+#: One clause of ``SiteRecord.deployment`` (``policy.deployment``): ``on <arch>: <kernel | dense | error>``.
+_DEPLOYED = re.compile(r"(?:^|; |\) )on ([A-Za-z0-9_]+): ([A-Za-z0-9_]+)")
 #: A character of a symbolic size that is more than one symbol or int (an operator, a space, a parenthesis).
 _EXPRESSION = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -203,13 +205,35 @@ class Report:
                          if s.skip_softmax and s.label_prefix in measured else s for s in self.sites]
         return self
 
+    def deployed(self) -> dict[str, tuple[int, int]]:
+        """For the emulated sites (those with a ``deployment``): per deployment arch, how many of them the spec would
+        quantize there without emulation, and of how many (``{"sm_90": (0, 4), "sm_100": (4, 4)}``), from each
+        site's ``deployment`` clauses (``on sm_90: gluon_sage``, ``on sm_100: dense (...)``)."""
+        counts: dict[str, tuple[int, int]] = {}
+        for s in self.sites:
+            if not (s.rewritten and s.deployment):
+                continue
+            for arch, outcome in _DEPLOYED.findall(s.deployment):
+                done, of = counts.get(arch, (0, 0))
+                counts[arch] = (done + (outcome not in ("dense", "error")), of + 1)
+        return counts
+
     def summary(self) -> str:
         """One line: sites quantized (and how many of them an explicit backend runs although the cost data predict
-        them slower than dense), sites dense, and the dense sites' reasons by count."""
+        them slower than dense; for emulated sites, how many the spec would quantize on each deployment arch where
+        that is fewer: ``4/4 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 4)``), sites
+        dense, and the dense sites' reasons by count."""
         total, quantized = len(self.sites), self.quantized
         dense = Counter(s.reason.removeprefix("dense: ") for s in self.sites if not s.rewritten)
         slower = sum(s.rewritten and s.predicted_slower is not None for s in self.sites)
         line = f"qattn_fx: {quantized}/{total} attention sites quantized"
+        emulated = sum(s.rewritten and s.deployment is not None for s in self.sites)
+        if emulated:
+            fewer = [(arch, done, of) for arch, (done, of) in self.deployed().items() if done < of]
+            said = ", ".join(f"on {arch} {'the spec would quantize ' if i == 0 else ''}{done} of {of}"
+                             for i, (arch, done, of) in enumerate(fewer))
+            line += f" ({'emulated' if emulated == quantized else f'{emulated} emulated'}"
+            line += f"; {said})" if said else ")"
         if slower:
             line += f" ({slower} predicted slower than dense: auto would keep them dense)"
         line += f", {total - quantized} dense"

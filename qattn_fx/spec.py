@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from . import recipes
-from .recipes import (ALL_BACKENDS, AUTO, REFERENCE, Recipe, SkipSoftmax, _at, _check_choice, _check_int,
-                      _check_items, _check_list, _check_mapping, _check_str, _invalid, _reject_unknown, _show)
+from .recipes import ALL_BACKENDS, AUTO, REFERENCE, Recipe, SkipSoftmax
+from .validate import (check_choice, check_int, check_items, check_list, check_mapping, check_str, invalid, path_at,
+                       reject_unknown, show, wrong_type)
 
 ROLES = ("self", "cross", "joint")
 DENSE = "dense"
@@ -82,35 +83,35 @@ class AttentionSpec:
     where: InitVar[str] = ""
 
     def __post_init__(self, where: str) -> None:
-        backend = _check_choice(_at(where, "backend"), self.backend, ALL_BACKENDS)
+        backend = check_choice(path_at(where, "backend"), self.backend, ALL_BACKENDS)
         if isinstance(self.recipe, dict):
-            object.__setattr__(self, "recipe", Recipe.from_dict(self.recipe, where=_at(where, "recipe")))
+            object.__setattr__(self, "recipe", Recipe.from_dict(self.recipe, where=path_at(where, "recipe")))
         elif self.recipe is not None and not isinstance(self.recipe, Recipe):
-            raise _invalid(_at(where, "recipe"), self.recipe, "a recipe mapping, or null with skip_softmax")
+            raise invalid(path_at(where, "recipe"), self.recipe, "a recipe mapping, or null with skip_softmax")
         if isinstance(self.skip_softmax, dict):
             object.__setattr__(self, "skip_softmax",
-                               SkipSoftmax.from_dict(self.skip_softmax, where=_at(where, "skip_softmax")))
+                               SkipSoftmax.from_dict(self.skip_softmax, where=path_at(where, "skip_softmax")))
         elif self.skip_softmax is not None and not isinstance(self.skip_softmax, SkipSoftmax):
-            raise _invalid(_at(where, "skip_softmax"), self.skip_softmax, "a skip_softmax mapping, or null")
+            raise invalid(path_at(where, "skip_softmax"), self.skip_softmax, "a skip_softmax mapping, or null")
         if self.recipe is None:
             if self.skip_softmax is None:
-                raise ValueError(f"{_at(where, 'recipe')}=None is invalid without skip_softmax; valid: a recipe, or "
+                raise ValueError(f"{path_at(where, 'recipe')}=None is invalid without skip_softmax; valid: a recipe, or "
                                  "null with skip_softmax on TRTLLM_ATTN (use \"dense\" for dense attention)")
             if backend not in DENSE_SKIP_BACKENDS:
-                raise ValueError(f"{_at(where, 'backend')}={_show(backend)} is invalid with "
-                                 f"{_at(where, 'recipe')}=None; valid: {', '.join(DENSE_SKIP_BACKENDS)} (the "
+                raise ValueError(f"{path_at(where, 'backend')}={show(backend)} is invalid with "
+                                 f"{path_at(where, 'recipe')}=None; valid: {', '.join(DENSE_SKIP_BACKENDS)} (the "
                                  "backends running bf16 + skip_softmax without a recipe)")
         else:
-            recipes.validate(backend, self.recipe, where=_at(where, "recipe"))
+            recipes.validate(backend, self.recipe, where=path_at(where, "recipe"))
         if self.skip_softmax is not None:
             valid = recipes.skip_softmax_backends()
             if backend not in valid:
-                raise ValueError(f"{_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
+                raise ValueError(f"{path_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
                                  f"valid: {', '.join(valid)}")
 
         if self.kernel is not None:
-            kernels, path = self.kernels(), _at(where, "kernel")
-            _check_str(path, self.kernel, f"a kernel name ({', '.join(kernels) or 'none'})")
+            kernels, path = self.kernels(), path_at(where, "kernel")
+            check_str(path, self.kernel, f"a kernel name ({', '.join(kernels) or 'none'})")
             if self.kernel not in kernels:
                 raise ValueError(f"{path}={self.kernel!r} does not implement {self.describe_recipe()} via backend "
                                  f"{backend!r}; valid: {', '.join(kernels) or 'none'} (the kernels of this backend "
@@ -148,7 +149,7 @@ class AttentionSpec:
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "attention spec") -> "AttentionSpec":
-        _reject_unknown(data, {"backend", "recipe", "skip_softmax", "kernel"}, where)
+        reject_unknown(data, {"backend", "recipe", "skip_softmax", "kernel"}, where)
         return cls(backend=data.get("backend", AUTO), recipe=data.get("recipe", DEFAULT_RECIPE),
                    skip_softmax=data.get("skip_softmax"), kernel=data.get("kernel"), where=where)
 
@@ -163,7 +164,7 @@ def _parse_use(value: Any, where: str) -> Use:
         return value
     if isinstance(value, dict):
         return AttentionSpec.from_dict(value, where=where)
-    raise _invalid(where, value, "\"dense\" or an attention spec mapping")
+    raise invalid(where, value, "\"dense\" or an attention spec mapping")
 
 
 def _use_to_dict(use: Use) -> Any:
@@ -188,7 +189,7 @@ def _parse_layer_item(path: str, item: Any) -> int | str:
             pass
         else:
             return item.replace(" ", "")
-    raise _invalid(path, item, _LAYER)
+    raise invalid(path, item, _LAYER)
 
 
 def layer_selected(items: tuple[int | str, ...], layer: int, num_layers: int | None) -> bool:
@@ -231,19 +232,19 @@ class Match:
 
     def __post_init__(self, where: str) -> None:
         if self.role is not None:
-            object.__setattr__(self, "role", _check_items(
-                _at(where, "role"), self.role, lambda path, r: _check_choice(path, r, ROLES), ", ".join(ROLES)))
+            object.__setattr__(self, "role", check_items(
+                path_at(where, "role"), self.role, lambda path, r: check_choice(path, r, ROLES), ", ".join(ROLES)))
         if self.layers is not None:
-            object.__setattr__(self, "layers", _check_items(_at(where, "layers"), self.layers, _parse_layer_item,
+            object.__setattr__(self, "layers", check_items(path_at(where, "layers"), self.layers, _parse_layer_item,
                                                             _LAYER))
         if self.head_dim is not None:
-            object.__setattr__(self, "head_dim", _check_items(
-                _at(where, "head_dim"), self.head_dim, lambda path, d: _check_int(path, d, 1), "an int >= 1"))
+            object.__setattr__(self, "head_dim", check_items(
+                path_at(where, "head_dim"), self.head_dim, lambda path, d: check_int(path, d, 1), "an int >= 1"))
         for name in ("min_q_len", "min_kv_len"):
             if getattr(self, name) is not None:
-                _check_int(_at(where, name), getattr(self, name), 0)
+                check_int(path_at(where, name), getattr(self, name), 0)
         if self.module is not None:
-            _check_str(_at(where, "module"), self.module, "a glob string like 'blocks.*.attn1'")
+            check_str(path_at(where, "module"), self.module, "a glob string like 'blocks.*.attn1'")
 
     def describe(self) -> str:
         parts = []
@@ -266,7 +267,7 @@ class Match:
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "match") -> "Match":
-        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
         return cls(**data, where=where)
 
 
@@ -284,15 +285,15 @@ class Rule:
 
     def __post_init__(self, where: str) -> None:
         if not isinstance(self.match, Match):
-            object.__setattr__(self, "match", Match.from_dict(self.match, where=_at(where, "match")))
-        object.__setattr__(self, "use", _parse_use(self.use, _at(where, "use")))
+            object.__setattr__(self, "match", Match.from_dict(self.match, where=path_at(where, "match")))
+        object.__setattr__(self, "use", _parse_use(self.use, path_at(where, "use")))
 
     def to_dict(self) -> dict:
         return {"match": self.match.to_dict(), "use": _use_to_dict(self.use)}
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "rule") -> "Rule":
-        _reject_unknown(data, {"match", "use"}, where)
+        reject_unknown(data, {"match", "use"}, where)
         if "use" not in data:
             raise ValueError(f"{where} needs 'use' (\"dense\" or an attention spec)")
         return cls(data.get("match", {}), data["use"], where=where)
@@ -312,7 +313,7 @@ class Spec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default", _parse_use(self.default, "spec.default"))
-        rules = _check_list("spec.rules", self.rules)
+        rules = check_list("spec.rules", self.rules)
         object.__setattr__(self, "rules", tuple(
             r if isinstance(r, Rule) else Rule.from_dict(r, where=f"spec.rules[{i}]") for i, r in enumerate(rules)))
 
@@ -325,16 +326,16 @@ class Spec:
     @classmethod
     def from_dict(cls, data: dict) -> "Spec":
         """Canonical form, TensorRT-LLM ``attention_config``, or vLLM-Omni ``--diffusion-attention-config``."""
-        _check_mapping("spec", data, "a mapping (canonical, TensorRT-LLM attention_config or vLLM-Omni diffusion "
+        check_mapping("spec", data, "a mapping (canonical, TensorRT-LLM attention_config or vLLM-Omni diffusion "
                                      "attention config)")
         if "attention_config" in data:
-            _reject_unknown(data, {"attention_config"}, "spec")
+            reject_unknown(data, {"attention_config"}, "spec")
             return _from_tensorrt_llm(data["attention_config"])
         if "quant_attention_config" in data or ("backend" in data and "default" not in data):
             return _from_tensorrt_llm(data)
         if _looks_like_vllm(data):
             return _from_vllm_omni(data)
-        _reject_unknown(data, {"default", "rules"}, "spec")
+        reject_unknown(data, {"default", "rules"}, "spec")
         return cls(default=data.get("default", AttentionSpec()), rules=data.get("rules", []))
 
     @classmethod
@@ -343,12 +344,67 @@ class Spec:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Spec":
-        """A ``.json``, ``.yaml`` or ``.yml`` file in any accepted format."""
+        """A ``.json``, ``.yaml`` or ``.yml`` file in any accepted format (another suffix is read as JSON).
+
+        ``ValueError`` for a path that names no readable file: ``no such spec file: 'x.json'``, a directory (``""``
+        is one), a name the system refuses."""
+        if not isinstance(path, (str, Path)):
+            raise wrong_type("path", path, "a str or a Path naming a .json/.yaml/.yml file")
+        if str(path) == "":
+            raise ValueError("spec path '' is empty; valid: the path of a .json, .yaml or .yml spec file")
         path = Path(path)
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ValueError(f"no such spec file: {show(str(path))}") from None
+        except IsADirectoryError:
+            raise ValueError(f"spec path {show(str(path))} is a directory; valid: the path of a .json, .yaml or "
+                             ".yml spec file") from None
+        except OSError as e:  # a name too long, no permission, ...
+            raise ValueError(f"spec file {show(str(path))} cannot be read: {e.strerror or e}") from None
         if path.suffix in (".yaml", ".yml"):
             return cls.from_yaml(text)
         return cls.from_json(text)
+
+    @classmethod
+    def from_text(cls, text: str) -> "Spec":
+        """A spec written as JSON or YAML text (JSON is tried first; what it cannot read is read as YAML)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return cls.from_yaml(text)
+        return cls.from_dict(data)
+
+    @classmethod
+    def coerce(cls, value: "Spec | dict | str | Path | None") -> "Spec":
+        """The spec that ``qattn_fx.backend(spec)`` and the other entry points take: ``None`` (the default
+        :class:`Spec`), a :class:`Spec`, a mapping (:meth:`from_dict`), a :class:`~pathlib.Path` (:meth:`from_file`)
+        or a ``str``. A ``str`` is spec *text* (:meth:`from_text`, JSON or YAML) when it starts with ``{`` (leading
+        whitespace aside) or holds a newline, and otherwise the path of a spec file: ``'{"default": "dense"}'``
+        and ``"default: dense\\n"`` are specs, ``"spec.yaml"`` is a file.
+
+        ``TypeError`` for another type; ``ValueError`` for a bad spec, text that does not parse, or a path that
+        names no readable file (``no such spec file: 'x.json'``)."""
+        if value is None:
+            return cls()
+        if isinstance(value, Spec):
+            return value
+        if isinstance(value, dict):
+            return cls.from_dict(value)
+        if isinstance(value, Path):
+            return cls.from_file(value)
+        if isinstance(value, str):
+            if is_spec_text(value):
+                return cls.from_text(value)
+            try:
+                return cls.from_file(value)
+            except ValueError as e:
+                if not str(e).startswith("no such spec file") or ":" not in value:
+                    raise
+                raise ValueError(f"{e} (a str is read as spec text when it starts with '{{' or holds a "
+                                 "newline, else as a path)") from None
+        raise wrong_type("spec", value, "a Spec, a mapping, JSON or YAML text, a path to a .json/.yaml/.yml file, or "
+                                        "None")
 
     @classmethod
     def from_yaml(cls, text: str) -> "Spec":
@@ -361,6 +417,12 @@ class Spec:
         except yaml.YAMLError as e:
             raise ValueError(f"spec YAML does not parse: {e}") from e
         return cls.from_dict(data)
+
+
+def is_spec_text(value: str) -> bool:
+    """Whether :meth:`Spec.coerce` reads the ``str`` ``value`` as spec text (it starts with ``{``, leading
+    whitespace aside, or holds a newline) rather than as the path of a spec file."""
+    return value.lstrip().startswith("{") or "\n" in value
 
 
 def dense_spec() -> Spec:
@@ -381,13 +443,13 @@ def _sparse_attention(data: Any, where: str) -> SkipSoftmax:
     """VisualGen ``sparse_attention_config`` (``algorithm: skip_softmax``, ``threshold_scale_factor`` xor
     ``target_sparsity``; a ``{"prefill": x}`` mapping as TensorRT-LLM's LLM API allows is read as ``x``) as
     :class:`SkipSoftmax`."""
-    _reject_unknown(data, set(_SPARSE_KEYS), where)
-    _check_choice(f"{where}.algorithm", data.get("algorithm"), ("skip_softmax",))
+    reject_unknown(data, set(_SPARSE_KEYS), where)
+    check_choice(f"{where}.algorithm", data.get("algorithm"), ("skip_softmax",))
     values = {}
     for name in _SPARSE_KEYS[1:]:
         value = data.get(name)
         if isinstance(value, dict):
-            _reject_unknown(value, {"prefill"}, f"{where}.{name}")
+            reject_unknown(value, {"prefill"}, f"{where}.{name}")
             value = value.get("prefill")
         if value is not None:
             values[name] = value
@@ -396,8 +458,8 @@ def _sparse_attention(data: Any, where: str) -> SkipSoftmax:
 
 def _from_tensorrt_llm(data: dict) -> Spec:
     where = "attention_config"
-    _reject_unknown(data, {"backend", "quant_attention_config", "sparse_attention_config"}, where)
-    backend = _check_choice(f"{where}.backend", data.get("backend"), _TRTLLM_BACKENDS)
+    reject_unknown(data, {"backend", "quant_attention_config", "sparse_attention_config"}, where)
+    backend = check_choice(f"{where}.backend", data.get("backend"), _TRTLLM_BACKENDS)
     quant = data.get("quant_attention_config")
     sparse = data.get("sparse_attention_config")
     skip = None if sparse is None else _sparse_attention(sparse, f"{where}.sparse_attention_config")
@@ -407,7 +469,7 @@ def _from_tensorrt_llm(data: dict) -> Spec:
         return Spec(default=AttentionSpec(backend=backend, recipe=None, skip_softmax=skip, where=where))
     fields = ("qk_dtype", "v_dtype", "q_block_size", "k_block_size", "v_block_size")
     quant_where = f"{where}.quant_attention_config"
-    _reject_unknown(quant, set(fields), quant_where)
+    reject_unknown(quant, set(fields), quant_where)
     recipe = Recipe(**{"qk_dtype": "bf16", "v_dtype": "fp8", **quant}, where=quant_where)
     recipes.validate(backend, recipe, where=quant_where)  # named as written, not as the canonical recipe
     return Spec(default=AttentionSpec(backend=backend, recipe=recipe, skip_softmax=skip, where=where))
@@ -433,14 +495,14 @@ def _vllm_entry(entry: Any, where: str) -> Use:
     if isinstance(entry, str):
         entry = {"backend": entry}
     elif not isinstance(entry, dict):
-        raise _invalid(where, entry, f"a backend name ({', '.join(backends)}) or a mapping with backend, quant, "
+        raise invalid(where, entry, f"a backend name ({', '.join(backends)}) or a mapping with backend, quant, "
                                      "skip_softmax")
-    _reject_unknown(entry, {"backend", "quant", "skip_softmax"}, where)
-    backend = _check_choice(f"{where}.backend", entry.get("backend"), backends)
+    reject_unknown(entry, {"backend", "quant", "skip_softmax"}, where)
+    backend = check_choice(f"{where}.backend", entry.get("backend"), backends)
     quant, skip = entry.get("quant"), entry.get("skip_softmax")
     quant_where = f"{where}.quant"
     if quant is not None:
-        _reject_unknown(quant, {"dtype_qk", "q_block_size", "k_block_size"}, quant_where)
+        reject_unknown(quant, {"dtype_qk", "q_block_size", "k_block_size"}, quant_where)
     if backend in _VLLM_DENSE:
         if quant or skip is not None:
             raise ValueError(f"{where}: quant/skip_softmax are not accepted for {backend}; valid: TRTLLM_ATTN")
@@ -451,7 +513,7 @@ def _vllm_entry(entry: Any, where: str) -> Use:
         raise ValueError(f"{quant_where} has block sizes but no dtype_qk (absent dtype_qk means dense); valid: add "
                          f"dtype_qk: {', '.join(_VLLM_DTYPE_QK)}")
     if quant:
-        dtype_qk = _check_choice(f"{quant_where}.dtype_qk", quant["dtype_qk"], tuple(_VLLM_DTYPE_QK))
+        dtype_qk = check_choice(f"{quant_where}.dtype_qk", quant["dtype_qk"], tuple(_VLLM_DTYPE_QK))
         recipe = Recipe(_VLLM_DTYPE_QK[dtype_qk], "fp8", quant.get("q_block_size", 1), quant.get("k_block_size", 16),
                         1, smooth_k=True, where=quant_where)
         recipes.validate(backend, recipe, where=quant_where)
@@ -467,16 +529,16 @@ def _vllm_entry(entry: Any, where: str) -> Use:
 
 
 def _from_vllm_omni(data: dict) -> Spec:
-    _reject_unknown(data, {"default", "per_role"}, "diffusion attention config")
+    reject_unknown(data, {"default", "per_role"}, "diffusion attention config")
     default = _vllm_entry(data["default"], "default") if data.get("default") is not None else DENSE
     per_role = data.get("per_role")
-    per_role = {} if per_role is None else _check_mapping("per_role", per_role, "a mapping of role to entry")
+    per_role = {} if per_role is None else check_mapping("per_role", per_role, "a mapping of role to entry")
     rules = []
     for role, entry in per_role.items():
-        _check_choice("per_role role", role, ROLES)
+        check_choice("per_role role", role, ROLES)
         rules.append(Rule(Match(role=(role,)), _vllm_entry(entry, f"per_role[{role!r}]")))
     return Spec(default=default, rules=tuple(rules))
 
 
 __all__ = ["Spec", "AttentionSpec", "Rule", "Match", "DENSE", "DEFAULT_RECIPE", "ROLES", "dense_spec",
-           "layer_selected"]
+           "is_spec_text", "layer_selected"]

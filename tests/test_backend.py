@@ -82,7 +82,9 @@ def test_summary_is_logged(caplog):
     block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
     with caplog.at_level(logging.INFO, logger="qattn_fx"):
         run(block, x, qattn_fx.backend(emulate=True, compiler="eager"))
-    assert "qattn_fx: 1/1 attention sites quantized, 0 dense (graph 0)" in caplog.text
+    # head_dim 32: emulated here, dense where the recipe deploys (gluon_sage and TRTLLM take 64/128 and 128)
+    assert ("qattn_fx: 1/1 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 1, on sm_100 0 "
+            "of 1), 0 dense (graph 0): without emulation the deployment would quantize none of them") in caplog.text
 
 
 def test_debug_dump_files(tmp_path):
@@ -585,3 +587,174 @@ def test_tokens_written_into_one_buffer_are_joint_when_they_come_from_two_stream
     with torch.no_grad():
         torch.compile(Assembled(), backend=backend, fullgraph=True)(torch.randn(2, 24, 32), torch.randn(2, 8, 32))
     assert [(s.module, s.role) for s in backend.report.sites] == [("attn.0", "joint"), ("attn.1", "self")]
+
+
+def test_aten_sdpa_overload_packet_is_a_site():
+    """``torch.ops.aten.scaled_dot_product_attention(...)`` (the overload packet, as Dynamo keeps a model's own
+    call) is a site like ``F.scaled_dot_product_attention``, not "an attention op other than SDPA"."""
+    def attend(q, k, v):
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v, None, 0.0, False, scale=0.5)
+
+    q, k, v = (torch.randn(1, 2, 16, 64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(attend, backend=backend, fullgraph=True)(q, k, v)
+    (site,) = backend.report.sites
+    assert site.rewritten and backend.report.notes == []
+    dense = attend(q, k, v)
+    assert (out - dense).norm() / dense.norm() < 0.05
+
+
+def test_one_query_head_over_several_key_heads_stays_dense_with_the_true_reason():
+    """SDPA broadcasts one query head over several key heads without enable_gqa (it runs the call); the ops do not
+    serve it, and the reason says so rather than that SDPA rejects it."""
+    q, k = torch.randn(1, 1, 16, 64), torch.randn(1, 4, 16, 64)
+    dense = F.scaled_dot_product_attention(q, k, k)
+    assert dense.shape == (1, 4, 16, 64)
+    backend = qattn_fx.backend(emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend=backend, fullgraph=True)(q, k, k)
+    (site,) = backend.report.sites
+    assert not site.rewritten
+    assert site.reason == ("dense: 1 query head and 4 key heads: SDPA broadcasts the query head (the output has 4 "
+                           "heads); the ops need query heads that are a multiple of the key heads")
+    torch.testing.assert_close(out, dense)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arguments and specs: ValueError for a bad value, TypeError for a wrong Python type, when the backend is made
+# ----------------------------------------------------------------------------------------------------------------
+
+HUGE = 10**400  # an int beyond float's range
+
+
+def test_spec_text_is_parsed_as_a_spec():
+    data = {"default": "dense", "rules": [{"match": {"role": "self"}, "use": {"backend": "REFERENCE"}}]}
+    expected = Spec.from_dict(data)
+    assert qattn_fx.backend(json.dumps(data)).spec == expected
+    assert qattn_fx.backend("  " + json.dumps(data, indent=2)).spec == expected
+    assert qattn_fx.backend("default: dense\nrules:\n  - match: {role: self}\n    use: {backend: REFERENCE}\n"
+                            ).spec == expected
+    assert qattn_fx.backend("{default: dense, rules: [{match: {role: self}, use: {backend: REFERENCE}}]}"
+                            ).spec == expected  # YAML flow mapping
+
+
+def test_spec_paths_still_name_files(tmp_path):
+    (tmp_path / "spec.json").write_text('{"default": "dense"}')
+    (tmp_path / "spec.yaml").write_text("default: dense\n")
+    for path in (tmp_path / "spec.json", str(tmp_path / "spec.json"), str(tmp_path / "spec.yaml")):
+        assert qattn_fx.backend(path).spec == qattn_fx.spec.dense_spec()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "spec path '' is empty; valid: the path of a .json, .yaml or .yml spec file"),
+    ("no/such/spec.json", "no such spec file: 'no/such/spec.json'"),
+    ("default: dense", "no such spec file: 'default: dense' (a str is read as spec text when it starts with '{' or "
+                       "holds a newline, else as a path)"),
+    ("x" * 5000, "cannot be read: "),  # today: OSError File name too long
+    ('{"default": "dense"', "Expecting ','"),  # JSON that does not parse is tried as YAML, which says why
+    ("[1, 2]\n", "spec must be a mapping (canonical, TensorRT-LLM attention_config or vLLM-Omni diffusion "
+                 "attention config), got list: [1, 2]"),
+    ({"default": {"skip_softmax": {"threshold": HUGE}}},
+     "spec.default.skip_softmax.threshold=1000"),  # today: OverflowError at compile time
+    ('{"attention_config": {"backend": "TRTLLM", "sparse_attention_config": {"algorithm": "skip_softmax", '
+     '"threshold_scale_factor": 1e400}}}',
+     "attention_config.sparse_attention_config.threshold_scale_factor=inf is invalid; valid: a finite number"),
+])
+@pytest.mark.parametrize("entry", ["backend", "pre_grad_pass", "explain"])
+def test_bad_specs_raise_value_error_at_every_entry_point(entry, spec, message):
+    make = {"backend": qattn_fx.backend, "pre_grad_pass": qattn_fx.pre_grad_pass,
+            "explain": lambda s: qattn_fx.explain(F.scaled_dot_product_attention, *(torch.randn(1, 2, 8, 16),) * 3,
+                                                  spec=s)}[entry]
+    with pytest.raises(ValueError) as e:
+        make(spec)
+    assert message in str(e.value) or (message == "Expecting ','" and "does not parse" in str(e.value))
+
+
+def test_a_directory_is_not_a_spec_file(tmp_path):
+    with pytest.raises(ValueError, match=f"^spec path '{tmp_path}' is a directory; valid: the path of a .json"):
+        qattn_fx.backend(str(tmp_path))
+
+
+def test_hardware_takes_an_arch_string():
+    """hardware="sm_90" is a supported install of sm_90 (as target= and calibrate(hardware=) read it); it used to
+    fail deep inside the compile with an AttributeError."""
+    assert qattn_fx.backend(hardware="sm_90").hardware == qattn_fx.Hardware.supported_install("sm_90")
+    with torch.no_grad():
+        report = qattn_fx.explain(F.scaled_dot_product_attention, *(torch.randn(1, 2, 8, 16),) * 3, hardware="sm_90")
+    assert report.sites[0].reason == ("dense: no kernel serves int8 Q/K 1/16, fp8 V per-channel, smooth K via auto "
+                                      "here (TRITON: head_dim 16 not in 64/128; TRTLLM: needs sm_100, have sm_90; "
+                                      "TRTLLM_ATTN: needs sm_100, have sm_90)")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(spec=42), TypeError, "spec must be a Spec, a mapping, JSON or YAML text, a path to a .json/.yaml/.yml "
+                               "file, or None; got int: 42"),
+    (dict(spec=b"{}"), TypeError, "spec must be a Spec"),
+    (dict(hardware=90), TypeError, "hardware must be a Hardware or an arch such as 'sm_90' (a supported install of "
+                                   "it), or None (this machine); got int: 90"),
+    (dict(hardware="h100"), ValueError, "arch='h100' is invalid; valid: 'cpu' or 'sm_XY' such as sm_90"),
+    (dict(emulate="yes"), TypeError, "emulate must be True or False; got str: 'yes'"),
+    (dict(compiler=None), TypeError, "compiler must be one of inductor, aot_eager, eager; got NoneType: None"),
+    (dict(compiler="tvm"), ValueError, "compiler='tvm' is invalid; valid: inductor, aot_eager, eager"),
+    (dict(debug_dir=3), TypeError, "debug_dir must be a str or Path naming a directory, or None; got int: 3"),
+    (dict(timestep=1), TypeError, "timestep must be the name of the model's forward argument"),
+    (dict(timestep_scale="1000"), TypeError, "timestep_scale must be a number > 0; got str: '1000'"),
+    (dict(timestep_scale=HUGE), ValueError, "is invalid; valid: a finite number > 0"),
+    (dict(timestep_scale=float("inf")), ValueError, "timestep_scale=inf is invalid; valid: a finite number > 0"),
+    (dict(emulate=True, target="h100"), ValueError, "arch='h100' is invalid"),
+    (dict(emulate=True, target=[]), ValueError, "target=[] is invalid; valid: a Hardware or an arch"),
+    (dict(emulate=True, target=[90]), TypeError, "target must be a Hardware or an arch such as 'sm_90'"),
+])
+def test_bad_arguments_name_what_is_accepted(kwargs, error, message):
+    with pytest.raises(error) as e:
+        qattn_fx.backend(**kwargs)
+    assert message in str(e.value)
+    if "compiler" not in kwargs:  # the pre-grad pass runs inside Inductor: it takes no compiler
+        with pytest.raises(error):
+            qattn_fx.pre_grad_pass(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a CPU user sees
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_summary_says_what_the_deployment_would_quantize():
+    from qattn_fx.report import Report, SiteRecord
+
+    def record(deployment, rewritten=True):
+        return SiteRecord(0, "o", "", None, "self", [1, 2, 8, 64], [1, 2, 8, 64], "float32", rewritten, None,
+                          "reference", "quantized (emulated)", deployment=deployment)
+
+    dense_90 = "(as bf16) on sm_90: dense (TRITON: head_dim 12 not in 64/128); on sm_100: dense (TRTLLM: needs x)"
+    served = "(as bf16) on sm_90: gluon_sage; on sm_100: flashinfer_trtllm_sage"
+    mixed = "on sm_90: gluon_sage (predicted 1.5x); on sm_100: error (TRTLLM: head_dim 64 not in 128)"
+    assert Report([record(dense_90)] * 4).summary() == (
+        "qattn_fx: 4/4 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 4, on sm_100 0 of "
+        "4), 0 dense")
+    assert Report([record(served)] * 2).summary() == "qattn_fx: 2/2 attention sites quantized (emulated), 0 dense"
+    assert Report([record(served), record(mixed), record(None)]).summary() == (
+        "qattn_fx: 3/3 attention sites quantized (2 emulated; on sm_100 the spec would quantize 1 of 2), 0 dense")
+    assert Report([record(served), record(mixed)]).deployed() == {"sm_90": (2, 2), "sm_100": (1, 2)}
+
+
+@pytest.mark.parametrize("emulate, grad, hints", [
+    (False, True, ["emulate=True", "torch.no_grad()"]),
+    (False, False, ["emulate=True"]),
+    (True, True, ["torch.no_grad()"]),
+])
+def test_a_cpu_run_that_quantizes_nothing_says_what_would(caplog, emulate, grad, hints):
+    """On a CPU nothing is quantized unless emulate=True and torch.no_grad() are both in force: the warning names
+    whichever is missing."""
+    block, x = AttentionBlock().eval(), torch.randn(1, 8, 64)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="qattn_fx"), torch.set_grad_enabled(grad):
+        torch.compile(block, backend=qattn_fx.backend(emulate=emulate, compiler="eager"), fullgraph=True)(x)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "no attention site was quantized (" in warning
+    assert [hint for hint in ("emulate=True", "torch.no_grad()") if hint in warning] == hints
+    if "emulate=True" in hints:
+        assert "no quantized kernel runs on cpu: emulate=True runs the recipes on the reference kernel" in warning

@@ -200,7 +200,8 @@ blocks.1.attn1  1      self   128/128  12  fp8/tensor, fp8/tensor  reference  ru
                                                                               32/64/96/128); on sm_90: error (CUDNN:
                                                                               head_dim 12 not in multiple of 16, <= 256)
 blocks.1.attn2  1      cross  128/12   12  -                       -          dense: rule 1 (role=cross)""")
-        self.assertEqual(report.summary(), "qattn_fx: 2/4 attention sites quantized, 2 dense: 2x rule 1 (role=cross)")
+        self.assertEqual(report.summary(), "qattn_fx: 2/4 attention sites quantized (emulated; on sm_90 the spec would "
+                                           "quantize 0 of 2, on sm_100 0 of 2), 2 dense: 2x rule 1 (role=cross)")
 
     def test_wan_on_sm90_and_sm100_without_running_there(self):
         model, inputs = tiny_models.wan(head_dim=64)

@@ -339,7 +339,8 @@ def test_logs_per_graph_and_per_site(caplog):
     assert messages[0] == "qattn_fx: rewriting graph 0: 1 SDPA sites"
     assert any(m.startswith("qattn_fx: graph 0 site o (no module, layer None, self")
                and "; inserted sdpa_k_smooth, sdpa_q_quant," in m for m in messages)
-    assert "qattn_fx: 1/1 attention sites quantized, 0 dense (graph 0)" in messages
+    assert ("qattn_fx: 1/1 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 1, on sm_100 0 "
+            "of 1), 0 dense (graph 0): without emulation the deployment would quantize none of them") in messages
 
 
 def test_torch_logs_controls_the_qattn_fx_logger():

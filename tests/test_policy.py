@@ -374,8 +374,12 @@ def test_target_sparsity_needs_a_calibration():
         (dict(kv_dtypes=(torch.bfloat16, torch.float16)),
          "dense: q, k, v dtypes differ (torch.bfloat16, torch.bfloat16, torch.float16)"),
         (dict(skv=0), "dense: zero-length keys"),
-        (dict(hq=24, hk=8), "dense: 24 query heads and 8 key heads without enable_gqa (SDPA itself rejects it)"),
-        (dict(hq=24, hk=9, enable_gqa=True), "dense: 24 query heads are not a multiple of 9 key heads"),
+        (dict(hq=24, hk=8), "dense: 24 query heads and 8 key heads without enable_gqa: neither is 1, so they do "
+                            "not broadcast (SDPA itself rejects it)"),
+        (dict(hq=24, hk=9, enable_gqa=True),
+         "dense: 24 query heads are not a multiple of 9 key heads (SDPA with enable_gqa rejects it too)"),
+        (dict(hq=1, hk=8), "dense: 1 query head and 8 key heads: SDPA broadcasts the query head (the output has 8 "
+                           "heads); the ops need query heads that are a multiple of the key heads"),
     ],
 )
 @pytest.mark.parametrize("emulate", [False, True])

@@ -216,6 +216,13 @@ def test_the_valid_choices_list_every_accepted_tuple():
          "qk_dtype='mxfp8' is not accepted for TRTLLM_ATTN; valid: int8, fp8"),
         ("auto", Recipe("nvfp4", "mxfp8", 0, 0, 0),
          "v_dtype='mxfp8' is not accepted for any backend nvfp4 Q/K; valid: fp8, nvfp4"),
+        # several backends: each is named before its set
+        ("auto", Recipe("bf16", "fp8", 0, 0, 2),
+         "v_block_size=2 is not accepted for any backend bf16 Q/K; valid: TRITON [(0,0,0), (0,0,1)], CUTEDSL [(0,0,0)]"),
+        ("REFERENCE", Recipe("fp8", "fp8", 0, 1, 0),
+         "block sizes (q,k,v)=(0,1,0) are not accepted for any backend fp8 Q/K; valid: TRITON [q 1, 4, 16, 32, 64, "
+         "128; k 1, 4, 16, 32, 64, 128; v 0, 1], TRTLLM [(1,1,1), (1,4,1)], CUDNN [(0,0,0)], FLASHINFER [(0,0,0)], "
+         "TRTLLM_ATTN [q 1, 4, 16; k 1, 4, 16; v 1]"),
     ],
 )
 def test_exact_rejection_messages(backend, recipe, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -164,6 +165,25 @@ def test_from_file_seed_formats(tmp_path):
     assert Spec.from_file(tmp_path / "trt.yaml").default == AttentionSpec("TRTLLM", Recipe("int8", "fp8", 1, 16, 1))
     assert Spec.from_file(tmp_path / "vllm.json").default == AttentionSpec(
         "TRTLLM_ATTN", Recipe("fp8", "fp8", 1, 16, 1, smooth_k=True))
+
+
+def test_missing_or_unreadable_spec_files_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"^no such spec file: 'no/such/spec\.json'$"):
+        Spec.from_file("no/such/spec.json")
+    with pytest.raises(ValueError, match=r"^spec path '' is empty; "):
+        Spec.from_file("")  # Path("") is the working directory
+    with pytest.raises(ValueError, match=r" is a directory; valid: the path of a \.json, \.yaml or \.yml spec file$"):
+        Spec.from_file(tmp_path)
+    with pytest.raises(ValueError, match=r" cannot be read: "):
+        Spec.from_file("s" * 5000 + ".json")
+
+
+@pytest.mark.parametrize("text", [json.dumps(CANONICAL), json.dumps(CANONICAL, indent=2), CANONICAL_YAML])
+def test_spec_text_is_coerced_like_a_file(text):
+    assert Spec.from_text(text).to_dict() == CANONICAL
+    assert Spec.coerce(text).to_dict() == CANONICAL
+    assert Spec.coerce(CANONICAL) == Spec.coerce(Spec.from_dict(CANONICAL)) == Spec.from_dict(CANONICAL)
+    assert Spec.coerce(None) == Spec()
 
 
 def test_from_json_invalid_top_level():
@@ -524,8 +544,9 @@ def _rule(**match):
         ({"default": {"recipe": {"qk_dtype": "int8", "scale_scope": ["head"]}}},
          "spec.default.recipe.scale_scope=['head'] is invalid; valid: tensor, head"),
         ({"rules": [{"use": {"recipe": {"qk_dtype": "int8", "q_block_size": 1, "k_block_size": 2}}}]},
-         "spec.rules[0].use.recipe.k_block_size=2 is not accepted for any backend int8 Q/K; valid: q 1, 4, 16, 32, "
-         "64, 128; k 1, 4, 16, 32, 64, 128; v 0, 1; (1,1,1), (1,4,1), (1,16,1); q 1, 4, 16; k 1, 4, 16; v 1"),
+         "spec.rules[0].use.recipe.k_block_size=2 is not accepted for any backend int8 Q/K; valid: TRITON [q 1, 4, "
+         "16, 32, 64, 128; k 1, 4, 16, 32, 64, 128; v 0, 1], TRTLLM [(1,1,1), (1,4,1), (1,16,1)], TRTLLM_ATTN [q 1, 4, "
+         "16; k 1, 4, 16; v 1]"),
         ({"default": {"recipe": {"qk_dtype": "bf16", "smooth_k": True}}},
          "spec.default.recipe.smooth_k=True is invalid with qk_dtype='bf16' (K is not quantized); valid: false"),
         # canonical: skip_softmax fields
@@ -722,3 +743,20 @@ def test_pinned_kernel_round_trips_and_is_described():
     assert Spec.from_dict(data).default == use
     assert use.describe() == "int8 Q/K 1/16, fp8 V per-channel, smooth K via TRITON (kernel triton_sage)"
     assert "kernel" not in AttentionSpec().to_dict()  # absent unless pinned: existing specs print as before
+
+
+def test_the_argument_checks_are_a_leaf_module():
+    """spec, recipes, policy, backend and calibration share their checks through qattn_fx.validate, which imports
+    nothing of qattn_fx (so none of them reaches into another for a private helper)."""
+    import ast
+
+    import qattn_fx.validate
+
+    tree = ast.parse(Path(qattn_fx.validate.__file__).read_text())
+    imported = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imported and not any(isinstance(node, ast.ImportFrom) and (node.level or "qattn_fx" in (node.module or ""))
+                                or isinstance(node, ast.Import) and any("qattn_fx" in a.name for a in node.names)
+                                for node in imported)
+    for path in ("spec.py", "recipes.py", "policy.py", "calibration/budget.py", "calibration/candidates.py"):
+        text = (Path(qattn_fx.validate.__file__).parent / path).read_text()
+        assert "recipes import _" not in text and "recipes._check" not in text, path

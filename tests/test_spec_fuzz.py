@@ -6,17 +6,27 @@
 * The same specs with one value (at any depth) replaced by a value of another type parse or raise ``ValueError``
   naming the replaced key, never another exception.
 * Arbitrary JSON-like values as a whole spec parse or raise ``ValueError``.
+* The entry points that take a spec (``qattn_fx.backend`` given a mapping, JSON or YAML text, a ``.json`` or
+  ``.yaml`` file, any value or any text; ``pre_grad_pass``; ``explain``) make a backend or raise ``ValueError``
+  (``TypeError`` only for a value of a type no spec is), never ``OSError``, ``AttributeError``, ``OverflowError``
+  or ``KeyError``; a spec that parses holds no number beyond float's range.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import warnings
 
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import qattn_fx
 from qattn_fx import recipes
 from qattn_fx.recipes import SCALE_SCOPES, TABLE, Recipe
 from qattn_fx.spec import _TRTLLM_BACKENDS, _VLLM_DENSE, _VLLM_DTYPE_QK, DENSE, ROLES, AttentionSpec, Spec, SpecWarning
@@ -167,6 +177,7 @@ REPLACEMENTS = {
     "none": st.none(),
     "bool": st.booleans(),
     "int": st.integers(0, 1 << 70),
+    "huge int": st.integers(10**309, 10**400),  # beyond float's range: rejected where a float is read, at parse time
     "negative int": st.integers(-(1 << 70), -1),
     "float": st.floats(allow_nan=True, allow_infinity=True),
     "str": st.text(max_size=8),
@@ -234,6 +245,19 @@ def test_mutated_specs_parse_or_raise_value_error_naming_the_key(case):
         assert _name(path) in str(e), (path, str(e))
     else:
         assert Spec.from_dict(spec.to_dict()) == spec
+        _assert_numbers_are_floats(spec)
+
+
+def _assert_numbers_are_floats(spec: Spec) -> None:
+    """Every float-valued field of a parsed spec (Skip-Softmax's) converts to a finite float: what a kernel or a
+    division reads at compile time cannot overflow."""
+    uses = [spec.default] + [rule.use for rule in spec.rules]
+    for use in uses:
+        skip = None if use == DENSE else use.skip_softmax
+        for name in ("target_sparsity", "threshold", "threshold_scale_factor", "disabled_until_timestep"):
+            value = None if skip is None else getattr(skip, name)
+            if value is not None:
+                assert float(value) < float("inf"), (name, value)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -258,3 +282,92 @@ def test_any_value_parses_or_raises_value_error(data):
         _parse(data)
     except ValueError:
         pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The entry points: backend(), pre_grad_pass(), explain()
+# ----------------------------------------------------------------------------------------------------------------
+
+#: What no bad spec may raise: the exceptions a parser leaks when it reads a path, a number or a key it did not check.
+LEAKS = (OSError, AttributeError, OverflowError, KeyError, IndexError)
+_FILES = itertools.count()
+
+
+def _through(entry: str, data, folder):
+    """Make a backend from ``data`` the way ``entry`` passes it."""
+    if entry == "mapping":
+        return qattn_fx.backend(data)
+    if entry == "json text":
+        return qattn_fx.backend(json.dumps(data, indent=1))  # a mapping or list spans lines: read as text
+    if entry == "yaml text":
+        return qattn_fx.backend(yaml.safe_dump(data))
+    suffix = ".json" if entry == "json file" else ".yaml"
+    path = folder / f"spec{next(_FILES)}{suffix}"
+    path.write_text(json.dumps(data) if suffix == ".json" else yaml.safe_dump(data))
+    return qattn_fx.backend(str(path) if next(_FILES) % 2 else path)
+
+
+ENTRIES = ("mapping", "json text", "yaml text", "json file", "yaml file")
+any_specs = valid_specs | mutated_specs().map(lambda case: case[0]) | json_values
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("specs")
+
+
+@FUZZ
+@given(data=any_specs, entry=st.sampled_from(ENTRIES))
+def test_backend_makes_a_backend_or_raises_value_error(folder, data, entry):
+    if entry == "mapping" and not isinstance(data, dict):
+        return  # a value of another type: test_backend_rejects_other_types
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SpecWarning)
+            backend = _through(entry, data, folder)
+    except ValueError:
+        pass
+    except LEAKS as e:  # pragma: no cover - the failure being tested for
+        raise AssertionError(f"{entry}: {type(e).__name__} leaked for {data!r}") from e
+    else:
+        assert isinstance(backend, qattn_fx.Backend)
+        _assert_numbers_are_floats(backend.spec)
+
+
+@FUZZ
+@given(data=json_values)
+def test_backend_rejects_other_types(data):
+    """A value of a type no spec is raises TypeError; ``None`` is the default spec, a str a path or spec text."""
+    try:
+        qattn_fx.backend(data)
+        qattn_fx.pre_grad_pass(data)
+    except TypeError:
+        assert not isinstance(data, (dict, str, type(None)))
+    except ValueError:
+        assert isinstance(data, (dict, str))
+
+
+@FUZZ
+@given(text=st.text(max_size=40) | st.text("{}[]:,- \n\"'abdefltu0129.e", max_size=40))
+def test_any_text_makes_a_backend_or_raises_value_error(text):
+    try:
+        qattn_fx.backend(text)
+    except ValueError:
+        pass
+
+
+@settings(FUZZ, max_examples=40)
+@given(data=valid_specs | mutated_specs().map(lambda case: case[0]))
+def test_pre_grad_pass_and_explain_make_a_report_or_raise_value_error(data):
+    """``pre_grad_pass`` and ``explain`` take the spec as ``backend`` does; ``explain`` also runs the rewrite (the
+    policy's decisions: an explicit backend that cannot serve a site here, a target_sparsity without a
+    calibration raise ValueError)."""
+    q = torch.ones(1, 2, 8, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecWarning)
+        for entry in (lambda: qattn_fx.pre_grad_pass(data),
+                      lambda: qattn_fx.explain(F.scaled_dot_product_attention, q, q, q, spec=data)):
+            try:
+                entry()
+            except ValueError:
+                pass

@@ -8,14 +8,16 @@ budget, written as a spec.
 
 Modules: :mod:`.budget` (error metrics, :class:`Budget`), :mod:`.candidates` (what is tried), :mod:`.capture`
 (intercepting sites as the backend identifies them), :mod:`.speed` (predicted speed), :mod:`.plan` (choices and
-the spec), :mod:`.run` (:func:`calibrate`, :func:`measure`), :mod:`.result` (:class:`Calibration`), :mod:`.plot`.
+the spec), :mod:`.run` (:func:`calibrate`, :func:`measure`), :mod:`.result` (:class:`Calibration`), :mod:`.plot`;
+:mod:`.skip` fits Skip-Softmax's thresholds to a ``target_sparsity`` (:func:`calibrate_skip_softmax`).
 """
 
 from .budget import Budget, Errors, errors
 from .candidates import DEFAULT_CANDIDATES, Candidate
 from .result import Calibration, Table, TableRow, load
 from .run import calibrate
+from .skip import SkipCalibration, calibrate_skip_softmax
 from .speed import NO_COST_DATA, SpeedSource, cost_data
 
-__all__ = ["Budget", "Calibration", "Candidate", "DEFAULT_CANDIDATES", "Errors", "NO_COST_DATA", "SpeedSource",
-           "Table", "TableRow", "calibrate", "cost_data", "errors", "load"]
+__all__ = ["Budget", "Calibration", "Candidate", "DEFAULT_CANDIDATES", "Errors", "NO_COST_DATA", "SkipCalibration",
+           "SpeedSource", "Table", "TableRow", "calibrate", "calibrate_skip_softmax", "cost_data", "errors", "load"]

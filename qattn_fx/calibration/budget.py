@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..recipes import _show
+from ..validate import show
 
 #: Per-site bounds: ``cos`` is a lower bound, the others upper bounds.
 SITE_KEYS = ("cos", "rel_l1", "max_abs")
@@ -121,12 +121,12 @@ class Budget:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"budget.{f.name}={_show(value)} is invalid; valid: a finite number")
+                raise ValueError(f"budget.{f.name}={show(value)} is invalid; valid: a finite number")
             if f.name.endswith("cos") and not -1.0 <= value <= 1.0:
-                raise ValueError(f"budget.{f.name}={_show(value)} is out of range; valid: a cosine in [-1, 1], "
+                raise ValueError(f"budget.{f.name}={show(value)} is out of range; valid: a cosine in [-1, 1], "
                                  "e.g. 0.999")
             if not f.name.endswith("cos") and value < 0:
-                raise ValueError(f"budget.{f.name}={_show(value)} is out of range; valid: >= 0, e.g. 0.05")
+                raise ValueError(f"budget.{f.name}={show(value)} is out of range; valid: >= 0, e.g. 0.05")
             object.__setattr__(self, f.name, float(value))
         if all(getattr(self, f.name) is None for f in dataclasses.fields(self)):
             raise ValueError("budget has no bound; valid keys: " + ", ".join(SITE_KEYS + E2E_KEYS)
@@ -179,7 +179,7 @@ class Budget:
                                      + ", ".join(SITE_KEYS + E2E_KEYS))
             value = data
         if not isinstance(value, dict):
-            raise ValueError(f"budget={_show(value)} is invalid; valid: a Budget, a mapping such as "
+            raise ValueError(f"budget={show(value)} is invalid; valid: a Budget, a mapping such as "
                              "{'cos': 0.999}, or a string such as 'cos=0.999'")
         unknown = sorted(set(value) - set(SITE_KEYS + E2E_KEYS), key=str)
         if unknown:

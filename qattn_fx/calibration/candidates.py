@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .. import recipes
-from ..recipes import Recipe, _show
+from ..recipes import Recipe
 from ..spec import DEFAULT_RECIPE, AttentionSpec
+from ..validate import show
 
 #: The default candidates, in table order: SageAttention INT8 Q/K (the default recipe), Sage FP8 Q/K, and
 #: unquantized Q/K with FP8 P·V (QK16PV8: slower, more accurate).
@@ -85,7 +86,7 @@ def _as_attention_spec(item: Any, i: int) -> AttentionSpec:
     elif isinstance(item, str):
         use = parse_id(item)
     else:
-        raise ValueError(f"{where}={_show(item)} is invalid; valid: an AttentionSpec, a Recipe, an attention spec "
+        raise ValueError(f"{where}={show(item)} is invalid; valid: an AttentionSpec, a Recipe, an attention spec "
                          f"mapping, or a recipe id ({ID_FORMS})")
     if use.recipe is None:
         raise ValueError(f"{where}: a candidate needs a recipe (skip-softmax alone has no emulation to measure)")

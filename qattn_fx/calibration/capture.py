@@ -20,7 +20,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..fx import masks, match
-from ..fx.rewrite import _layer_counts, describe_site, is_training_graph
+from ..fx.rewrite import describe_site, is_training_graph, layer_counts
 from ..policy import Site
 
 
@@ -86,7 +86,7 @@ class ProbedModel:
     # -- the compile-time part -------------------------------------------------------------------------------
     def _backend(self, gm: fx.GraphModule, example_inputs, **_) -> Callable:
         calls = match.find_sdpa(gm)
-        layers = _layer_counts(calls)
+        layers = layer_counts(calls)
         uses = match.subgraph_uses(gm)
         training = is_training_graph(example_inputs)
         seen: dict[tuple[str, int | None], int] = {}

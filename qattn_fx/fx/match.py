@@ -36,7 +36,10 @@ from torch.fx.operator_schemas import normalize_function
 from ..ops import canonical
 from ..ops.attention import ATTENTION_OPS
 
-SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+#: SDPA as a graph records it: the torch function (Dynamo), the aten overload (AOT autograd, ``make_fx``) and the
+#: overload packet (a model calling ``torch.ops.aten.scaled_dot_product_attention(...)`` itself, as Dynamo keeps it).
+SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default,
+                torch.ops.aten.scaled_dot_product_attention)
 #: Attention ops that return ``(out, logsumexp, ...)``: outputs 0 and 1 are served, the others (backward
 #: bookkeeping: cumulative lengths, RNG state, debug mask) are not. LSE ``(B, H, Sq)`` fp32 (flash) or
 #: ``(B, H, Sq, 1)`` (cuDNN). Dynamo records the overload packet (``aten._scaled_dot_product_flash_attention``),

@@ -139,7 +139,9 @@ def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[in
     )
 
 
-def _layer_counts(calls: list[match.SdpaCall]) -> dict[str, int]:
+def layer_counts(calls: list[match.SdpaCall]) -> dict[str, int]:
+    """The number of layers of each layer container (``blocks``) among the calls' module paths: one more than the
+    highest layer index a call is in (what negative layer indices of a spec count from)."""
     counts: dict[str, int] = {}
     for call in calls:
         container, index = match.split_layer(match.module_path(call.node))
@@ -265,7 +267,7 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
     """
     timestep = timestep or TimestepSource()
     calls = match.find_sdpa(root)
-    layers = _layer_counts(calls)
+    layers = layer_counts(calls)
     uses = match.subgraph_uses(root)
     outcomes = []
     touched: dict[int, fx.GraphModule] = {}

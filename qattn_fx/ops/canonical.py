@@ -1,9 +1,9 @@
 """Which SDPA call forms the attention ops serve, and how each maps onto their canonical form.
 
 ``F.scaled_dot_product_attention`` takes ``(N, S, E)``, ``(B, H, S, D)`` or ``(..., H, S, D)`` operands whose batch
-dims broadcast, key heads that divide the query heads (``enable_gqa``) or broadcast, and masks of any shape that
-broadcasts to ``(..., Hq, Sq, Skv)``. The ``qattn`` attention ops take one canonical form: ``(B, H, S, D)``
-operands with one batch size, ``Hq % Hkv == 0``, and at most a per-key logit bias ``(B|1, Skv)``.
+dims broadcast, key heads that divide the query heads (``enable_gqa``) or broadcast (one side has 1 head), and masks
+of any shape that broadcasts to ``(..., Hq, Sq, Skv)``. The ``qattn`` attention ops take one canonical form:
+``(B, H, S, D)`` operands with one batch size, ``Hq % Hkv == 0``, and at most a per-key logit bias ``(B|1, Skv)``.
 
 This module is the single definition of the mapping. :func:`unservable` says why a call cannot be mapped (the
 policy keeps such a site dense with that reason); :func:`plan` gives the steps that map one that can
@@ -86,10 +86,14 @@ def unservable(q_shape: tuple, k_shape: tuple, v_shape: tuple, mask_shape: tuple
         hq, hk, hv = q_shape[-3], k_shape[-3], v_shape[-3]
         if hk != hv:
             return f"k and v head counts differ ({hk} vs {hv})"
-        if hq != hk and hk != 1 and not enable_gqa:
-            return f"{hq} query heads and {hk} key heads without enable_gqa (SDPA itself rejects it)"
+        if hq != hk and not enable_gqa and hk != 1:  # heads broadcast where one side has 1
+            if hq == 1:
+                return (f"1 query head and {hk} key heads: SDPA broadcasts the query head (the output has {hk} "
+                        "heads); the ops need query heads that are a multiple of the key heads")
+            return (f"{hq} query heads and {hk} key heads without enable_gqa: neither is 1, so they do not "
+                    "broadcast (SDPA itself rejects it)")
         if hq % hk:
-            return f"{hq} query heads are not a multiple of {hk} key heads"
+            return f"{hq} query heads are not a multiple of {hk} key heads (SDPA with enable_gqa rejects it too)"
     return None
 
 

@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from . import recipes, skip_softmax
-from .policy import select
-from .recipes import SkipSoftmax
-from .spec import DENSE, Match, Rule, Spec
+from .. import recipes, skip_softmax
+from ..policy import select
+from ..recipes import SkipSoftmax
+from ..spec import DENSE, Match, Rule, Spec
 
 PER = ("site", "model")
 
@@ -89,13 +89,13 @@ def calibrate_skip_softmax(model: Callable, calls: Iterable, target_sparsity: fl
     The calls run in emulation (the reference kernel: exact tile test, any device, slow for long sequences) and
     their outputs are the unskipped ones. Returns a :class:`SkipCalibration`; compile with its ``spec``.
     """
-    from .backend import Backend, _as_spec  # noqa: PLC0415  (backend imports this package)
+    from ..backend import Backend  # noqa: PLC0415  (the backend compiles; the package imports it first)
 
     if per not in PER:
         raise ValueError(f"per={per!r} is invalid; valid: {', '.join(PER)}")
     if target_sparsity is not None:
         SkipSoftmax(target_sparsity=target_sparsity, where="calibrate_skip_softmax")  # validates the range
-    base = _as_spec(spec)
+    base = Spec.coerce(spec)
     owner = Backend(_probe_spec(base), emulate=True, compiler="eager", timestep=timestep,
                     timestep_scale=timestep_scale)
     compiled = torch.compile(model, backend=owner)
