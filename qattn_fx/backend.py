@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import __version__
 from .fx import match, tracing
-from .fx.rewrite import TimestepSource, is_training_graph, rewrite
+from .fx.rewrite import TimestepSource, rewrite
 from .hardware import Hardware, detect
 from .policy import Site, Target, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
@@ -101,11 +101,10 @@ class Backend:
         self.graph_modules.append(gm)
         dump = debug_dir(self.debug_dir)
         before = readable(gm)
-        training = is_training_graph(example_inputs if example_inputs is not None else _placeholder_values(gm))
         if log.isEnabledFor(logging.INFO):
             log.info("qattn_fx: rewriting graph %d: %d SDPA sites", graph, len(match.find_sdpa(gm)))
         self._note_other_attention(gm, graph)
-        outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate, grad_enabled=training,
+        outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate,
                            first_index=len(self.report.sites), target=self.target, timestep=self.timestep)
         sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
         for record, outcome in zip(sites.sites, outcomes):

@@ -584,3 +584,52 @@ def test_tokens_written_into_one_buffer_are_joint_when_they_come_from_two_stream
     with torch.no_grad():
         torch.compile(Assembled(), backend=backend, fullgraph=True)(torch.randn(2, 24, 32), torch.randn(2, 8, 32))
     assert [(s.module, s.role) for s in backend.report.sites] == [("attn.0", "joint"), ("attn.1", "self")]
+
+
+class _GradModeInside(torch.nn.Module):
+    """Two attention blocks: ``frozen`` under ``torch.no_grad()`` (a frozen encoder), ``tuned`` under
+    ``torch.enable_grad()`` (its parameters require grad), whatever grad mode the caller has."""
+
+    def __init__(self):
+        super().__init__()
+        self.frozen, self.tuned = AttentionBlock(), AttentionBlock()
+
+    def forward(self, x):
+        with torch.no_grad():
+            context = self.frozen(x)
+        with torch.enable_grad():
+            return self.tuned(x + context)
+
+
+TRAINING = "dense: autograd is enabled (training graph); the quantized attention ops have no backward"
+
+
+@pytest.mark.parametrize("entry", ["backend", "explain", "pre_grad_pass"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_grad_mode_set_inside_the_compiled_function_decides_each_site(entry, grad):
+    """Autograd records a site when grad mode is on at its place in the graph and an input requires grad: the
+    caller's grad mode at compile time decides nothing. The ``no_grad`` block's site is quantized, the
+    ``enable_grad`` block's stays dense with the training reason, and its backward runs."""
+    torch.manual_seed(0)
+    model, x = _GradModeInside(), torch.randn(1, 16, 64)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        if entry == "explain":
+            report = qattn_fx.explain(model, x, emulate=True)
+        elif entry == "backend":
+            backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+            out = torch.compile(model, backend=backend, fullgraph=True)(x)
+            report = backend.report
+        else:
+            qpass = qattn_fx.pre_grad_pass(emulate=True)
+            with torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+                out = torch.compile(model, fullgraph=True)(x)
+            report = qpass.report
+    assert [(s.module, s.rewritten) for s in report.sites] == [("frozen", True), ("tuned", False)]
+    assert report.sites[1].reason == TRAINING
+    if entry != "explain":
+        out.sum().backward()
+        assert model.tuned.qkv.weight.grad is not None and model.frozen.qkv.weight.grad is None
+        with torch.no_grad():
+            dense = model(x)
+        assert_close_to_dense(out.detach(), dense)
