@@ -133,12 +133,25 @@ def test_report_dict_has_the_documented_keys():
     assert site["mask"] == "none" and site["mask_shape"] is None
 
 
-def test_pre_grad_pass_for_stacks_that_own_torch_compile():
+def test_pre_grad_pass_for_stacks_that_own_torch_compile(caplog):
     torch.manual_seed(0)
     block, x = AttentionBlock().eval(), torch.randn(1, 16, 64)
     qpass = qattn_fx.pre_grad_pass(emulate=True)
-    assert isinstance(qpass.uuid(), bytes) and qpass.uuid() == qattn_fx.pre_grad_pass(emulate=True).uuid()
-    assert qpass.uuid() != qattn_fx.pre_grad_pass(emulate=False).uuid()
+    assert isinstance(qpass.key(), bytes) and qpass.key() == qattn_fx.pre_grad_pass(emulate=True).key()
+    assert qpass.key() != qattn_fx.pre_grad_pass(emulate=False).key()
+    # torch >= 2.13 runs a pass with a uuid only on a cache miss: this one has none there, so it runs every compile
+    late_when_keyed = hasattr(torch._inductor.config, "pre_grad_pass_timing")
+    assert qpass.uuid() == (None if late_when_keyed else qpass.key())
+    if late_when_keyed:  # early, and without torch's warning that the caches are bypassed (they are not)
+        from torch._inductor import codecache
+
+        codecache.log.addHandler(caplog.handler)
+        try:
+            with torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+                assert codecache.resolve_pre_grad_pass_timing() == "early"
+        finally:
+            codecache.log.removeHandler(caplog.handler)
+        assert not [r for r in caplog.records if "uuid" in r.getMessage()]
     torch._dynamo.reset()
     with torch.no_grad(), torch._inductor.config.patch(pre_grad_custom_pass=qpass):
         out = torch.compile(block, fullgraph=True)(x)
@@ -680,3 +693,56 @@ def test_block_scaled_recipes_emulate_under_inductor_on_cpu():
         dense = F.scaled_dot_product_attention(q, k, v)
     for out in outs["inductor"]:  # the recipes' own error (measured: cosine >= 0.969, NVFP4's the lowest)
         assert F.cosine_similarity(out.flatten(), dense.flatten(), dim=0) > 0.95
+
+
+def _fresh_inductor_cache():
+    from torch._inductor import utils
+
+    return getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+
+
+class _TwoBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([AttentionBlock(), AttentionBlock()])
+
+    def forward(self, x):
+        return self.blocks[1](self.blocks[0](x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["backend", "pre_grad_pass"])
+def test_the_report_is_complete_whether_or_not_a_warm_cache_served_the_graph(entry):
+    """A cold compile, then the same compile in a fresh Dynamo state, served by Inductor's FX-graph and
+    AOT-autograd caches: both reports list the same sites with the same decisions (torch 2.13 would skip a
+    pre-grad pass with a uuid on the cache hit)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model, x = _TwoBlocks().eval(), torch.randn(1, 16, 64)
+    spec = {"rules": [{"match": {"module": "blocks.1"}, "use": "dense"}]}
+    reports, hits = [], []
+    with (_fresh_inductor_cache()(),
+          torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+          torch._functorch.config.patch(enable_autograd_cache=True)):
+        for _ in range(2):
+            before = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+            torch._dynamo.reset()
+            with torch.no_grad():
+                if entry == "backend":
+                    owner = qattn_fx.backend(spec, emulate=True)
+                    torch.compile(model, backend=owner, fullgraph=True)(x)
+                    report = owner.report
+                else:
+                    qpass = qattn_fx.pre_grad_pass(spec, emulate=True)
+                    with torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+                        torch.compile(model, fullgraph=True)(x)
+                    report = qpass.report
+            reports.append([(s.graph, s.site, s.module, s.rewritten, s.reason) for s in report.sites])
+            hits.append(counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+                        - before)
+    assert hits[0] == 0 and hits[1] > 0  # cold, then served by a cache
+    assert reports[0] == reports[1]
+    assert [(module, rewritten) for _, _, module, rewritten, _ in reports[1]] == [
+        ("blocks.0", True), ("blocks.1", False)]
+    assert reports[1][1][4] == "dense: rule 1 (module=blocks.1)"
