@@ -710,7 +710,6 @@ class _TwoBlocks(torch.nn.Module):
         return self.blocks[1](self.blocks[0](x))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["backend", "pre_grad_pass"])
 def test_the_report_is_complete_whether_or_not_a_warm_cache_served_the_graph(entry):
     """A cold compile, then the same compile in a fresh Dynamo state, served by Inductor's FX-graph and
