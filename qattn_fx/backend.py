@@ -96,7 +96,9 @@ class Backend:
 
     # -- the pass ----------------------------------------------------------------------------------------------
     def rewrite(self, gm: fx.GraphModule, example_inputs=None) -> Report:
-        """Rewrite ``gm`` in place; return (and append to ``self.report``) the sites of this graph."""
+        """Rewrite ``gm`` in place; return (and append to ``self.report``) the sites of this graph. Whether autograd
+        records a site is read from the graph per site (:func:`qattn_fx.fx.rewrite.records_autograd`), not from
+        ``example_inputs`` or the grad mode now."""
         graph = len(self.graph_modules)
         self.graph_modules.append(gm)
         dump = debug_dir(self.debug_dir)
