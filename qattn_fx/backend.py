@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import __version__
 from .fx import match, tracing
-from .fx.rewrite import TimestepSource, is_training_graph, rewrite
+from .fx.rewrite import TimestepSource, rewrite
 from .hardware import Hardware, detect
 from .policy import TRAINING, Site, Target, rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
@@ -136,16 +136,17 @@ class Backend:
 
     # -- the pass ----------------------------------------------------------------------------------------------
     def rewrite(self, gm: fx.GraphModule, example_inputs=None) -> Report:
-        """Rewrite ``gm`` in place; return (and append to ``self.report``) the sites of this graph."""
+        """Rewrite ``gm`` in place; return (and append to ``self.report``) the sites of this graph. Whether autograd
+        records a site is read from the graph per site (:func:`qattn_fx.fx.rewrite.records_autograd`), not from
+        ``example_inputs`` or the grad mode now."""
         graph = len(self.graph_modules)
         self.graph_modules.append(gm)
         dump = debug_dir(self.debug_dir)
         before = readable(gm)
-        training = is_training_graph(example_inputs if example_inputs is not None else _placeholder_values(gm))
         if log.isEnabledFor(logging.INFO):
             log.info("qattn_fx: rewriting graph %d: %d SDPA sites", graph, len(match.find_sdpa(gm)))
         self._note_other_attention(gm, graph)
-        outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate, grad_enabled=training,
+        outcomes = rewrite(gm, self.spec, hardware=self.hardware, emulate=self.emulate,
                            first_index=len(self.report.sites), target=self.target, timestep=self.timestep)
         sites = Report([SiteRecord.from_outcome(graph, o) for o in outcomes])
         for record, outcome in zip(sites.sites, outcomes):
@@ -341,10 +342,20 @@ def backend(spec: Spec | dict | str | Path | None = None, *, emulate: bool = Fal
 def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool = False,
                   debug_dir: str | Path | None = None, hardware: Hardware | str | None = None, target: Target = None,
                   timestep: str = "timestep", timestep_scale: float = 1000.0):
-    """The same rewrite as an Inductor ``pre_grad_custom_pass`` (a ``CustomGraphPass`` with a cache uuid).
+    """The same rewrite as an Inductor ``pre_grad_custom_pass`` (a ``CustomGraphPass``).
 
     Use it where another stack calls ``torch.compile`` itself: ``torch._inductor.config.pre_grad_custom_pass =
     qattn_fx.pre_grad_pass(spec)`` (or :func:`install_pre_grad_pass`). The pass's ``.report`` lists its sites.
+
+    The pass runs on every compile, before Inductor's compile caches are looked up, so ``.report`` lists every
+    site whether or not a warm FX-graph / AOT-autograd cache serves the compiled graph, and the caches key on the
+    rewritten graph (which holds every decision) and stay useful, as they do for :func:`backend`, which rewrites
+    before handing the graph to Inductor. torch 2.11 runs pre-grad passes that way whatever they are. torch 2.13
+    runs a pass with a ``uuid()`` after the cache lookup, only on a miss (its ``pre_grad_pass_timing`` "late"),
+    so a warm cache would serve the graph without the pass and the report would miss its sites; there ``uuid()``
+    returns None, which its default timing runs "early", before the lookup (setting ``pre_grad_pass_timing =
+    "late"`` then makes torch refuse the pass). ``.key()`` names the pass's spec and settings (the uuid where
+    torch takes one).
     """
     from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
@@ -352,6 +363,7 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
                     timestep_scale=timestep_scale)
     package = Path(__file__).parent
     files = tuple(sorted(str(p) for p in package.rglob("*.py")))
+    late_when_keyed = hasattr(torch._inductor.config, "pre_grad_pass_timing")
 
     class QattnPreGradPass(CustomGraphPass):
         report = owner.report
@@ -363,11 +375,27 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
                 raise RuntimeError("qattn_fx pre-grad pass needs a graph owned by a GraphModule")
             owner.rewrite(gm)
 
-        def uuid(self) -> bytes:
+        def key(self) -> bytes:
             extra = repr((owner.spec.to_json(sort_keys=True), emulate, hardware, target, owner.timestep)).encode()
             return hashlib.sha256(get_hash_for_files(files) + extra).digest()
 
+        def uuid(self) -> bytes | None:
+            return None if late_when_keyed else self.key()
+
+    if late_when_keyed:
+        _quiet_missing_uuid_warning(QattnPreGradPass)
     return QattnPreGradPass()
+
+
+def _quiet_missing_uuid_warning(cls: type) -> None:
+    """torch 2.13 warns once per pass without a uuid that caching is bypassed and asks for one; for this pass the
+    caches still serve (:func:`pre_grad_pass`), so the warning is marked as given."""
+    try:
+        from torch._inductor import codecache
+
+        codecache._warned_pre_grad_pass_missing_uuid.add(cls.__qualname__)
+    except (ImportError, AttributeError):  # pragma: no cover - a torch without that warning
+        pass
 
 
 def install_pre_grad_pass(spec=None, **kwargs):

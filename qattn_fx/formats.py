@@ -14,7 +14,9 @@ Conventions (all tensors are logical ``(B, H, S, D)`` unless stated):
   saturates at ±448 and rounds to nearest even. A block whose amax is 0 gets scale 0 and data 0.
 * **MXFP8** (OCP MX, cuDNN/TE convention): 32 elements share an E8M0 scale ``2^e`` with
   ``e = ceil(log2(amax · fp32(1/448)))`` (round *up*, so no element overflows), byte ``e + 127``; amax 0 gives byte
-  0. Data ``e4m3(clamp(x · 2^-e, ±448))``. Scales are stored as ``torch.float8_e8m0fnu`` (one byte).
+  0. Data ``e4m3(clamp(x · 2^-e, ±448))``. Scales are stored as their E8M0 bytes in ``torch.uint8`` (what
+  ``torch.float8_e8m0fnu`` holds; Inductor's C++ backend has no such dtype, so a CPU compile of an emulated MXFP8
+  recipe cannot carry it), which a kernel that wants the dtype views as ``float8_e8m0fnu`` at its boundary.
 * **NVFP4**: E2M1 elements (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, round to nearest, ties to even code), 16 elements
   share an E4M3 block scale, and one fp32 tensor scale ``g = amax / (448 · 6)`` keeps block scales in range:
   ``x ≈ e2m1 · e4m3_block_scale · g``. Two elements per byte along the last axis, element ``2i`` in the low
@@ -176,7 +178,7 @@ def mx_exponent(amax: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8 with 32-element blocks along ``axis`` → ``(e4m3 data like x, e8m0 scales)``.
+    """MXFP8 with 32-element blocks along ``axis`` → ``(e4m3 data like x, E8M0 scale bytes as uint8)``.
 
     Scales have ``x``'s shape with ``axis`` replaced by ``ceil(n/32)`` blocks (Q/K: ``axis=-1`` →
     ``(B,H,S,ceil(D/32))``; V: ``axis=-2`` → ``(B,H,ceil(S/32),D)``).
@@ -190,12 +192,13 @@ def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tens
     data = (blocks * scale.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     n = x.shape[axis]
     data = take_first(data.reshape(*data.shape[:-2], -1), -1, n).movedim(-1, axis).to(torch.float8_e4m3fn)
-    scales = byte.to(torch.uint8).movedim(-1, axis).view(torch.float8_e8m0fnu)
+    scales = byte.to(torch.uint8).movedim(-1, axis)  # no view as float8_e8m0fnu here: see the module docstring
     return data.contiguous(), scales.contiguous()
 
 
 def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
-    """``2^(byte - 127)`` as fp32 (byte 0 → 2^-127, treated as the scale of an all-zero block)."""
+    """``2^(byte - 127)`` as fp32 (byte 0 → 2^-127, treated as the scale of an all-zero block); ``scales``: E8M0
+    bytes, ``uint8`` or ``float8_e8m0fnu``."""
     return torch.exp2(scales.view(torch.uint8).float() - 127.0)
 
 

@@ -255,11 +255,11 @@ BLOCK_ERRORS = [
                               "cudnn_mxfp8, flashinfer_fa3_fp8, flashinfer_trtllm_sage"),
     (_M, dict(qk_format="int8"), "qk_format='int8' is invalid; valid: mxfp8, nvfp4"),
     (_M, dict(v_format="bf16"), "v_format='bf16' is invalid; valid: fp8, mxfp8, nvfp4"),
-    (_M, dict(q_sf=_M[1].view(torch.uint8)), "mxfp8 q needs data torch.float8_e4m3fn and scales "
-                                             "torch.float8_e8m0fnu; got torch.float8_e4m3fn, torch.uint8"),
+    (_M, dict(q_sf=_M[1].view(torch.int8)), "mxfp8 q needs data torch.float8_e4m3fn and scales torch.uint8 or "
+                                            "torch.float8_e8m0fnu; got torch.float8_e4m3fn, torch.int8"),
     (_M, dict(q_gs=torch.ones(())), "q_gs (tensor scale) is required for nvfp4 and must be None for mxfp8"),
-    (_M, dict(v_sf=_M[7].view(torch.uint8)), "mxfp8 v needs data torch.float8_e4m3fn and scales "
-                                             "torch.float8_e8m0fnu; got torch.float8_e4m3fn, torch.uint8"),
+    (_M, dict(v_sf=_M[7].view(torch.int8)), "mxfp8 v needs data torch.float8_e4m3fn and scales torch.uint8 or "
+                                            "torch.float8_e8m0fnu; got torch.float8_e4m3fn, torch.int8"),
     (_M, dict(q_sf=_M[1][..., :1]), "q_sf must have shape (1, 4, 33, 2); got (1, 4, 33, 1)"),
     (_M, dict(k_sf=_M[4][:, :, :3]), "k_sf must have shape (1, 2, 45, 2); got (1, 2, 3, 2)"),
     (_M, dict(v_sf=_M[7][:, :, :1]), "v_sf must have shape (1, 2, 2, 64); got (1, 2, 1, 64)"),
@@ -350,6 +350,11 @@ def test_reference_block_scaled_mxfp8_matches_hand_computation():
 
     expected = _hand_attention(deq(qd, qsf, -1), deq(kd, ksf, -1), deq(vd, vsf, -2), 0.125)
     torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+    # the op takes the scales' bytes (what quantize_mxfp8 gives) or the same bytes as float8_e8m0fnu
+    assert qsf.dtype == torch.uint8
+    as_e8m0 = ops.block_scaled_attention(qd, qsf.view(E8M0), None, kd, ksf.view(E8M0), None, vd, vsf.view(E8M0), None,
+                                         "mxfp8", "mxfp8", 0.125, torch.float32, "reference")
+    assert torch.equal(as_e8m0, out)
 
 
 def test_reference_gqa_equals_repeated_heads():

@@ -135,12 +135,25 @@ def test_report_dict_has_the_documented_keys():
     assert site["mask"] == "none" and site["mask_shape"] is None
 
 
-def test_pre_grad_pass_for_stacks_that_own_torch_compile():
+def test_pre_grad_pass_for_stacks_that_own_torch_compile(caplog):
     torch.manual_seed(0)
     block, x = AttentionBlock().eval(), torch.randn(1, 16, 64)
     qpass = qattn_fx.pre_grad_pass(emulate=True)
-    assert isinstance(qpass.uuid(), bytes) and qpass.uuid() == qattn_fx.pre_grad_pass(emulate=True).uuid()
-    assert qpass.uuid() != qattn_fx.pre_grad_pass(emulate=False).uuid()
+    assert isinstance(qpass.key(), bytes) and qpass.key() == qattn_fx.pre_grad_pass(emulate=True).key()
+    assert qpass.key() != qattn_fx.pre_grad_pass(emulate=False).key()
+    # torch >= 2.13 runs a pass with a uuid only on a cache miss: this one has none there, so it runs every compile
+    late_when_keyed = hasattr(torch._inductor.config, "pre_grad_pass_timing")
+    assert qpass.uuid() == (None if late_when_keyed else qpass.key())
+    if late_when_keyed:  # early, and without torch's warning that the caches are bypassed (they are not)
+        from torch._inductor import codecache
+
+        codecache.log.addHandler(caplog.handler)
+        try:
+            with torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+                assert codecache.resolve_pre_grad_pass_timing() == "early"
+        finally:
+            codecache.log.removeHandler(caplog.handler)
+        assert not [r for r in caplog.records if "uuid" in r.getMessage()]
     torch._dynamo.reset()
     with torch.no_grad(), torch._inductor.config.patch(pre_grad_custom_pass=qpass):
         out = torch.compile(block, fullgraph=True)(x)
@@ -758,3 +771,151 @@ def test_a_cpu_run_that_quantizes_nothing_says_what_would(caplog, emulate, grad,
     assert [hint for hint in ("emulate=True", "torch.no_grad()") if hint in warning] == hints
     if "emulate=True" in hints:
         assert "no quantized kernel runs on cpu: emulate=True runs the recipes on the reference kernel" in warning
+
+
+class _GradModeInside(torch.nn.Module):
+    """Two attention blocks: ``frozen`` under ``torch.no_grad()`` (a frozen encoder), ``tuned`` under
+    ``torch.enable_grad()`` (its parameters require grad), whatever grad mode the caller has."""
+
+    def __init__(self):
+        super().__init__()
+        self.frozen, self.tuned = AttentionBlock(), AttentionBlock()
+
+    def forward(self, x):
+        with torch.no_grad():
+            context = self.frozen(x)
+        with torch.enable_grad():
+            return self.tuned(x + context)
+
+
+TRAINING = "dense: autograd is enabled (training graph); the quantized attention ops have no backward"
+
+
+@pytest.mark.parametrize("entry", ["backend", "explain", "pre_grad_pass"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_grad_mode_set_inside_the_compiled_function_decides_each_site(entry, grad):
+    """Autograd records a site when grad mode is on at its place in the graph and an input requires grad: the
+    caller's grad mode at compile time decides nothing. The ``no_grad`` block's site is quantized, the
+    ``enable_grad`` block's stays dense with the training reason, and its backward runs."""
+    torch.manual_seed(0)
+    model, x = _GradModeInside(), torch.randn(1, 16, 64)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        if entry == "explain":
+            report = qattn_fx.explain(model, x, emulate=True)
+        elif entry == "backend":
+            backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+            out = torch.compile(model, backend=backend, fullgraph=True)(x)
+            report = backend.report
+        else:
+            qpass = qattn_fx.pre_grad_pass(emulate=True)
+            with torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+                out = torch.compile(model, fullgraph=True)(x)
+            report = qpass.report
+    assert [(s.module, s.rewritten) for s in report.sites] == [("frozen", True), ("tuned", False)]
+    assert report.sites[1].reason == TRAINING
+    if entry != "explain":
+        out.sum().backward()
+        assert model.tuned.qkv.weight.grad is not None and model.frozen.qkv.weight.grad is None
+        with torch.no_grad():
+            dense = model(x)
+        assert_close_to_dense(out.detach(), dense)
+
+
+class _Sdpa(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+class _BlockScaledSites(torch.nn.Module):
+    """Three attention sites on the same Q/K/V (no projections: the output is the quantize ops' and the reference
+    attention's alone), for one recipe each."""
+
+    def __init__(self):
+        super().__init__()
+        self.mx, self.mx_fp8v, self.nv = _Sdpa(), _Sdpa(), _Sdpa()
+
+    def forward(self, q, k, v):
+        return self.mx(q, k, v), self.mx_fp8v(q, k, v), self.nv(q, k, v)
+
+
+@pytest.mark.slow
+def test_block_scaled_recipes_emulate_under_inductor_on_cpu():
+    """MXFP8 and NVFP4 recipes, emulated, compile with Inductor on a CPU (whose C++ code has no float8_e8m0fnu: the
+    MXFP8 scales travel as their bytes) and give aot_eager's output bit for bit."""
+    def use(backend, qk, v):
+        return {"backend": backend, "recipe": {"qk_dtype": qk, "v_dtype": v, "q_block_size": 0, "k_block_size": 0,
+                                               "v_block_size": 0}}
+
+    spec = {"rules": [{"match": {"module": "mx"}, "use": use("CUDNN", "mxfp8", "mxfp8")},
+                      {"match": {"module": "mx_fp8v"}, "use": use("CUTEDSL", "mxfp8", "fp8")},
+                      {"match": {"module": "nv"}, "use": use("FLASHINFER", "nvfp4", "nvfp4")}]}
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64) * 3, torch.randn(1, 2, 40, 64)
+    outs = {}
+    for compiler in ("inductor", "aot_eager"):
+        backend = qattn_fx.backend(spec, emulate=True, compiler=compiler)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            outs[compiler] = torch.compile(_BlockScaledSites(), backend=backend, fullgraph=True)(q, k, v)
+        assert [(s.module, s.recipe, s.rewritten) for s in backend.report.sites] == [
+            ("mx", "mxfp8 Q/K, mxfp8 V, smooth K", True), ("mx_fp8v", "mxfp8 Q/K, fp8 V per-tensor, smooth K", True),
+            ("nv", "nvfp4 Q/K, nvfp4 V, smooth K", True)]
+    for compiled, eager in zip(outs["inductor"], outs["aot_eager"]):
+        assert torch.equal(compiled, eager)
+    with torch.no_grad():
+        dense = F.scaled_dot_product_attention(q, k, v)
+    for out in outs["inductor"]:  # the recipes' own error (measured: cosine >= 0.969, NVFP4's the lowest)
+        assert F.cosine_similarity(out.flatten(), dense.flatten(), dim=0) > 0.95
+
+
+def _fresh_inductor_cache():
+    from torch._inductor import utils
+
+    return getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+
+
+class _TwoBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([AttentionBlock(), AttentionBlock()])
+
+    def forward(self, x):
+        return self.blocks[1](self.blocks[0](x))
+
+
+@pytest.mark.parametrize("entry", ["backend", "pre_grad_pass"])
+def test_the_report_is_complete_whether_or_not_a_warm_cache_served_the_graph(entry):
+    """A cold compile, then the same compile in a fresh Dynamo state, served by Inductor's FX-graph and
+    AOT-autograd caches: both reports list the same sites with the same decisions (torch 2.13 would skip a
+    pre-grad pass with a uuid on the cache hit)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model, x = _TwoBlocks().eval(), torch.randn(1, 16, 64)
+    spec = {"rules": [{"match": {"module": "blocks.1"}, "use": "dense"}]}
+    reports, hits = [], []
+    with (_fresh_inductor_cache()(),
+          torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+          torch._functorch.config.patch(enable_autograd_cache=True)):
+        for _ in range(2):
+            before = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+            torch._dynamo.reset()
+            with torch.no_grad():
+                if entry == "backend":
+                    owner = qattn_fx.backend(spec, emulate=True)
+                    torch.compile(model, backend=owner, fullgraph=True)(x)
+                    report = owner.report
+                else:
+                    qpass = qattn_fx.pre_grad_pass(spec, emulate=True)
+                    with torch._inductor.config.patch(pre_grad_custom_pass=qpass):
+                        torch.compile(model, fullgraph=True)(x)
+                    report = qpass.report
+            reports.append([(s.graph, s.site, s.module, s.rewritten, s.reason) for s in report.sites])
+            hits.append(counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+                        - before)
+    assert hits[0] == 0 and hits[1] > 0  # cold, then served by a cache
+    assert reports[0] == reports[1]
+    assert [(module, rewritten) for _, _, module, rewritten, _ in reports[1]] == [
+        ("blocks.0", True), ("blocks.1", False)]
+    assert reports[1][1][4] == "dense: rule 1 (module=blocks.1)"

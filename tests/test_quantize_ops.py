@@ -19,7 +19,7 @@ from qattn_fx import formats
 from qattn_fx.ops.quantize import QUANTIZE_OPS
 
 ops = torch.ops.qattn
-I8, F8, E8M0 = torch.int8, torch.float8_e4m3fn, torch.float8_e8m0fnu
+I8, F8 = torch.int8, torch.float8_e4m3fn
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -303,7 +303,8 @@ def test_block_scaled_layouts():
     x = bshd(2, 3, 40, 48)
     data, scales = ops.quantize_mxfp8(x, -1)
     assert data.shape == x.shape and data.is_contiguous() and data.dtype == F8
-    assert scales.shape == (2, 3, 40, 2) and scales.dtype == E8M0 and scales.is_contiguous()
+    # E8M0 scales as their bytes: Inductor's C++ backend has no float8_e8m0fnu (test_recipes.py compiles them)
+    assert scales.shape == (2, 3, 40, 2) and scales.dtype == torch.uint8 and scales.is_contiguous()
     data, scales = ops.quantize_mxfp8(x, -2)
     assert scales.shape == (2, 3, 2, 48)
     packed, sf, gs = ops.quantize_nvfp4(x, False)
@@ -513,7 +514,7 @@ def test_quantize_property(b, h, sq, skv, d, block, layout, dtype, magnitude, se
             assert data.dtype == F8 and data.shape == x.shape and data.is_contiguous()
             expect = list(x.shape)
             expect[axis] = math.ceil(n / 32)
-            assert scales.dtype == E8M0 and list(scales.shape) == expect
+            assert scales.dtype == torch.uint8 and list(scales.shape) == expect
             sc = expand_blocks(mx_scale(scales), 32, n, axis)
             assert (data.double().abs() <= 448).all()
             err = (data.double() * sc - xd).abs()

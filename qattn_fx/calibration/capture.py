@@ -20,7 +20,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..fx import masks, match
-from ..fx.rewrite import describe_site, is_training_graph, layer_counts
+from ..fx.rewrite import describe_site, layer_counts
 from ..policy import Site
 
 
@@ -88,13 +88,12 @@ class ProbedModel:
         calls = match.find_sdpa(gm)
         layers = layer_counts(calls)
         uses = match.subgraph_uses(gm)
-        training = is_training_graph(example_inputs)
         seen: dict[tuple[str, int | None], int] = {}
         touched: dict[int, fx.GraphModule] = {}
         for call in calls:
             call.args = match.normalize_sdpa_args(call.node)
             read = masks.per_key_read(call)
-            site = describe_site(call, layers=layers, uses=uses, grad_enabled=training, mask_read=read)
+            site = describe_site(call, layers=layers, uses=uses, mask_read=read)
             n = seen.get((site.module, site.layer), 0)
             seen[(site.module, site.layer)] = n + 1
             key = SiteKey(site.module, site.layer, n)

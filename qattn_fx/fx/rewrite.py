@@ -64,8 +64,9 @@ class FxEmitter:
         missing = any(match.example_value(n) is None for n in nodes)
         if self.fake_mode is not None and not missing:
             values = fx.node.map_arg(args, match.example_value)
-            # the python dispatcher runs Python decompositions (as Dynamo does), which take symbolic sizes
-            with self.fake_mode, enable_python_dispatcher():
+            # the python dispatcher runs Python decompositions (as Dynamo does), which take symbolic sizes; no
+            # grad: autograd records no quantized site (records_autograd), whatever the grad mode now
+            with self.fake_mode, enable_python_dispatcher(), torch.no_grad():
                 node.meta["example_value"] = target(*values)
         self.created.append(node)
         return node
@@ -94,10 +95,28 @@ def _specialized_dropout(arg: object) -> tuple[bool, float | None]:
     return runtime, value
 
 
+def records_autograd(call: match.SdpaCall) -> bool:
+    """Autograd records ``call`` (a backward would run through it): at its point of the graph grad mode was on and
+    one of its inputs requires grad. Dynamo traces each node under the grad mode of its place in the code (a
+    ``torch.enable_grad()`` / ``torch.no_grad()`` block inside the compiled function becomes
+    ``torch._C._set_grad_enabled`` nodes around it), so the call's fake output says it: its ``requires_grad``.
+    The grad mode when the graph is compiled is not the site's (a function called under ``no_grad`` may enable
+    grad around its attention, and the reverse). Without a traced output (a graph made elsewhere): the grad mode
+    now and the inputs' ``requires_grad``."""
+    out = match.example_value(call.node)
+    if isinstance(out, (tuple, list)) and out:  # the LSE ops: (output, logsumexp, ...)
+        out = out[0]
+    if isinstance(out, torch.Tensor):
+        return out.requires_grad
+    inputs = (match.example_value(n) for n in (call.q, call.k, call.v))
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
+
+
 def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[int, int],
-                  grad_enabled: bool, mask_read: masks.MaskRead | None = None) -> Site:
+                  mask_read: masks.MaskRead | None = None) -> Site:
     """The :class:`~qattn_fx.policy.Site` of ``call``; ``mask_read``: how its ``attn_mask`` is read per key
-    (:func:`qattn_fx.fx.masks.per_key_read`), described in its place."""
+    (:func:`qattn_fx.fx.masks.per_key_read`), described in its place. ``grad_enabled``: whether autograd records
+    the call (:func:`records_autograd`), per site."""
     q, k, v = (match.example_value(n) for n in (call.q, call.k, call.v))
     mask = match.example_value(call.args["attn_mask"]) if call.args["attn_mask"] is not None else None
     mask_shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else None
@@ -128,7 +147,7 @@ def describe_site(call: match.SdpaCall, *, layers: dict[str, int], uses: dict[in
         dropout=dropout if dropout is not None else (0.0 if not dropout_runtime else float("nan")),
         scale=scale,
         enable_gqa=bool(call.args["enable_gqa"]),
-        grad_enabled=grad_enabled,
+        grad_enabled=records_autograd(call),
         layer_shared=shared_graph or index is None,
         runtime_args=runtime,
         kv_dtypes=(k.dtype, v.dtype),
@@ -256,14 +275,15 @@ def node_prefix(module_path: str, taken: dict[str, int]) -> str:
 
 
 def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = None, emulate: bool = False,
-            grad_enabled: bool = False, first_index: int = 0, target=None,
+            first_index: int = 0, target=None,
             timestep: TimestepSource | None = None) -> list[SiteOutcome]:
     """Resolve and rewrite every SDPA site under ``root`` (nested subgraphs included); returns one outcome per site.
 
     ``hardware`` defaults to the machine the site's tensors live on; ``target`` (with ``emulate``) is where the
     emulated sites are meant to deploy (:func:`qattn_fx.policy.deployment`); ``timestep``: where gated sites
     (``disabled_until_timestep``) read the timestep (default :class:`TimestepSource`). Graph modules are
-    recompiled.
+    recompiled. A site that autograd records (:func:`records_autograd`, decided per site from the graph, not from
+    the grad mode now) stays dense: the quantized ops have no backward.
     """
     timestep = timestep or TimestepSource()
     calls = match.find_sdpa(root)
@@ -276,7 +296,7 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
         # an earlier site's output may feed this one (chained attention): read the arguments after its rewrite
         call.args = match.normalize_sdpa_args(call.node)
         read = masks.per_key_read(call)
-        site = describe_site(call, layers=layers, uses=uses, grad_enabled=grad_enabled, mask_read=read)
+        site = describe_site(call, layers=layers, uses=uses, mask_read=read)
         hw = hardware if hardware is not None else detect(match.example_value(call.q).device)
         decision = resolve(site, hw, spec, emulate=emulate, target=target)
         inserted: tuple[str, ...] = ()
@@ -292,9 +312,3 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
         gm.recompile()
     return outcomes
 
-
-def is_training_graph(example_inputs) -> bool:
-    """Autograd will trace a backward: grad mode is on and some input requires grad."""
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs or ()
-    )

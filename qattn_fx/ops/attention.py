@@ -36,7 +36,8 @@ those of the smoothed K (shifted by ``q·mean(k)·sm_scale`` per row); the lower
 ``qattn::block_scaled_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale,
 out_dtype, kernel, key_bias=None, runtime_scale=None)``
 
-* ``qk_format`` ``mxfp8``: e4m3 ``(B, H, S, D)`` data with E8M0 scales ``(B, H, S, ceil(D/32))``;
+* ``qk_format`` ``mxfp8``: e4m3 ``(B, H, S, D)`` data with E8M0 scales ``(B, H, S, ceil(D/32))``, as uint8 bytes
+  (what ``qattn::quantize_mxfp8`` gives) or ``float8_e8m0fnu``;
   ``nvfp4``: packed e2m1 ``(B, H, S, D/2)`` uint8, E4M3 scales ``(B, H, S, D/16)``, fp32 tensor scale ``()``.
 * ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, ceil(Skv/32), Dv)``;
   ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, Skv16/16)``, tensor scale.
@@ -298,17 +299,22 @@ def check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_fo
             _fail(f"nvfp4 v holds {skv} padded tokens; expected ceil16(Skv) for Skv={k.shape[2]}")
         skv = k.shape[2]
     _check_heads(q, k, v, skv)
-    expect = {"mxfp8": (torch.float8_e4m3fn, torch.float8_e8m0fnu), "nvfp4": (torch.uint8, torch.float8_e4m3fn)}
+    # E8M0 scales as their bytes (uint8, what qattn::quantize_mxfp8 gives: Inductor's C++ backend has no
+    # float8_e8m0fnu) or as the dtype itself
+    expect = {"mxfp8": (torch.float8_e4m3fn, (torch.uint8, torch.float8_e8m0fnu)),
+              "nvfp4": (torch.uint8, (torch.float8_e4m3fn,))}
     for name, x, sf, gs in (("q", q, q_sf, q_gs), ("k", k, k_sf, k_gs)):
-        data_dtype, sf_dtype = expect[qk_format]
-        if x.dtype != data_dtype or sf.dtype != sf_dtype:
-            _fail(f"{qk_format} {name} needs data {data_dtype} and scales {sf_dtype}; got {x.dtype}, {sf.dtype}")
+        data_dtype, sf_dtypes = expect[qk_format]
+        if x.dtype != data_dtype or sf.dtype not in sf_dtypes:
+            _fail(f"{qk_format} {name} needs data {data_dtype} and scales {' or '.join(map(str, sf_dtypes))}; got "
+                  f"{x.dtype}, {sf.dtype}")
         if (qk_format == "nvfp4") != (gs is not None):
             _fail(f"{name}_gs (tensor scale) is required for nvfp4 and must be None for mxfp8")
     if v_format != "fp8":
-        data_dtype, sf_dtype = expect[v_format]
-        if v.dtype != data_dtype or v_sf.dtype != sf_dtype:
-            _fail(f"{v_format} v needs data {data_dtype} and scales {sf_dtype}; got {v.dtype}, {v_sf.dtype}")
+        data_dtype, sf_dtypes = expect[v_format]
+        if v.dtype != data_dtype or v_sf.dtype not in sf_dtypes:
+            _fail(f"{v_format} v needs data {data_dtype} and scales {' or '.join(map(str, sf_dtypes))}; got "
+                  f"{v.dtype}, {v_sf.dtype}")
     elif v.dtype != torch.float8_e4m3fn or v_sf.dtype != torch.float32:
         _fail(f"fp8 v needs float8_e4m3fn data and float32 scales; got {v.dtype}, {v_sf.dtype}")
     if (v_format == "nvfp4") != (v_gs is not None):

@@ -14,7 +14,8 @@ op                                                     returns
 ``quantize_per_head(x, dtype, seq_major)``             data, scale ``(1, H, 1)``
 ``quantize_per_tensor(x, dtype, seq_major)``           data, scale ``(1, 1, 1)``
 ``quantize_per_channel(x, dtype, seq_major)``          data, scale ``(B, H, D)`` (V: amax over tokens)
-``quantize_mxfp8(x, axis)``                            e4m3 data like x, E8M0 scales (32 along ``axis``)
+``quantize_mxfp8(x, axis)``                            e4m3 data like x, E8M0 scales (32 along ``axis``) as
+                                                       their bytes in uint8 (:mod:`qattn_fx.formats`)
 ``key_bias(mask, k)``                                  a per-key mask as an fp32 logit bias ``(B|1, Skv)``
                                                        (boolean: 0 / ``-inf``)
 ``as_scalar_tensor(value)``                            a graph's float value as a 0-d float64 CPU tensor
