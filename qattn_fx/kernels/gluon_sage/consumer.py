@@ -53,7 +53,7 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 @jit
 def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
     """K scales of tile ``j`` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn, ks_smem,
-    SEQ_KV)``; ``flags``: the kernel's :class:`~._gluon.KernelFlags` (``K_BLOCK``, ``BLOCK_N``, ``STAGES``,
+    SEQ_KV)``; ``flags``: the kernel's :class:`~.state.KernelFlags` (``K_BLOCK``, ``BLOCK_N``, ``STAGES``,
     ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with the K tile
     (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already be
     released); a shared-memory broadcast read instead of masked global loads (zeros past the tensor; values past
@@ -377,7 +377,7 @@ def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, rs, pv_zero, SEQ_KV, v_smem, v_read
                 PERMK: gl.constexpr, sums, BIAS: gl.constexpr):
     """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
     the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
-    ``flags``: the kernel's :class:`~._gluon.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order;
+    ``flags``: the kernel's :class:`~.state.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order;
     ``BIAS`` apart: whether this tile adds the key bias ``kb``); ``sums``: ``(ones_smem, l_zero)`` of the
     ``MMASUM`` row sums (:func:`_pv_issue`)."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
@@ -520,7 +520,7 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout: gl
               col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr):
     """Every key tile of this warpgroup's rows, Q·Kᵀ through P·V: the ``ahead`` or the serial schedule (``SKIP``:
     the serial one with Skip-Softmax's test, :func:`_softmax_pv_skip`; 0 even in a Skip-Softmax kernel: the loop
-    without it); ``flags``: the kernel's :class:`~._gluon.KernelFlags`; returns ``(m, l, acc)`` for the epilogue.
+    without it); ``flags``: the kernel's :class:`~.state.KernelFlags`; returns ``(m, l, acc)`` for the epilogue.
     ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)``; ``bias_tiles``: ``(b0, b1)``, with ``HAS_BIAS`` the full tiles
     ``[b0, b1)`` add the key bias and the others run without it (their bias is 0);
     ``loop_args``: ``(q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc,
@@ -624,11 +624,15 @@ def _epilogue(m_i, l_i, acc, epi_args, flags, CID: gl.constexpr, NC: gl.constexp
 
 
 @jit
-def _consume(args, CID: gl.constexpr, flags):
+def _consume(st, CID: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``: their row scales (quantizing Q when the
-    kernel does), then :func:`_mainloop` and :func:`_epilogue`. ``flags``: :class:`~._gluon.KernelFlags`; its
-    ``SKIP`` (serial schedules only): every tile behind Skip-Softmax's test (:func:`_softmax_pv_skip`; 2: counting
-    skipped tiles) unless λ is 0."""
+    kernel does), then :func:`_mainloop` and :func:`_epilogue`. ``st``: the :class:`~.state.KernelState`; its
+    flags' ``SKIP`` (serial schedules only): every tile behind Skip-Softmax's test (:func:`_softmax_pv_skip`; 2:
+    counting skipped tiles) unless λ is 0."""
+    flags = st.flags
+    bufs = st.bufs
+    ptrs = st.ptrs
+    prog = st.prog
     QK_KIND: gl.constexpr = flags.QK_KIND
     Q_BLOCK: gl.constexpr = flags.Q_BLOCK
     K_BLOCK: gl.constexpr = flags.K_BLOCK
@@ -636,18 +640,20 @@ def _consume(args, CID: gl.constexpr, flags):
     MMASUM: gl.constexpr = flags.MMASUM
     SPLIT_TAIL: gl.constexpr = flags.SPLIT_TAIL
     SKIP: gl.constexpr = flags.SKIP
-    descs, smem, bars, ptrs, ints, qk_scale, skip_src = args
-    q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
-    q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
-    q_bar, k_ready, v_ready, kv_free = bars
-    QS, KS, VS, Out, Lse, OutWs, LseWs, KB, KBR = ptrs
-    (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh, stride_vsd,
-     stride_ob, stride_oh, stride_os, H, SEQ_Q, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb, kp_gh, kv0, piece,
-     stride_kbb) = ints
+    q_desc = bufs.q_desc
+    k_desc = bufs.k_desc
+    b = prog.b
+    h = prog.h
+    hk = prog.hk
+    kv0 = prog.kv0
+    SEQ_Q = prog.SEQ_Q
+    SEQ_KV = prog.kv_len
+    stride_ksn = prog.stride_ksn
+    qk_scale = prog.qk_scale
 
     BM: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
-    HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[2]
+    HEAD_DIM_V: gl.constexpr = bufs.v_desc.block_type.shape[2]
     NW: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = _mma_layout(NW, BLOCK_N, k_desc.dtype.primitive_bitwidth)
     QUANT_Q: gl.constexpr = quantizes_q(q_desc.dtype, k_desc.dtype)  # this warpgroup quantizes its Q rows itself
@@ -667,28 +673,29 @@ def _consume(args, CID: gl.constexpr, flags):
     pv_zero = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
 
     # ---- row scale: q_scale · sm_scale · log2(e) (· K's scale when it is per head/tensor) ---------------------
-    row0 = start_m + CID * BM
+    row0 = prog.start_m + CID * BM
     offs_m = row0 + gl.arange(0, BM, layout=row_s)
     m_valid = offs_m < SEQ_Q
-    ks_ptr = KS + b * stride_ksb + hk * stride_ksh
+    ks_ptr = ptrs.KS + b * prog.stride_ksb + hk * prog.stride_ksh
     if SPLIT_TAIL and K_BLOCK > 0:  # a tail piece's keys start at kv0 (a multiple of K_BLOCK); its K scales there
         ks_ptr += (kv0 // K_BLOCK) * stride_ksn
-    kb_ptr = KB + b * stride_kbb
+    kb_ptr = ptrs.KB + b * prog.stride_kbb
     if SPLIT_TAIL:
         kb_ptr += kv0
-    q = q_smem.index(CID).reshape([BM, HEAD_DIM])
+    q = bufs.q_smem.index(CID).reshape([BM, HEAD_DIM])
     if QK_KIND == 2:
         rs = gl.full([BM], 0.0, gl.float32, row_s) + qk_scale
     elif QUANT_Q:  # QS: the bf16/fp16 Q itself, its (batch, head, token) strides in stride_qs*
-        rs = _quantize_q_rows(QS, stride_qsb, stride_qsh, stride_qsn, b, h, row0, SEQ_Q, q, row_s) * qk_scale
+        rs = _quantize_q_rows(ptrs.QS, prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, b, h, row0, SEQ_Q, q,
+                              row_s) * qk_scale
         if K_BLOCK == 0:
             rs = rs * gl.load(ks_ptr)
     else:
-        qs_ptr = QS + b * stride_qsb + h * stride_qsh
+        qs_ptr = ptrs.QS + b * prog.stride_qsb + h * prog.stride_qsh
         if Q_BLOCK == 0:
             rs = gl.full([BM], 0.0, gl.float32, row_s) + gl.load(qs_ptr) * qk_scale
         else:
-            rs = gl.load(qs_ptr + (offs_m // Q_BLOCK) * stride_qsn, mask=m_valid, other=0.0) * qk_scale
+            rs = gl.load(qs_ptr + (offs_m // Q_BLOCK) * prog.stride_qsn, mask=m_valid, other=0.0) * qk_scale
         if K_BLOCK == 0:
             rs = rs * gl.load(ks_ptr)
 
@@ -697,35 +704,36 @@ def _consume(args, CID: gl.constexpr, flags):
     if MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
         l_zero = gl.zeros([BM, 8], gl.float32, _sum_layout(NW))
         l_i = l_zero
-        ones = ones_smem.index(CID)
+        ones = bufs.ones_smem.index(CID)
         _fill_ones(ones)
     else:
         l_zero = pv_zero  # unused
         l_i = gl.full([BM], 0.0, gl.float32, row_s)
-        ones = ones_smem  # unused
+        ones = bufs.ones_smem  # unused
     sums = (ones, l_zero)
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
-    ksrc = (ks_ptr, stride_ksn, ks_smem, SEQ_KV)
+    ksrc = (ks_ptr, stride_ksn, bufs.ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
     if flags.HAS_BIAS:  # the full tiles that meet the keys with a nonzero bias (from kv0, a split piece's first key)
-        kbr = KBR + 2 * gl.where(stride_kbb != 0, b, 0)
+        kbr = ptrs.KBR + 2 * gl.where(prog.stride_kbb != 0, b, 0)
         b0 = gl.minimum(gl.maximum(gl.load(kbr) - kv0, 0) // BLOCK_N, n_tiles - 1)
         b1 = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(gl.load(kbr + 1) - kv0, 0), BLOCK_N), b0), n_tiles - 1)
         bias_tiles = (b0, b1)
     else:
         bias_tiles = (0, 0)  # unused
     if SKIP:  # (log2 λ, rows past SEQ_Q, the skip counter per lane, the one lane that counts)
-        thr_ptr, count_ptr = skip_src
         count_lane = (offs_m == row0) & (row0 < SEQ_Q)
-        skip = (gl.load(thr_ptr), offs_m >= SEQ_Q, count_ptr + offs_m * 0, count_lane)
+        skip = (gl.load(prog.skip_thr), offs_m >= SEQ_Q, prog.skip_count + offs_m * 0, count_lane)
     else:
         skip = (0.0, 0.0, 0.0, 0.0)  # unused
     if not QUANT_Q:
-        mbarrier.wait(q_bar, 0)
-    loop_args = (q, rs, s_init, pv_zero, SEQ_KV, k_smem, v_smem, k_ready, kv_free, v_ready, ksrc, kbsrc, skip, sums)
-    epi_args = (VS, Out, Lse, OutWs, LseWs, stride_vsb, stride_vsh, stride_vsd, stride_ob, stride_oh, stride_os, H,
-                SEQ_Q, b, h, hk, row0, offs_m, m_valid, piece)
-    NC: gl.constexpr = q_smem.type.shape[0]
+        mbarrier.wait(bufs.q_bar, 0)
+    loop_args = (q, rs, s_init, pv_zero, SEQ_KV, bufs.k_smem, bufs.v_smem, bufs.k_ready, bufs.kv_free, bufs.v_ready,
+                 ksrc, kbsrc, skip, sums)
+    epi_args = (ptrs.VS, ptrs.Out, ptrs.Lse, ptrs.OutWs, ptrs.LseWs, prog.stride_vsb, prog.stride_vsh,
+                prog.stride_vsd, prog.stride_ob, prog.stride_oh, prog.stride_os, prog.H, SEQ_Q, b, h, hk, row0,
+                offs_m, m_valid, prog.piece)
+    NC: gl.constexpr = bufs.q_smem.type.shape[0]
     # Skip-Softmax with λ = 0 (log2 λ = -inf: nothing can be skipped, e.g. the steps before disabled_until_timestep)
     # runs the loop without the test, which costs 11-13 % (docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
