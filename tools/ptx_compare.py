@@ -8,7 +8,8 @@ without counting, head_dim 64) for sm_90 in a process of its own (``PYTHONPATH``
 imports its own ``qattn_fx``); the PTX is compared with debug sections stripped and parameter numbers normalized::
 
     git worktree add /tmp/gluon-before main          # (or: git archive main qattn_fx | tar -x -C /tmp/gluon-before)
-    python tools/ptx_compare.py /tmp/gluon-before .  # prints a table; exit status 1 if any case differs
+    python tools/ptx_compare.py /tmp/gluon-before . --out /tmp/ptx  # a table; exit status 1 if a case differs
+    python tools/ptx_compare.py /tmp/ptx/before .   # again, reusing the before side's compiles
 
 Run it as a script (not ``python -m``) so that the working directory does not shadow ``PYTHONPATH``. Each row gives
 the case, whether the normalized PTX is identical, and ptxas' registers and spill stores on both sides.
@@ -124,6 +125,11 @@ def dump(out_dir: str, only: list[str]) -> None:
 
 
 def _run_tree(tree: str, out_dir: str, only: list[str]) -> dict:
+    """Compile :data:`CASES` from ``tree`` into ``out_dir``; ``tree`` itself if it is an earlier ``--out`` side (a
+    directory with an ``index.json``)."""
+    if os.path.exists(os.path.join(tree, "index.json")):
+        with open(os.path.join(tree, "index.json")) as f:
+            return {k: v for k, v in json.load(f).items() if not only or any(o in k for o in only)}
     os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree),
                TRITON_CACHE_DIR=os.path.join(out_dir, "triton-cache"))

@@ -78,7 +78,7 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SOLO_CONSUMER_REGS, SOLO_LAUNCH_MAXNREG,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, current_config, forced_config, use_config)
-from .consumer import _mma_layout as mma_layout
+from ._gluon import mma_layout
 from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, LaunchPlan,
                      attention, compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan,
                      permuted_k, plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for,

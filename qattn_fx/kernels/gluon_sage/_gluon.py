@@ -38,3 +38,15 @@ def quantizes_q(q_dtype, k_dtype):
     """Q's descriptor is bf16/fp16 beside an 8-bit K (the host passes that form only with an int8 K,
     ``qattn_fx.kernels.q_quantized_in_kernel``): the consumers quantize Q themselves and the producer loads none."""
     return q_dtype.primitive_bitwidth != k_dtype.primitive_bitwidth
+
+
+@constexpr_function
+def mma_layout(num_warps, n, k_bits):
+    """wgmma accumulator layout: ``num_warps`` warps along M, instruction ``m16 x n x (256 / bits)``."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 256 // k_bits])
+
+
+@constexpr_function
+def sum_layout(num_warps):
+    """Accumulator layout of the ones-MMA (``mmasum``): ``(64, 8)`` fp32, every column the row sum of P."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 32])
