@@ -79,10 +79,11 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, current_config, forced_config, use_config)
 from ._gluon import mma_layout
-from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, LaunchPlan,
-                     attention, compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan,
-                     permuted_k, plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for,
-                     tuning_key)
+from .descriptors import descriptor, k_scale_box, permuted_k, tma_aligned
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, attention,
+                     compile_for, ineligible, last_config, last_tail_plan, scaled_attention, sm_count, tail_plan,
+                     tuner_for, tuning_key)
+from .plan import LaunchPlan, kernel_meta, plan_launch, q_blocks
 
 __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR",
            "GluonConfig", "KEY_ORDER_DEFAULT_CONFIG", "KEY_ORDER_TUNED_CONFIGS", "KEY_ORDER_TUNER", "LAST",
@@ -92,6 +93,7 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG", "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
            "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",
            "check_skip_config", "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
-           "k_scale_box", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks",
+           "k_scale_box", "kernel_meta", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch",
+           "q_blocks",
            "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",
            "use_config"]

@@ -78,6 +78,10 @@ class GluonConfig(LaunchConfig):
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
     FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad")
+    #: The flags the kernel takes as they are, as constexprs of their upper-case names (:func:`.plan.kernel_meta`);
+    #: the others shape other constexprs: ``permk`` (``PERMK``, where K's layout takes the view), ``solo``,
+    #: ``trio`` and ``quad`` (``CONSUMERS``).
+    KERNEL_FLAGS: ClassVar = ("ahead", "tarrive", "mmasum")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"

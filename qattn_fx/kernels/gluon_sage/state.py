@@ -32,7 +32,9 @@ def _named(cls):
             setattr(self, name, value if isinstance(value, gl.base_value) else gl.constexpr(value))
 
     cls.__init__ = constexpr_function(__init__)
-    return aggregate(cls)
+    named = aggregate(cls)
+    named.FIELDS = names  # (the aggregate class keeps no annotations of its own)
+    return named
 
 
 @_named
