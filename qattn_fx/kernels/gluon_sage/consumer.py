@@ -162,7 +162,7 @@ def _consume(st, CID: gl.constexpr):
                 offs_m, m_valid, prog.piece)
     NC: gl.constexpr = bufs.q_smem.type.shape[0]
     # Skip-Softmax with λ = 0 (log2 λ = -inf: nothing can be skipped, e.g. the steps before disabled_until_timestep)
-    # runs the loop without the test, which costs 11-13 % (docs/kernel-design.md); each branch has its own epilogue
+    # runs the loop without the test (its cost: docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
     if SKIP and skip[0] != float("-inf"):
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,

@@ -27,9 +27,7 @@ def _sage_fwd_ws(
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
     producer); ``CONSUMERS=3`` (``trio``): 192 rows and a third consumer; ``CONSUMERS=4`` (``quad``): 256 rows and
-    a fourth; ``CONSUMERS=1`` (``solo``): 64 rows,
-    consumer 0 and the producer only, two CTAs per SM (each consumer then has a K/V ring of its own instead of
-    sharing one with the other consumer).
+    a fourth. Each partition gets the :class:`~.state.KernelState` built here (flags, buffers, pointers, program).
 
     ``SPLIT_TAIL`` (:mod:`.tail_split`): a 1-D grid of the same CTAs in the same order (CTA ``g`` is ``(g % N_M,
     g // N_M)``): ``MAIN_CTAS`` whole ones, then ``SPLITS`` pieces for each remaining CTA ``g`` (the last, partial
@@ -124,9 +122,7 @@ def _sage_fwd_ws(
     st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
     # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop
-    if CONSUMERS == 1:
-        gl.warp_specialize([(_consume, (st, 0)), (_producer, (st,))], [1], [PRODUCER_NREG])
-    elif CONSUMERS == 4:
+    if CONSUMERS == 4:
         gl.warp_specialize([(_consume, (st, 0)), (_consume, (st, 1)), (_consume, (st, 2)),
                             (_consume, (st, 3)), (_producer, (st,))], [4, 4, 4, 1],
                            [CONSUMER_NREG, CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
