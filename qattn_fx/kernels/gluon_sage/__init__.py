@@ -64,8 +64,8 @@ Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, for
 schedules, key-tile loops), :mod:`.softmax` (K scales, key bias, online softmax) and :mod:`.epilogue`;
 :mod:`._gluon` (Gluon imports, shared layouts); the host: :mod:`.descriptors` (TMA descriptors, the ``permk``
 view), :mod:`.plan` (:class:`LaunchPlan`, :func:`kernel_meta`), :mod:`.launch` (tuning, launching, offline
-compiles), :mod:`.tail_split` (planning and merging the split last wave); constants, input checks and helpers shared with
-triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..emulation`.
+compiles), :mod:`.tail_split` (planning and merging the split last wave); constants, input checks and helpers shared
+with triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..emulation`.
 """
 
 from . import tail_split

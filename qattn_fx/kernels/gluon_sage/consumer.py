@@ -7,7 +7,7 @@ schedules and the loops: :mod:`.mainloop`.
 from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes_q, sum_layout
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
-from .mainloop import _mainloop
+from .mainloop import TileLoop, _mainloop
 
 
 @jit
@@ -155,20 +155,18 @@ def _consume(st, CID: gl.constexpr):
         skip = (0.0, 0.0, 0.0, 0.0)  # unused
     if not QUANT_Q:
         mbarrier.wait(bufs.q_bar, 0)
-    loop_args = (q, rs, s_init, pv_zero, SEQ_KV, bufs.k_smem, bufs.v_smem, bufs.k_ready, bufs.kv_free, bufs.v_ready,
-                 ksrc, kbsrc, skip, sums)
-    epi_args = (ptrs.VS, ptrs.Out, ptrs.Lse, ptrs.OutWs, ptrs.LseWs, prog.stride_vsb, prog.stride_vsh,
-                prog.stride_vsd, prog.stride_ob, prog.stride_oh, prog.stride_os, prog.H, SEQ_Q, b, h, hk, row0,
-                offs_m, m_valid, prog.piece)
+    lp = TileLoop(q=q, rs=rs, s_init=s_init, pv_zero=pv_zero, SEQ_KV=SEQ_KV, k_smem=bufs.k_smem, v_smem=bufs.v_smem,
+                  k_ready=bufs.k_ready, kv_free=bufs.kv_free, v_ready=bufs.v_ready, ksrc=ksrc, kbsrc=kbsrc, skip=skip,
+                  sums=sums)
     NC: gl.constexpr = bufs.q_smem.type.shape[0]
     # Skip-Softmax with λ = 0 (log2 λ = -inf: nothing can be skipped, e.g. the steps before disabled_until_timestep)
     # runs the loop without the test (its cost: docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
     if SKIP and skip[0] != float("-inf"):
-        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,
-                                  grp_layout, SKIP)
-        _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)
+        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
+                                  SKIP)
+        _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
     else:
-        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, loop_args, flags, p_layout, row_o, col_s,
-                                  grp_layout, 0)
-        _epilogue(m_i, l_i, acc, epi_args, flags, CID, NC, o_layout, row_s, row_o)
+        m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
+                                  0)
+        _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)

@@ -127,7 +127,8 @@ def sm_count(device_index: int) -> int:
 
 def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfig) -> Optional[tail_split.TailPlan]:
     """The split of this call's last partial wave (:func:`.tail_split.plan`; ``None``: none, or turned off by
-    ``qattn_fx.config.gluon_tail_split``, ``$QATTN_GLUON_TAIL_SPLIT=0``). Slots: the device's SMs. ``k_block``: 0 when K has no per-block scales."""
+    ``qattn_fx.config.gluon_tail_split``, ``$QATTN_GLUON_TAIL_SPLIT=0``). Slots: the device's SMs. ``k_block``: 0
+    when K has no per-block scales."""
     if not qattn_config.flag("gluon_tail_split"):
         return None
     bsz, hq, sq, _ = q.shape

@@ -26,8 +26,9 @@ def kernel_meta(config: GluonConfig, **inputs) -> dict:
     ``STAGES``, each of :attr:`GluonConfig.KERNEL_FLAGS` by its upper-case name, ``CONSUMERS`` and the register
     split of its CTA shape) and those the ``inputs`` decide, given by name (``QK_KIND``, ``Q_BLOCK``, ``K_BLOCK``,
     ``RETURN_LSE``, ``KS_TMA``, ``PERMK``, ``SPLIT_TAIL``, ``HAS_BIAS``, ``SKIP``). The kernel builds its
-    :class:`~.state.KernelFlags` from the same names; a new schedule flag is a :class:`GluonConfig` field and a
-    constexpr of the kernel (and a ``KernelFlags`` field where the partitions read it), nothing here."""
+    :class:`~.state.KernelFlags` from the same names; a new schedule flag is a :class:`GluonConfig` field (named in
+    its ``FLAGS`` and ``KERNEL_FLAGS``) and a constexpr of the kernel (and a ``KernelFlags`` field where the
+    partitions read it), nothing here."""
     meta = dict(inputs, BLOCK_N=config.block_n, STAGES=config.stages, CONSUMERS=config.consumers,
                 CONSUMER_NREG=config.registers[1], PRODUCER_NREG=PRODUCER_REGS)
     meta.update((flag.upper(), getattr(config, flag)) for flag in config.KERNEL_FLAGS)
