@@ -27,8 +27,8 @@ import sys
 import tempfile
 
 #: ``(name, config, options)``: options of :func:`_inputs` and ``compile_for`` (``d``, ``qk``: ``int8`` / ``fp8`` /
-#: ``bf16`` Q and K / ``bf16q`` (bf16 Q beside int8 K, quantized in the kernel), ``k_block``, ``bias``, ``lse``,
-#: ``tail``, ``skip``).
+#: ``bf16`` Q and K / ``bf16q`` (bf16 Q beside int8 K, quantized in the kernel) / ``tensor`` (int8, one Q and one K
+#: scale per tensor), ``k_block``, ``bias``, ``lse``, ``tail``, ``skip``).
 _SERIAL_CONFIGS = ("128,3,ahead", "128,2,ahead", "128,2", "64,3,ahead", "128,3,ahead,permk", "128,2,ahead,permk",
                    "128,3,ahead,tarrive", "128,3,ahead,permk,mmasum", "128,2,ahead,permk,mmasum",
                    "128,3,ahead,mmasum", "128,3,ahead,tarrive,mmasum", "128,2,mmasum", "64,3,ahead,mmasum",
@@ -49,6 +49,8 @@ CASES = ([(f"{c} int8 k16", c, {}) for c in _SERIAL_CONFIGS] + [
     (f"{TRIO} int8 k16 skip1", TRIO, dict(skip=1)),
     (f"{TRIO} int8 k16 skip2", TRIO, dict(skip=2)),
     (f"{TRIO} bf16q k16 d64 bias", TRIO, dict(qk="bf16q", d=64, bias=1)),
+    (f"{TRIO} tensor", TRIO, dict(qk="tensor")),
+    (f"{AHEAD} tensor", AHEAD, dict(qk="tensor")),
     (f"{AHEAD} int8 k1", AHEAD, dict(k_block=1)),
     (f"{AHEAD} int8 k4", AHEAD, dict(k_block=4)),
     (f"{AHEAD} bf16 k0", AHEAD, dict(qk="bf16")),
@@ -70,22 +72,26 @@ def _inputs(d=128, s=4096, h=4, qk="int8", k_block=16):
     """Meta tensors of one launch (BSHD Q/K as diffusers writes them, sequence-major V) and its blocks."""
     import torch
 
-    dtype = {"int8": torch.int8, "bf16q": torch.int8, "fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[qk]
+    dtype = {"int8": torch.int8, "bf16q": torch.int8, "tensor": torch.int8, "fp8": torch.float8_e4m3fn,
+             "bf16": torch.bfloat16}[qk]
     q = torch.empty(1, s, h, d, dtype=torch.bfloat16 if qk == "bf16q" else dtype, device="meta").transpose(1, 2)
     k = torch.empty(1, s, h, d, dtype=dtype, device="meta").transpose(1, 2)
     v = torch.empty(1, h, d, s, dtype=torch.float8_e4m3fn, device="meta").transpose(-1, -2)
     qs = None if qk in ("bf16q", "bf16") else torch.empty(1, h, s, device="meta")
     ks = None if qk == "bf16" else torch.empty(1, h, -(-s // k_block), device="meta")
     vs = torch.empty(1, h, d, device="meta")
-    blocks = (0, 0) if qk == "bf16" else (1, k_block)
+    blocks = (0, 0) if qk in ("bf16", "tensor") else (1, k_block)
+    if qk == "tensor":
+        qs, ks = torch.empty(1, 1, 1, device="meta"), torch.empty(1, 1, 1, device="meta")
     return (q, qs, k, ks, v, vs, *blocks)
 
 
 def normalize(ptx: str) -> str:
-    """PTX without debug information (``.loc``, ``.file``, ``.section .debug...``) and with ``_param_N`` renumbered
-    in order of first use (a new kernel argument renumbers the rest)."""
+    """PTX without debug information (``.loc``, ``.file``, ``$L__tmpN`` labels, ``.section .debug...``) and with
+    ``_param_N`` renumbered in order of first use (a new kernel argument renumbers the rest)."""
     ptx = re.split(r"^\s*\.section\s+\.debug", ptx, maxsplit=1, flags=re.M)[0]
-    lines = [ln for ln in ptx.splitlines() if not re.match(r"\s*\.(loc|file)\b", ln)]
+    # (``$L__tmpN:`` labels mark inlined functions' scopes for the debug sections only)
+    lines = [ln for ln in ptx.splitlines() if not re.match(r"\s*\.(loc|file)\b|\$L__tmp\d+:$", ln)]
     text = "\n".join(lines)
     names: dict[str, str] = {}
     return re.sub(r"_param_\d+\b", lambda m: names.setdefault(m.group(0), f"_param_{len(names)}"), text)
@@ -129,7 +135,12 @@ def _run_tree(tree: str, out_dir: str, only: list[str]) -> dict:
     directory with an ``index.json``)."""
     if os.path.exists(os.path.join(tree, "index.json")):
         with open(os.path.join(tree, "index.json")) as f:
-            return {k: v for k, v in json.load(f).items() if not only or any(o in k for o in only)}
+            index = {k: v for k, v in json.load(f).items() if not only or any(o in k for o in only)}
+        for entry in index.values():  # (normalized again: the rules may have grown since)
+            if "file" in entry:
+                with open(os.path.join(tree, entry["file"])) as f:
+                    entry["sha"] = hashlib.sha256(normalize(f.read()).encode()).hexdigest()
+        return index
     os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree),
                TRITON_CACHE_DIR=os.path.join(out_dir, "triton-cache"))

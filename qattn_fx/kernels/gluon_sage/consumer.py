@@ -51,6 +51,49 @@ def _quantize_q_rows(q_ptr, stride_b, stride_h, stride_s, b, h, row0, SEQ_Q, q_t
 
 
 @jit
+def _row_scales(q, ks_ptr, ptrs, prog, flags, row0, offs_m, m_valid, ROW_LAYOUT: gl.constexpr,
+                QUANT_Q: gl.constexpr):
+    """This warpgroup's row scales ``q_scale · sm_scale · log2 e`` (times K's scale when it is one per head or
+    tensor, ``K_BLOCK == 0``), ``(BM,)`` in ``ROW_LAYOUT``, for rows ``row0 + [0, BM)`` (``offs_m``, valid where
+    ``m_valid``): ``sm_scale · log2 e`` alone for bf16/fp16 Q/K; with ``QUANT_Q`` the scales of the Q rows it
+    quantizes into ``q`` itself (:func:`_quantize_q_rows`; ``QS`` is then Q, its strides in ``stride_qs*``); else
+    Q's scales from ``QS`` (one per head or tensor when ``Q_BLOCK == 0``)."""
+    BM: gl.constexpr = offs_m.shape[0]
+    Q_BLOCK: gl.constexpr = flags.Q_BLOCK
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    b = prog.b
+    h = prog.h
+    qk_scale = prog.qk_scale
+    if flags.QK_KIND == 2:
+        rs = gl.full([BM], 0.0, gl.float32, ROW_LAYOUT) + qk_scale
+    elif QUANT_Q:
+        rs = _quantize_q_rows(ptrs.QS, prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, b, h, row0, prog.SEQ_Q, q,
+                              ROW_LAYOUT) * qk_scale
+        if K_BLOCK == 0:
+            rs = rs * gl.load(ks_ptr)
+    else:
+        qs_ptr = ptrs.QS + b * prog.stride_qsb + h * prog.stride_qsh
+        if Q_BLOCK == 0:
+            rs = gl.full([BM], 0.0, gl.float32, ROW_LAYOUT) + gl.load(qs_ptr) * qk_scale
+        else:
+            rs = gl.load(qs_ptr + (offs_m // Q_BLOCK) * prog.stride_qsn, mask=m_valid, other=0.0) * qk_scale
+        if K_BLOCK == 0:
+            rs = rs * gl.load(ks_ptr)
+    return rs
+
+
+@jit
+def _bias_tiles(ptrs, prog, n_tiles, BLOCK_N: gl.constexpr):
+    """``(b0, b1)``: the full key tiles ``[b0, b1)`` that meet the keys whose bias is not 0 (``KBR``'s span for this
+    batch's bias row, :func:`.._sage_common.bias_range`), counted from ``kv0`` (a split piece's first key); the
+    others, and the last tile, are bounded by ``n_tiles - 1``."""
+    kbr = ptrs.KBR + 2 * gl.where(prog.stride_kbb != 0, prog.b, 0)
+    b0 = gl.minimum(gl.maximum(gl.load(kbr) - prog.kv0, 0) // BLOCK_N, n_tiles - 1)
+    b1 = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(gl.load(kbr + 1) - prog.kv0, 0), BLOCK_N), b0), n_tiles - 1)
+    return b0, b1
+
+
+@jit
 def _consume(st, CID: gl.constexpr):
     """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``: their row scales (quantizing Q when the
     kernel does), then :func:`_mainloop` and :func:`_epilogue`. ``st``: the :class:`~.state.KernelState`; its
@@ -61,7 +104,6 @@ def _consume(st, CID: gl.constexpr):
     ptrs = st.ptrs
     prog = st.prog
     QK_KIND: gl.constexpr = flags.QK_KIND
-    Q_BLOCK: gl.constexpr = flags.Q_BLOCK
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     MMASUM: gl.constexpr = flags.MMASUM
@@ -70,13 +112,11 @@ def _consume(st, CID: gl.constexpr):
     q_desc = bufs.q_desc
     k_desc = bufs.k_desc
     b = prog.b
-    h = prog.h
     hk = prog.hk
     kv0 = prog.kv0
     SEQ_Q = prog.SEQ_Q
     SEQ_KV = prog.kv_len
     stride_ksn = prog.stride_ksn
-    qk_scale = prog.qk_scale
 
     BM: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -99,7 +139,7 @@ def _consume(st, CID: gl.constexpr):
         gl.zeros([BM, BLOCK_N], gl.float32, s_layout), [BM, G, BLOCK_N // G]).type.layout))
     pv_zero = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
 
-    # ---- row scale: q_scale · sm_scale · log2(e) (· K's scale when it is per head/tensor) ---------------------
+    # ---- row scales (and this warpgroup's Q quantized, when the kernel does), the K scales' and key bias's bases --
     row0 = prog.start_m + CID * BM
     offs_m = row0 + gl.arange(0, BM, layout=row_s)
     m_valid = offs_m < SEQ_Q
@@ -110,21 +150,7 @@ def _consume(st, CID: gl.constexpr):
     if SPLIT_TAIL:
         kb_ptr += kv0
     q = bufs.q_smem.index(CID).reshape([BM, HEAD_DIM])
-    if QK_KIND == 2:
-        rs = gl.full([BM], 0.0, gl.float32, row_s) + qk_scale
-    elif QUANT_Q:  # QS: the bf16/fp16 Q itself, its (batch, head, token) strides in stride_qs*
-        rs = _quantize_q_rows(ptrs.QS, prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, b, h, row0, SEQ_Q, q,
-                              row_s) * qk_scale
-        if K_BLOCK == 0:
-            rs = rs * gl.load(ks_ptr)
-    else:
-        qs_ptr = ptrs.QS + b * prog.stride_qsb + h * prog.stride_qsh
-        if Q_BLOCK == 0:
-            rs = gl.full([BM], 0.0, gl.float32, row_s) + gl.load(qs_ptr) * qk_scale
-        else:
-            rs = gl.load(qs_ptr + (offs_m // Q_BLOCK) * prog.stride_qsn, mask=m_valid, other=0.0) * qk_scale
-        if K_BLOCK == 0:
-            rs = rs * gl.load(ks_ptr)
+    rs = _row_scales(q, ks_ptr, ptrs, prog, flags, row0, offs_m, m_valid, row_s, QUANT_Q)
 
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
@@ -141,11 +167,8 @@ def _consume(st, CID: gl.constexpr):
     n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, bufs.ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
-    if flags.HAS_BIAS:  # the full tiles that meet the keys with a nonzero bias (from kv0, a split piece's first key)
-        kbr = ptrs.KBR + 2 * gl.where(prog.stride_kbb != 0, b, 0)
-        b0 = gl.minimum(gl.maximum(gl.load(kbr) - kv0, 0) // BLOCK_N, n_tiles - 1)
-        b1 = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(gl.load(kbr + 1) - kv0, 0), BLOCK_N), b0), n_tiles - 1)
-        bias_tiles = (b0, b1)
+    if flags.HAS_BIAS:
+        bias_tiles = _bias_tiles(ptrs, prog, n_tiles, BLOCK_N)
     else:
         bias_tiles = (0, 0)  # unused
     if SKIP:  # (log2 λ, rows past SEQ_Q, the skip counter per lane, the one lane that counts)
