@@ -1,4 +1,4 @@
-"""gluon_sage's launch plans without a GPU: what the host computes once per layout (``launch.GEOMETRIES``, the
+"""gluon_sage's launch plans without a GPU: what the host computes once per layout (``plan.GEOMETRIES``, the
 checked layouts) gives exactly the arguments and constexprs of the plain computation, on every call.
 
 :func:`_reference_plan` is the plan computed from scratch on every call (descriptors built by Gluon's checking
@@ -20,7 +20,8 @@ import torch
 from qattn_fx.kernels import _sage_common as common
 from qattn_fx.kernels import gluon_sage as gs
 from qattn_fx.kernels import q_quantized_in_kernel
-from qattn_fx.kernels.gluon_sage import launch
+from qattn_fx.kernels.gluon_sage import descriptors, launch
+from qattn_fx.kernels.gluon_sage import plan as gs_plan
 
 pytest.importorskip("triton.experimental.gluon")
 
@@ -48,7 +49,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
     args = [
         gs.descriptor(q, [1, 1, gs.ROWS_PER_CONSUMER, d]), gs.descriptor(k, [1, 1, config.block_n, d]),
         gs.descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n]),
-        launch.k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
+        descriptors.k_scale_descriptor(k_scale, ks_box) if ks_box else None, kp_desc,
         qs, ks, v_scale, key_bias if key_bias is not None else v_scale, key_range if key_range is not None else v_scale,
         out, lse, float(sm_scale) * common.LOG2E,
         *q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
@@ -80,7 +81,7 @@ def _same_tensor(got, want) -> bool:
 def _assert_same_value(got, want, where, identical=True):
     """Descriptors field by field (bases by :func:`_same_tensor`), tensors by identity (``identical``) or by
     :func:`_same_tensor`, anything else by type and value."""
-    if isinstance(want, launch.TensorDescriptor):
+    if isinstance(want, descriptors.TensorDescriptor):
         assert type(got) is type(want) and _same_tensor(got.base, want.base), where
         for field in ("shape", "strides", "block_shape", "layout", "padding"):
             g, w = getattr(got, field), getattr(want, field)
@@ -157,7 +158,7 @@ def _tail(q, k_block, config):
                               for c in CASES])
 def test_plan_equals_the_plain_computation_on_first_and_later_calls(case, config, return_lse, split, bias_rows, skip):
     b = 2 if bias_rows == 2 or case.endswith("bhsd") else 1
-    launch.GEOMETRIES.clear()
+    gs_plan.GEOMETRIES.clear()
     for call in range(3):  # a new layout, then two calls with other tensors of that layout
         q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=b)
         tail = _tail(q, kb if ks is not None else 0, config) if split else None
@@ -169,14 +170,14 @@ def test_plan_equals_the_plain_computation_on_first_and_later_calls(case, config
                        None if bias is None else common.bias_range(bias))
         plan = gs.plan_launch(*common_args)
         _assert_plan_is_reference(plan, _reference_plan(*common_args))
-        assert len(launch.GEOMETRIES) == 1, "one geometry per layout"
-    assert launch.GEOMETRIES.misses == 1 and launch.GEOMETRIES.hits == 2
+        assert len(gs_plan.GEOMETRIES) == 1, "one geometry per layout"
+    assert gs_plan.GEOMETRIES.misses == 1 and gs_plan.GEOMETRIES.hits == 2
 
 
 def test_one_cache_serves_every_case():
     """Cases that share a layout but differ in config, flags, tail split, bias or output strides each get their own
     plan."""
-    launch.GEOMETRIES.clear()
+    gs_plan.GEOMETRIES.clear()
     for bhsd_out in (False, True, False, True):
         for case, config, return_lse, split, bias_rows, skip in CASES:
             q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=2 if bias_rows == 2 or case.endswith("bhsd") else 1)
@@ -186,7 +187,7 @@ def test_one_cache_serves_every_case():
             common_args = (q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, return_lse, config, tail, ws, bias, skip_args,
                            None if bias is None else common.bias_range(bias))
             _assert_plan_is_reference(gs.plan_launch(*common_args), _reference_plan(*common_args))
-    assert launch.GEOMETRIES.misses == 2 * len(CASES)
+    assert gs_plan.GEOMETRIES.misses == 2 * len(CASES)
 
 
 def test_plans_of_the_offline_compile_are_the_plain_ones_on_meta_tensors():
@@ -201,7 +202,7 @@ def test_an_unaligned_base_is_refused_by_gluon_on_every_call():
     """Alignment is part of the geometry's key: a K scale or K whose base is off 16 bytes plans from scratch."""
     q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
     out, lse, _, _ = _outputs(q, v, False, None, TRIO)
-    launch.GEOMETRIES.clear()
+    gs_plan.GEOMETRIES.clear()
     gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, TRIO)
     shifted = torch.ones(ks.numel() + 1)[1:].view(ks.shape)  # 4 bytes off: its scales load from global memory
     common_args = (q, qs, k, shifted, v, vs, qb, kb, 0.1, out, lse, False, TRIO)
@@ -281,8 +282,8 @@ def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse
                 reference = _reference_plan(*part[:6], qb, kb, 0.09, args[10], args[11], return_lse, config, tail, ws,
                                             part[6], None, key_range)
                 meta = dict(meta)
-                assert meta.pop("num_warps") == 4 and meta.pop("maxnreg") == launch._launch_maxnreg(meta)
-                _assert_plan_is_reference(launch.LaunchPlan(config, grid, args, meta, None, False, tail, 0),
+                assert meta.pop("num_warps") == 4 and meta.pop("maxnreg") == gs_plan.launch_maxnreg(meta)
+                _assert_plan_is_reference(gs_plan.LaunchPlan(config, grid, args, meta, None, False, tail, 0),
                                           reference, identical=False)
 
 
@@ -321,3 +322,22 @@ def test_a_key_bias_without_its_range_is_refused():
     with pytest.raises(ValueError, match=r"^gluon_sage: key_bias and key_range \(its bias_range\) go together; "
                                          r"got key_bias given, key_range None$"):
         gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, TRIO, key_bias=bias)
+
+
+def test_kernel_meta_names_every_constexpr_of_the_kernel():
+    """:func:`gluon_sage.kernel_meta` builds every constexpr of the kernel, from the config and the inputs, and
+    the kernel's ``KernelFlags`` take theirs by the same names."""
+    from qattn_fx.kernels.gluon_sage.kernel import _sage_fwd_ws
+    from qattn_fx.kernels.gluon_sage.state import KernelFlags
+
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
+    meta = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, q, None, False, TRIO).meta
+    constexprs = [p.name for p in _sage_fwd_ws.params if p.is_constexpr]
+    assert sorted(meta) == sorted(constexprs)
+    assert set(KernelFlags.FIELDS) <= set(meta)
+    inputs = {name: meta[name] for name in ("QK_KIND", "Q_BLOCK", "K_BLOCK", "RETURN_LSE", "KS_TMA", "PERMK",
+                                            "SPLIT_TAIL", "HAS_BIAS", "SKIP")}
+    for config in (TRIO, AHEAD, SERIAL):
+        flags = gs.kernel_meta(config, **inputs)
+        assert {f.upper(): getattr(config, f) for f in config.KERNEL_FLAGS}.items() <= flags.items()
+        assert flags["CONSUMERS"] == config.consumers and flags["BLOCK_N"] == config.block_n

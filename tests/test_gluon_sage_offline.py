@@ -36,7 +36,7 @@ def _meta_inputs(d=128, s=4096, h=4, qk=torch.int8, q_block=1, k_block=16):
     ("128,2", gs.GluonConfig(128, 2)),
     ("128,2,ahead", gs.GluonConfig(128, 2, ahead=1)),
     ("WS_BN128_s3_ahead_permk", gs.GluonConfig(128, 3, ahead=1, permk=1)),
-    ("64,4,ahead,solo,tarrive", gs.GluonConfig(64, 4, ahead=1, solo=1, tarrive=1)),
+    ("64,4,ahead,tarrive", gs.GluonConfig(64, 4, ahead=1, tarrive=1)),
     ("WS_BN128_s3_permk_tarrive_mmasum_trio", gs.GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)),
 ])
 def test_config_parse_and_str_round_trip(text, expected):
@@ -47,16 +47,16 @@ def test_config_parse_and_str_round_trip(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
-    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,permk\]\[,solo\]\[,tarrive\]"
+    ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,permk\]\[,tarrive\]"
             r"\[,mmasum\]\[,trio\]\[,quad\]'"),
     ("128,3,trio,ahead", r"trio \(three consumers of 160 registers\) runs the serial schedule only; got "
                          r"WS_BN128_s3_ahead_trio; valid: 'BLOCK_N,STAGES,trio\[,permk\]\[,tarrive\]\[,mmasum\]'"),
-    ("128,3,trio,solo", r"trio .* runs the serial schedule only"),
     ("128,3,trio,quad", r"trio .* runs the serial schedule only"),
     ("128,3,quad,ahead", r"quad \(four consumers of 112 registers\) runs the serial schedule only; got "
                          r"WS_BN128_s3_ahead_quad; valid: 'BLOCK_N,STAGES,quad\[,permk\]\[,tarrive\]\[,mmasum\]'"),
     ("128,2,fast", r"config '128,2,fast' is invalid"),
     ("128,3,ahead,tree", r"config '128,3,ahead,tree' is invalid"),  # removed flags are unknown words
+    ("128,3,ahead,solo", r"config '128,3,ahead,solo' is invalid"),
 ])
 def test_bad_configs_name_the_value_and_the_choices(text, message):
     with pytest.raises(ValueError, match=message):
@@ -244,20 +244,6 @@ def test_permuted_k_and_p_relabeling_compose_to_keys_in_operand_order():
     torch.testing.assert_close(operand, p_true, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("config", ["128,3,ahead,solo", "128,2,ahead,permk,solo"])
-def test_solo_fits_two_ctas_per_sm(config):
-    """``solo``: one consumer warpgroup per CTA; 256 threads (Gluon pads the producer to a warpgroup) at 128
-    registers and under half the shared memory, so two CTAs share an SM; the consumer still gets 232 registers."""
-    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
-    compiled = gs.compile_for(gs.GluonConfig.parse(config), q, qs, k, ks, v, vs, qb, kb)
-    ptx = compiled.asm["ptx"]
-    assert re.search(r"\.maxnreg\s+128\b", ptx) and re.search(r"\.reqntid\s+256\b", ptx)
-    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{gs.SOLO_CONSUMER_REGS};", ptx)
-    report = ts.ptxas_report(compiled, (9, 0))
-    assert report["spill_stores"] == 0 and report["registers"] <= 128, report
-    assert 2 * report["shared_bytes"] <= 227 * 1024, report
-
-
 def test_thread_arrive_replaces_the_warpgroup_barrier():
     """``tarrive``: the slot release is every thread's own ``cp.async.mbarrier.arrive.noinc`` (barrier count 128 per
     consumer), so the warpgroup ``bar.sync`` Gluon puts before its one-thread arrive is gone from each release."""
@@ -341,7 +327,7 @@ def test_tarrive_mmasum_loop_has_no_warpgroup_barrier(config, d):
     assert not [op for op in body if op.startswith("BAR")]
 
 
-@pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk", "128,3,ahead,solo"])
+@pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive,mmasum", "128,3,ahead,permk", "128,2,mmasum"])
 def test_split_tail_launch_compiles_with_the_same_loop(config):
     """A tail-split launch (:mod:`qattn_fx.kernels.gluon_sage.tail_split`): a 1-D grid of ``main + tail · splits``
     CTAs, the ``SPLIT_TAIL`` kernel, whose full tiles' loop is no longer than the unsplit kernel's (but for a few

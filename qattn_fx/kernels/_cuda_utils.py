@@ -192,12 +192,6 @@ def empty_bshd(b: int, h: int, s: int, d: int, dtype: torch.dtype, device: torch
     return torch.empty(b, s, h, d, dtype=dtype, device=device).transpose(1, 2)
 
 
-def bshd_view(x: torch.Tensor) -> torch.Tensor | None:
-    """``x (B, H, S, D)`` as a ``(B, S, H, D)`` tensor when its memory is BSHD-contiguous, else ``None``."""
-    y = x.transpose(1, 2)
-    return y if y.is_contiguous() else None
-
-
 def cudnn_version_tuple(version: int) -> tuple[int, int, int]:
     """cuDNN's integer version (``91900`` for 9.19.0, ``8907`` for 8.9.7) as ``(major, minor, patch)``."""
     if version >= 10000:

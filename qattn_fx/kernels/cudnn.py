@@ -71,11 +71,6 @@ MXFP8_HEAD_DIMS = _MXFP8.head_dims.allowed
 SF_ROWS = 128  # F8_128x4 atom: 128 rows ...
 SF_COLS = 4  # ... by 4 scale columns (512 bytes)
 
-#: Architecture paths of ``cudnn_fp8``: ``fp8_out`` writes an e4m3 O with a device-computed ``scale_o`` and
-#: dequantises it (Hopper, or fp32 output, or cuDNN < 9.13); ``direct`` writes bf16/fp16 O (Blackwell, cuDNN >= 9.13).
-FP8_PATHS = ("fp8_out", "direct")
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # Library access, versions, handles
 # ------------------------------------------------------------------------------------------------------------------
@@ -215,10 +210,6 @@ def fp8_output_descale(v_scale: torch.Tensor, skv: int) -> torch.Tensor:
     """
     d = v_scale.reshape(1, 1, 1, 1).float() * fp8_output_margin(skv)
     return torch.where(d > 0, d, torch.ones_like(d))
-
-
-def _fp8_dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def fp8_graph_key(index: int, path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,

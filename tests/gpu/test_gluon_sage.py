@@ -343,7 +343,7 @@ def test_split_tail_pieces_merge_to_the_emulated_split(config, k_block, monkeypa
 Q_IN_KERNEL_CASES = {
     "trio-permk": (gs.DEFAULT_CONFIGS[128], {}, {}),
     "ahead-key-order": (gs.KEY_ORDER_DEFAULT_CONFIG, {}, {}),
-    "solo-short": (gs.GluonConfig(128, 3, ahead=1, permk=1, solo=1), dict(sq=77, skv=333), {}),
+    "short": (gs.GluonConfig(128, 3, ahead=1, permk=1), dict(sq=77, skv=333), {}),
     "bhsd-fp16": (gs.DEFAULT_CONFIGS[128], dict(bshd=False, dtype=torch.float16, sq=4097), {}),
     "d64": (gs.DEFAULT_CONFIGS[64], dict(d=64), {}),
     "lse": (gs.DEFAULT_CONFIGS[128], {}, dict(return_lse=True)),

@@ -6,9 +6,8 @@ docstring: exact int32→fp32 with the 1.5·2^23 magic number, K scales per colu
 softmax on ``448·P``, e4m3 P, two-level P·V accumulation, ``O = acc · v_scale / l``). What differs is the
 schedule, which plain Triton 3.6 cannot express:
 
-* one CTA owns ``2 · 64`` query rows of one (batch, head) (``trio``: ``3 · 64``; ``quad``: ``4 · 64``; ``solo``:
-  64). A **producer
-  warp** streams K and V tiles through
+* one CTA owns ``2 · 64`` query rows of one (batch, head) (``trio``: ``3 · 64``; ``quad``: ``4 · 64``). A
+  **producer warp** streams K and V tiles through
   ``STAGES``-deep shared-memory rings with TMA (``ready`` mbarriers carry the byte count; rows past the sequence
   arrive as zeros). Per-column / per-group K scales ride on the K tile's barrier as a 1-D TMA box into a
   ``2 · STAGES``-deep ring (a broadcast shared-memory read for the consumers instead of masked global loads,
@@ -22,31 +21,27 @@ schedule, which plain Triton 3.6 cannot express:
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
   :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (BENCHMARKS.md, "What
   bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
-  warp on every SM sub-partition to hide it, which measured fastest at video lengths (BENCHMARKS.md, "Tuning");
+  warp on every SM sub-partition to hide it (the fastest at video lengths: BENCHMARKS.md, "Tuning");
   at head_dim 64, whose running output takes half the registers, ``quad`` runs a fourth (112 registers each).
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
   ``ahead`` (the next tile's Q·Kᵀ in flight during this tile's exponentials); docs/kernel-design.md describes
   them and the schedules tried and removed. Tiles are full except the last, which is handled after the loop with
   masks: a per-tile branch between a masked and an unmasked step inside the loop miscompiles with Triton 3.6's
-  Gluon (wrong values and NaN on the H200), so no schedule has one. ``permk``, ``solo`` and ``tarrive`` change
-  the data layout, the CTA shape and the slot release. Calls are autotuned per problem key (cached on disk) over
+  Gluon (wrong values and NaN on the H200), so no schedule has one. ``permk`` and ``tarrive`` change the data
+  layout and the slot release. Calls are autotuned per problem key (cached on disk) over
   the candidates of their class, decided by the inputs (:func:`tuner_for`): :data:`TUNED_CONFIGS` where K can be
   viewed through ``permk`` (:data:`QUAD_TUNED_CONFIGS` at head_dim 64 without a key bias),
   :data:`KEY_ORDER_TUNED_CONFIGS` otherwise. The candidates of a class share their
   numerics (:attr:`GluonConfig.numerics`), so the output never depends on the timing or on the tuning cache.
 * a grid whose last wave is partial runs that wave's CTAs as pieces over key ranges, merged by LSE
   (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
-  turns it off): measured on the H200 in
-  one process (``python -m tools.ab_tail_split``), -8.3 % time at flux-1024 (4.36 waves of 192-row CTAs), -1.2 %
-  at wan1.3b-480p (15.55 waves). A piece rounds P against its own running max: the same recipe, other e4m3
-  roundings.
+  turns it off; its A/B: ``python -m tools.ab_tail_split``, figures in BENCHMARKS.md). A piece rounds P against
+  its own running max: the same recipe, other e4m3 roundings.
 
-Measured on the H200 (BENCHMARKS.md): 902 / 877 TFLOP/s at wan1.3b-480p / wan14b-720p with the INT8 1/16/1 recipe
-under the autotuned ``trio,permk,mmasum`` configs (~800 with two consumers), above cuDNN FP8 (786 / 815) in the
-same run (latency-bound: see "What bounds the kernel" there). Per-tile numerics identical to triton_sage's (same tiles,
-same operation order) except under ``permk``, which sums each P·V tile's keys in another order (max|Δ| 1.5e-3 to
-2.9e-3 on bf16 outputs of the benchmark shapes; both match the reference), and ``mmasum``, whose softmax denominator
-sums the e4m3-rounded P (max|Δ| 4.3e-3 to 6.2e-3; closer to fp32 attention on every input tried, BENCHMARKS.md).
+Speed: see BENCHMARKS.md (the autotuned ``trio,permk,mmasum`` configs against cuDNN FP8, and "What bounds the
+kernel"). Per-tile numerics identical to triton_sage's (same tiles, same operation order) except under ``permk``,
+which sums each P·V tile's keys in another order, and ``mmasum``, whose softmax denominator sums the e4m3-rounded P
+(the differences on the benchmark shapes and against fp32 attention: BENCHMARKS.md).
 
 Inputs (validated by :func:`qattn_fx.kernels._sage_common.validate`, plus :func:`ineligible`): int8 / e4m3 /
 bf16 / fp16 Q ``(B, Hq, Sq, D)`` and K ``(B, Hkv, Skv, D)`` with unit stride on D (BSHD and BHSD views both; a Q
@@ -62,11 +57,15 @@ tiles at the end) and the last tile; the other tiles run without it. Such launch
 (``permk``: the bias is loaded in the permuted key order), but Skip-Softmax launches with a bias load K in key
 order. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq, Sq)``.
 
-Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing), :mod:`.consumer` and
-:mod:`.producer` (the partitions), :mod:`.kernel` (``_sage_fwd_ws``: shared memory, barriers, warp
-specialization), :mod:`.launch` (descriptors, :class:`LaunchPlan`, tuning, launching, offline compiles),
-:mod:`.tail_split` (planning and merging the split last wave); constants, input checks and helpers shared with
-triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..emulation`.
+Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing); the kernel:
+:mod:`.kernel` (``_sage_fwd_ws``: program coordinates, shared memory, barriers, warp specialization), :mod:`.state`
+(the named aggregates every partition gets: ``KernelFlags``, ``Buffers``, ``Pointers``, ``Program``),
+:mod:`.producer`, and the consumer in :mod:`.consumer` (row scales, Q quantization), :mod:`.mainloop` (MMAs,
+schedules, key-tile loops), :mod:`.softmax` (K scales, key bias, online softmax) and :mod:`.epilogue`;
+:mod:`._gluon` (Gluon imports, shared layouts); the host: :mod:`.descriptors` (TMA descriptors, the ``permk``
+view), :mod:`.plan` (:class:`LaunchPlan`, :func:`kernel_meta`), :mod:`.launch` (tuning, launching, offline
+compiles), :mod:`.tail_split` (planning and merging the split last wave); constants, input checks and helpers shared
+with triton_sage are in :mod:`.._sage_common`, the tile loop's emulation in :mod:`..emulation`.
 """
 
 from . import tail_split
@@ -75,23 +74,25 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS,
                      QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG, QUAD_TUNED_CONFIGS, REGISTERS,
                      ROWS_PER_CONSUMER,
-                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SOLO_CONSUMER_REGS, SOLO_LAUNCH_MAXNREG,
+                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, current_config, forced_config, use_config)
-from .consumer import _mma_layout as mma_layout
-from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, LaunchPlan,
-                     attention, compile_for, descriptor, ineligible, k_scale_box, last_config, last_tail_plan,
-                     permuted_k, plan_launch, q_blocks, scaled_attention, sm_count, tail_plan, tma_aligned, tuner_for,
-                     tuning_key)
+from ._gluon import mma_layout
+from .descriptors import descriptor, k_scale_box, permuted_k, tma_aligned
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, attention,
+                     compile_for, ineligible, last_config, last_tail_plan, scaled_attention, sm_count, tail_plan,
+                     tuner_for, tuning_key)
+from .plan import LaunchPlan, kernel_meta, plan_launch, q_blocks
 
 __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFIGS", "FORCED", "GLUON_ERROR",
            "GluonConfig", "KEY_ORDER_DEFAULT_CONFIG", "KEY_ORDER_TUNED_CONFIGS", "KEY_ORDER_TUNER", "LAST",
            "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "QUAD_CONSUMER_REGS", "QUAD_HEAD_DIM",
            "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "REGISTERS", "ROWS_PER_CONSUMER",
            "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
-           "SOLO_CONSUMER_REGS", "SOLO_LAUNCH_MAXNREG", "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
+           "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
            "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",
            "check_skip_config", "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
-           "k_scale_box", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch", "q_blocks",
+           "k_scale_box", "kernel_meta", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch",
+           "q_blocks",
            "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",
            "use_config"]

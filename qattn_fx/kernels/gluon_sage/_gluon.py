@@ -1,6 +1,7 @@
 """The Gluon imports of gluon_sage's kernel source (optional: the package imports without a Gluon-capable Triton, and
 :func:`..launch.attention` then raises naming what is missing), the decorators that fall back to plain
-functions without it, and the compile-time rules the kernel and both partitions share."""
+functions without it, and the compile-time rules the kernel and both partitions share (the kernel's state:
+:mod:`.state`)."""
 
 from typing import Optional
 
@@ -39,40 +40,13 @@ def quantizes_q(q_dtype, k_dtype):
     return q_dtype.primitive_bitwidth != k_dtype.primitive_bitwidth
 
 
-@aggregate
-class KernelFlags:
-    """The kernel's compile-time choices, one object handed to every partition (``gl.warp_specialize`` takes
-    constexprs inside an aggregate but turns them into tensors inside a plain tuple). The fields are
-    :func:`..kernel._sage_fwd_ws`'s constexpr parameters of the same names."""
-    QK_KIND: gl.constexpr
-    Q_BLOCK: gl.constexpr
-    K_BLOCK: gl.constexpr
-    RETURN_LSE: gl.constexpr
-    BLOCK_N: gl.constexpr
-    STAGES: gl.constexpr
-    AHEAD: gl.constexpr
-    KS_TMA: gl.constexpr
-    PERMK: gl.constexpr
-    TARRIVE: gl.constexpr
-    MMASUM: gl.constexpr
-    SPLIT_TAIL: gl.constexpr
-    HAS_BIAS: gl.constexpr
-    SKIP: gl.constexpr
+@constexpr_function
+def mma_layout(num_warps, n, k_bits):
+    """wgmma accumulator layout: ``num_warps`` warps along M, instruction ``m16 x n x (256 / bits)``."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 256 // k_bits])
 
-    @constexpr_function
-    def __init__(self, QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                 SPLIT_TAIL, HAS_BIAS, SKIP):
-        self.QK_KIND = gl.constexpr(QK_KIND)
-        self.Q_BLOCK = gl.constexpr(Q_BLOCK)
-        self.K_BLOCK = gl.constexpr(K_BLOCK)
-        self.RETURN_LSE = gl.constexpr(RETURN_LSE)
-        self.BLOCK_N = gl.constexpr(BLOCK_N)
-        self.STAGES = gl.constexpr(STAGES)
-        self.AHEAD = gl.constexpr(AHEAD)
-        self.KS_TMA = gl.constexpr(KS_TMA)
-        self.PERMK = gl.constexpr(PERMK)
-        self.TARRIVE = gl.constexpr(TARRIVE)
-        self.MMASUM = gl.constexpr(MMASUM)
-        self.SPLIT_TAIL = gl.constexpr(SPLIT_TAIL)
-        self.HAS_BIAS = gl.constexpr(HAS_BIAS)
-        self.SKIP = gl.constexpr(SKIP)
+
+@constexpr_function
+def sum_layout(num_warps):
+    """Accumulator layout of the ones-MMA (``mmasum``): ``(64, 8)`` fp32, every column the row sum of P."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8, 32])

@@ -19,11 +19,6 @@ CONSUMERS = 2
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 LAUNCH_MAXNREG = 168
-#: ``solo`` configs (one consumer warpgroup per CTA): Gluon pads the producer's partition to a warpgroup, so a CTA
-#: is 256 threads; launched with 128 registers each, two CTAs fit an SM's 64 K registers and ``setmaxnreg`` gives
-#: the consumer 232 (4·232 + 4·24 = 8·128; no spills, checked offline).
-SOLO_LAUNCH_MAXNREG = 128
-SOLO_CONSUMER_REGS = 232
 #: ``trio`` configs (three consumer warpgroups, 192 query rows per CTA): 4 + 4 + 4 + 4 (the padded producer) warps
 #: launched with 128 registers each fill an SM's 64 K registers; ``setmaxnreg`` gives consumers 1 and 2
 #: :data:`TRIO_CONSUMER_REGS` and consumer 0 (Gluon's default partition) the rest, 168 (2·4·160 + 4·168 + 4·24 =
@@ -39,8 +34,8 @@ QUAD_LAUNCH_MAXNREG = 96
 QUAD_CONSUMER_REGS = 112
 QUAD_HEAD_DIM = 64
 #: Per CTA shape (consumer warpgroups): ``(registers per thread at launch, setmaxnreg of the consumer partitions
-#: after the first)``; ``solo`` has no such partition and passes :data:`CONSUMER_REGS` unused.
-REGISTERS = {1: (SOLO_LAUNCH_MAXNREG, CONSUMER_REGS), CONSUMERS: (LAUNCH_MAXNREG, CONSUMER_REGS),
+#: after the first)``.
+REGISTERS = {CONSUMERS: (LAUNCH_MAXNREG, CONSUMER_REGS),
              3: (TRIO_LAUNCH_MAXNREG, TRIO_CONSUMER_REGS), 4: (QUAD_LAUNCH_MAXNREG, QUAD_CONSUMER_REGS)}
 
 
@@ -49,9 +44,7 @@ class GluonConfig(LaunchConfig):
     """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and schedule flags:
     ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
     exponentials; ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P
-    reaches the P·V wgmma without shuffles, where the K layout allows it; ``solo``: one consumer
-    warpgroup (64 query rows) per CTA and two CTAs per SM, so the two warpgroups on an SM no longer share one K/V
-    ring (each streams K/V itself: twice the L2 reads); ``tarrive``: every consumer
+    reaches the P·V wgmma without shuffles, where the K layout allows it; ``tarrive``: every consumer
     thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
     warpgroup ``bar.sync`` and one thread's arrive; ``mmasum``: the softmax denominator comes from the tensor
     cores, a second wgmma per tile multiplying P by a shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums
@@ -59,25 +52,27 @@ class GluonConfig(LaunchConfig):
     e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``trio``: three consumer
     warpgroups per CTA (192 query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule
     fits: three warps per SM sub-partition hide more of the MMA and exponential latency than ``ahead`` does with
-    two (4-5 % faster at the Wan shapes; with ``mmasum``, whose few spills at 160 registers cost less than the ~50
-    instructions per tile it saves, 8-12 %); ``quad``: four consumer warpgroups (256 query rows) at
-    :data:`QUAD_CONSUMER_REGS` registers, serial, for head_dim :data:`QUAD_HEAD_DIM` only (its running output
-    takes half the registers of head_dim 128's; :func:`check_quad_config`): at d64 3 % faster than ``trio`` with Q
-    quantized in the kernel, 7 % on a pre-quantized Q.
+    two (with ``mmasum``, whose few spills at 160 registers cost less than the ~50 instructions per tile it saves);
+    ``quad``: four consumer warpgroups (256 query rows) at :data:`QUAD_CONSUMER_REGS` registers, serial, for
+    head_dim :data:`QUAD_HEAD_DIM` only (its running output takes half the registers of head_dim 128's;
+    :func:`check_quad_config`). Their speed: see BENCHMARKS.md ("Tuning", "head_dim 64").
     Schedules tried and removed: docs/kernel-design.md."""
 
     block_n: int
     stages: int
     ahead: int = 0
     permk: int = 0
-    solo: int = 0
     tarrive: int = 0
     mmasum: int = 0
     trio: int = 0
     quad: int = 0
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
-    FLAGS: ClassVar = ("ahead", "permk", "solo", "tarrive", "mmasum", "trio", "quad")
+    FLAGS: ClassVar = ("ahead", "permk", "tarrive", "mmasum", "trio", "quad")
+    #: The flags the kernel takes as they are, as constexprs of their upper-case names (:func:`.plan.kernel_meta`);
+    #: the others shape other constexprs: ``permk`` (``PERMK``, where K's layout takes the view),
+    #: ``trio`` and ``quad`` (``CONSUMERS``).
+    KERNEL_FLAGS: ClassVar = ("ahead", "tarrive", "mmasum")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"
@@ -88,17 +83,17 @@ class GluonConfig(LaunchConfig):
         if self.stages not in (2, 3, 4):
             raise ValueError(f"stages={self.stages!r} is invalid; valid: 2, 3, 4")
         self._check_flags()
-        if self.trio and (self.ahead or self.solo or self.quad):
+        if self.trio and (self.ahead or self.quad):
             raise ValueError(f"trio (three consumers of {TRIO_CONSUMER_REGS} registers) runs the serial schedule "
                              f"only; got {self}; valid: 'BLOCK_N,STAGES,trio[,permk][,tarrive][,mmasum]'")
-        if self.quad and (self.ahead or self.solo):
+        if self.quad and self.ahead:
             raise ValueError(f"quad (four consumers of {QUAD_CONSUMER_REGS} registers) runs the serial schedule "
                              f"only; got {self}; valid: 'BLOCK_N,STAGES,quad[,permk][,tarrive][,mmasum]'")
 
     @property
     def consumers(self) -> int:
         """Consumer warpgroups per CTA (each owns 64 query rows)."""
-        return 1 if self.solo else (3 if self.trio else (4 if self.quad else CONSUMERS))
+        return 3 if self.trio else (4 if self.quad else CONSUMERS)
 
     @property
     def registers(self) -> tuple[int, int]:
@@ -127,19 +122,19 @@ class GluonConfig(LaunchConfig):
 #: Launches that view K through ``permk`` (8-bit K with scales per 16 keys or coarser, per head or per tensor; with
 #: or without a key bias): ``trio,permk,mmasum`` with and without ``tarrive``, within the run-to-run spread of each
 #: other and the fastest at the Wan shapes and d64 (BENCHMARKS.md, "Tuning: gluon_sage's default config"), at
-#: flux-1024 (the autotuner's pick there over two-consumer and ``solo`` configs, BENCHMARKS.md, "Attention op") and
+#: flux-1024 (the autotuner's pick there over two-consumer and one-consumer configs, BENCHMARKS.md, "Attention op") and
 #: with HunyuanVideo's key-padding mask (BENCHMARKS.md, "Key-padding masks").
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 #: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 2 stages and with 4
-#: and ``tarrive``, at d64 563.7 / 546.3 TFLOP/s with Q quantized in the kernel (``trio``: 544.8 / 531.4 without /
-#: with ``tarrive``) and 571.5 / 573.9 on a pre-quantized Q (``trio``: 535.8 / 537.0; BENCHMARKS.md, "head_dim 64").
+#: and ``tarrive``, faster than ``trio`` at d64 with Q quantized in the kernel and on a pre-quantized Q (see
+#: BENCHMARKS.md, "head_dim 64").
 QUAD_TUNED_CONFIGS = (GluonConfig(128, 2, permk=1, mmasum=1, quad=1),
                       GluonConfig(128, 4, permk=1, tarrive=1, mmasum=1, quad=1))
 #: The untuned config (graph capture before any tuning, ``qattn_fx.config.autotune`` off) of a ``permk`` launch
 #: per head_dim (with a key bias or Skip-Softmax at head_dim 64: :data:`TRIO_DEFAULT_CONFIG`):
-#: ``128,3,trio,permk,tarrive,mmasum`` (892.6 TFLOP/s at wan1.3b-480p, 866.5 at wan14b-720p; the best two-consumer
-#: config, ``128,3,ahead,permk``, 801.2 / 791.2 in the same run) and ``128,2,quad,permk,mmasum``.
+#: ``128,3,trio,permk,tarrive,mmasum`` (faster than the best two-consumer config, ``128,3,ahead,permk``, at the Wan
+#: shapes: see BENCHMARKS.md) and ``128,2,quad,permk,mmasum``.
 TRIO_DEFAULT_CONFIG = TUNED_CONFIGS[1]
 DEFAULT_CONFIGS = {128: TRIO_DEFAULT_CONFIG, 64: QUAD_TUNED_CONFIGS[0]}
 #: Launches that load K in key order: bf16/fp16 K, K scales per 1 or 4 keys, layouts the ``permk`` view cannot take.
@@ -150,8 +145,8 @@ KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(1
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
 #: Skip-Softmax launches run serial schedules (the skip test branches around P·V, which ``ahead`` overlaps with the
 #: next Q·Kᵀ) without the tail split. Those that view K through ``permk``: :data:`TUNED_CONFIGS`, serial already. The
-#: two-consumer serial ``128,3,permk,mmasum`` (no spills with the test, where ``trio`` gains some) measured 13-23 %
-#: slower than ``trio,permk,tarrive,mmasum`` at every sparsity at wan14b-720p (BENCHMARKS.md, "Skip-Softmax").
+#: two-consumer serial ``128,3,permk,mmasum`` (no spills with the test, where ``trio`` gains some) measured slower
+#: than ``trio,permk,tarrive,mmasum`` at every sparsity at wan14b-720p (see BENCHMARKS.md, "Skip-Softmax").
 SKIP_TUNED_CONFIGS = TUNED_CONFIGS
 #: Skip-Softmax launches that load K in key order: the serial two-consumer configs with the numerics of
 #: :data:`KEY_ORDER_TUNED_CONFIGS`.
@@ -186,14 +181,11 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2),
            GluonConfig(64, 3, ahead=1),
            GluonConfig(128, 3, ahead=1, permk=1), GluonConfig(128, 2, ahead=1, permk=1),
-           GluonConfig(128, 3, ahead=1, solo=1), GluonConfig(128, 3, ahead=1, tarrive=1),
-           GluonConfig(128, 3, ahead=1, permk=1, solo=1),
-           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1),
+           GluonConfig(128, 3, ahead=1, tarrive=1),
            GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1),
            GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1),
            GluonConfig(128, 2, mmasum=1),
            GluonConfig(64, 3, ahead=1, mmasum=1),
-           GluonConfig(128, 3, ahead=1, permk=1, solo=1, tarrive=1, mmasum=1),
            GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
            GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
            GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))

@@ -1,9 +1,10 @@
 """gluon_sage's kernel: shared memory and barriers, then the consumer and producer partitions
 (``gl.warp_specialize``)."""
 
-from ._gluon import KernelFlags, gl, jit, mbarrier, quantizes_q
+from ._gluon import gl, jit, mbarrier, quantizes_q
 from .consumer import _consume
 from .producer import _producer
+from .state import Buffers, KernelFlags, KernelState, Pointers, Program
 
 
 @jit
@@ -26,9 +27,7 @@ def _sage_fwd_ws(
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
     producer); ``CONSUMERS=3`` (``trio``): 192 rows and a third consumer; ``CONSUMERS=4`` (``quad``): 256 rows and
-    a fourth; ``CONSUMERS=1`` (``solo``): 64 rows,
-    consumer 0 and the producer only, two CTAs per SM (each consumer then has a K/V ring of its own instead of
-    sharing one with the other consumer).
+    a fourth. Each partition gets the :class:`~.state.KernelState` built here (flags, buffers, pointers, program).
 
     ``SPLIT_TAIL`` (:mod:`.tail_split`): a 1-D grid of the same CTAs in the same order (CTA ``g`` is ``(g % N_M,
     g // N_M)``): ``MAIN_CTAS`` whole ones, then ``SPLITS`` pieces for each remaining CTA ``g`` (the last, partial
@@ -107,27 +106,29 @@ def _sage_fwd_ws(
         # every consumer (TARRIVE: every consumer thread) arrives on each release event
         mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
 
-    args = ((q_desc, k_desc, v_desc, ks_desc, kp_desc), (q_smem, k_smem, v_smem, ks_smem, ones_smem),
-            (q_bar, k_ready, v_ready, kv_free),
-            (QS, KS, VS, Out, Lse, OutWs, LseWs, KB, KBR),
-            (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
-             stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb,
-             kp_gh, kv0, piece, stride_kbb),
-            qk_scale, (SkipThr, SkipCount))
-    # every partition takes the constexprs as one aggregate (in a plain tuple Gluon would turn them into tensors)
+    bufs = Buffers(q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, ks_desc=ks_desc, kp_desc=kp_desc, q_smem=q_smem,
+                   k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, k_ready=k_ready,
+                   v_ready=v_ready, kv_free=kv_free)
+    ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR)
+    # assigned as a plain tuple, the scalars become values (an int Triton specialized to the constexpr 1 becomes an
+    # i32 constant here), so the worker partitions take them as captures, not as constants (this keeps the PTX)
+    scalars = (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
+               stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb, kp_gh,
+               kv0, piece, stride_kbb, qk_scale, SkipThr, SkipCount)
+    prog = Program(*scalars)
+    # the constexprs travel as an aggregate (in a plain tuple Gluon would turn them into tensors)
     flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
                         SPLIT_TAIL, HAS_BIAS, SKIP)
+    st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
     # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop
-    if CONSUMERS == 1:
-        gl.warp_specialize([(_consume, (args, 0, flags)), (_producer, (args, flags))], [1], [PRODUCER_NREG])
-    elif CONSUMERS == 4:
-        gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_consume, (args, 2, flags)),
-                            (_consume, (args, 3, flags)), (_producer, (args, flags))], [4, 4, 4, 1],
+    if CONSUMERS == 4:
+        gl.warp_specialize([(_consume, (st, 0)), (_consume, (st, 1)), (_consume, (st, 2)),
+                            (_consume, (st, 3)), (_producer, (st,))], [4, 4, 4, 1],
                            [CONSUMER_NREG, CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     elif CONSUMERS == 3:
-        gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_consume, (args, 2, flags)),
-                            (_producer, (args, flags))], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
+        gl.warp_specialize([(_consume, (st, 0)), (_consume, (st, 1)), (_consume, (st, 2)),
+                            (_producer, (st,))], [4, 4, 1], [CONSUMER_NREG, CONSUMER_NREG, PRODUCER_NREG])
     else:
-        gl.warp_specialize([(_consume, (args, 0, flags)), (_consume, (args, 1, flags)), (_producer, (args, flags))],
+        gl.warp_specialize([(_consume, (st, 0)), (_consume, (st, 1)), (_producer, (st,))],
                            [4, 1], [CONSUMER_NREG, PRODUCER_NREG])

@@ -4,19 +4,29 @@ from ._gluon import gl, jit, mbarrier, quantizes_q, tma
 
 
 @jit
-def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  KS_TMA: gl.constexpr, PERMUTED: gl.constexpr):
-    """Tile ``j``'s K (with its scales) and V, each into its ring slot once the consumers have freed it.
-    ``PERMUTED``: K through the permuting 5-D view (:func:`_permuted_k`), for full tiles only."""
-    q_desc, k_desc, v_desc, ks_desc, kp_desc = descs
-    q_smem, k_smem, v_smem, ks_smem, ones_smem = smem
-    q_bar, k_ready, v_ready, kv_free = bars
+def _produce_tile(j, bufs, coords, flags, PERMUTED: gl.constexpr):
+    """Tile ``j``'s K (with its scales) and V, each into its ring slot once the consumers have freed it (``bufs``:
+    :class:`~.state.Buffers`; ``coords``: ``(b, hk, ks_base, kp_x, kp_g, kv0)``, :func:`_producer`'s).
+    ``PERMUTED``: K through the permuting 5-D view (:func:`.descriptors.permuted_k`), for full tiles only."""
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    k_desc = bufs.k_desc
+    v_desc = bufs.v_desc
+    ks_desc = bufs.ks_desc
+    kp_desc = bufs.kp_desc
+    k_smem = bufs.k_smem
+    v_smem = bufs.v_smem
+    ks_smem = bufs.ks_smem
+    k_ready = bufs.k_ready
+    v_ready = bufs.v_ready
+    kv_free = bufs.kv_free
     b, hk, ks_base, kp_x, kp_g, kv0 = coords
     slot = j % STAGES
     phase = (j // STAGES) & 1
     # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
     mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event j - STAGES: tile j - STAGES's K slot is free
-    if KS_TMA:
+    if flags.KS_TMA:
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(ks_desc, [ks_base + j * (BLOCK_N // K_BLOCK)], k_ready.index(slot),
                                         ks_smem.index(j % (2 * STAGES)))
@@ -35,41 +45,40 @@ def _produce_tile(j, descs, smem, bars, coords, K_BLOCK: gl.constexpr, BLOCK_N: 
 
 
 @jit
-def _producer(args, flags):
+def _producer(st):
     """Producer warp: the Q tiles once (not when Q is bf16/fp16 with int8 K: the consumers quantize it), then K and V
     tiles into their rings (:func:`_produce_tile`); the last
     (maybe partial) tile's K always through the plain descriptor."""
+    flags = st.flags
+    bufs = st.bufs
+    prog = st.prog
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
-    STAGES: gl.constexpr = flags.STAGES
-    KS_TMA: gl.constexpr = flags.KS_TMA
-    PERMK: gl.constexpr = flags.PERMK
-    SPLIT_TAIL: gl.constexpr = flags.SPLIT_TAIL
-    descs, smem, bars, ptrs, ints, qk_scale, _ = args
-    q_desc = descs[0]
-    q_smem = smem[0]
-    q_bar = bars[0]
-    (_, _, _, stride_ksb, stride_ksh, _, _, _, _, _, _, _, _, _, SEQ_KV, b, h, hk, start_m, kp_xh, kp_gb,
-     kp_gh, kv0, _, _) = ints
+    q_desc = bufs.q_desc
+    q_smem = bufs.q_smem
+    b = prog.b
+    hk = prog.hk
+    kv0 = prog.kv0
     # K scales' flat offset of this head (KS_TMA) and the permuted view's coordinates of this head (PERMK), both
     # at this CTA's first key kv0 (0 but in a split tail's pieces: a multiple of BLOCK_N and of K_BLOCK)
-    ks_base = b * stride_ksb + hk * stride_ksh
-    kp_g = b * kp_gb + hk * kp_gh
-    if SPLIT_TAIL:
+    ks_base = b * prog.stride_ksb + hk * prog.stride_ksh
+    kp_g = b * prog.kp_gb + hk * prog.kp_gh
+    if flags.SPLIT_TAIL:
         if K_BLOCK > 0:
             ks_base += kv0 // K_BLOCK
         kp_g += kv0 // 16
     else:
         kv0 = 0
-    coords = (b, hk, ks_base, hk * kp_xh, kp_g, kv0)
+    coords = (b, hk, ks_base, hk * prog.kp_xh, kp_g, kv0)
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
-    if not quantizes_q(q_desc.dtype, descs[1].dtype):
-        mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
+    if not quantizes_q(q_desc.dtype, bufs.k_desc.dtype):
+        mbarrier.expect(bufs.q_bar, NC * q_desc.block_type.nbytes)
         for i in gl.static_range(NC):
-            tma.async_copy_global_to_shared(q_desc, [b, h, start_m + i * BM, 0], q_bar, q_smem.index(i))
-    n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
+            tma.async_copy_global_to_shared(q_desc, [b, prog.h, prog.start_m + i * BM, 0], bufs.q_bar,
+                                            q_smem.index(i))
+    n_tiles = gl.cdiv(prog.kv_len, BLOCK_N)
     for j in range(n_tiles - 1):
-        _produce_tile(j, descs, smem, bars, coords, K_BLOCK, BLOCK_N, STAGES, KS_TMA, PERMK)
-    _produce_tile(n_tiles - 1, descs, smem, bars, coords, K_BLOCK, BLOCK_N, STAGES, KS_TMA, 0)
+        _produce_tile(j, bufs, coords, flags, flags.PERMK)
+    _produce_tile(n_tiles - 1, bufs, coords, flags, 0)
