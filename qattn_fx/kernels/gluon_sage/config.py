@@ -55,7 +55,7 @@ class GluonConfig(LaunchConfig):
     two (with ``mmasum``, whose few spills at 160 registers cost less than the ~50 instructions per tile it saves);
     ``quad``: four consumer warpgroups (256 query rows) at :data:`QUAD_CONSUMER_REGS` registers, serial, for
     head_dim :data:`QUAD_HEAD_DIM` only (its running output takes half the registers of head_dim 128's;
-    :func:`check_quad_config`). Their speed: see BENCHMARKS.md ("Tuning", "head_dim 64").
+    :func:`check_quad_config`). Their speed: see docs/kernel-profile.md ("Tuning") and BENCHMARKS.md ("head_dim 64").
     Schedules tried and removed: docs/kernel-design.md."""
 
     block_n: int
@@ -121,9 +121,9 @@ class GluonConfig(LaunchConfig):
 
 #: Launches that view K through ``permk`` (8-bit K with scales per 16 keys or coarser, per head or per tensor; with
 #: or without a key bias): ``trio,permk,mmasum`` with and without ``tarrive``, within the run-to-run spread of each
-#: other and the fastest at the Wan shapes and d64 (BENCHMARKS.md, "Tuning: gluon_sage's default config"), at
+#: other and the fastest at the Wan shapes and d64 (docs/kernel-profile.md, "Tuning: gluon_sage's default config"), at
 #: flux-1024 (the autotuner's pick there over two-consumer and one-consumer configs, BENCHMARKS.md, "Attention op") and
-#: with HunyuanVideo's key-padding mask (BENCHMARKS.md, "Key-padding masks").
+#: with HunyuanVideo's key-padding mask (docs/kernel-profile.md, "Key-padding masks").
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
                  GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 #: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 2 stages and with 4
