@@ -19,8 +19,8 @@ schedule, which plain Triton 3.6 cannot express:
   softmax runs while the other's MMAs occupy the tensor cores — the overlap FlashAttention-3 gets from its
   ping-pong schedule, and what Triton's CTA-wide ``bar.sync`` per pipelined load prevents in triton_sage.
 * registers are rebalanced with ``setmaxnreg`` (Gluon ``warp_specialize``): consumers get
-  :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound (docs/kernel-profile.md, "What
-  bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
+  :data:`CONSUMER_REGS`, the producer :data:`PRODUCER_REGS`. The kernel is latency-bound
+  (docs/kernel-profile.md, "What bounds the kernel"): ``trio`` trades registers (160 per consumer: the serial schedule only) for a third consumer
   warp on every SM sub-partition to hide it (the fastest at video lengths: docs/kernel-profile.md, "Tuning");
   at head_dim 64, whose running output takes half the registers, ``quad`` runs a fourth (112 registers each).
 * schedules inside a consumer (:class:`GluonConfig`): serial (Q·Kᵀ, softmax, P·V; what ``trio`` runs) or
@@ -39,8 +39,8 @@ schedule, which plain Triton 3.6 cannot express:
   A/B"). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
 
 Speed: see BENCHMARKS.md, "Attention op" (the autotuned ``trio,permk,mmasum`` configs against cuDNN FP8), and
-docs/kernel-profile.md, "What bounds the kernel". Per-tile numerics identical to triton_sage's (same tiles, same operation order) except under ``permk``,
-which sums each P·V tile's keys in another order, and ``mmasum``, whose softmax denominator sums the e4m3-rounded P
+docs/kernel-profile.md, "What bounds the kernel". Per-tile numerics identical to triton_sage's (same tiles, same
+operation order) except under ``permk``, which sums each P·V tile's keys in another order, and ``mmasum``, whose softmax denominator sums the e4m3-rounded P
 (the differences on the benchmark shapes and against fp32 attention: BENCHMARKS.md).
 
 Inputs (validated by :func:`qattn_fx.kernels._sage_common.validate`, plus :func:`ineligible`): int8 / e4m3 /
