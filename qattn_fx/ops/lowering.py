@@ -100,16 +100,31 @@ def _size(emit: Emitter, x: Any, dim: int) -> Any:
     return size if isinstance(size, int) else emit(torch.ops.aten.sym_size.int, (x, dim), f"size{dim % 8}")
 
 
-def _unit_stride_last(x: Any) -> bool:
+def _unit_stride(x: Any, dim: int) -> bool:
+    """Whether ``dim`` of ``x`` is unit-stride (or of length 1), known without a guard."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     value = value_of(x)
-    return value.shape[-1] == 1 or statically_known_true(value.stride(-1) == 1)
+    return statically_known_true(value.shape[dim] == 1) or statically_known_true(value.stride(dim) == 1)
 
 
-def _to_canonical(emit: Emitter, q: Any, k: Any, v: Any, mask: Any, plan: canonical.Plan) -> tuple:
-    """``q, k, v, mask`` in the ops' canonical form (views, except a contiguous copy of an operand whose last dim
-    is not unit-stride, which every kernel needs)."""
+def contiguous_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` copied into a contiguous (row-major) tensor, whatever its strides.
+
+    ``aten.clone`` keeps the strides of a dense input (``preserve_format``): a transposed or permuted buffer would
+    come back with the same non-unit stride on D. Under Inductor the copy is a pointwise read that fuses into the
+    quantize pass reading it (no separate pass where the consumer is a quantize op).
+    """
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _to_canonical(emit: Emitter, q: Any, k: Any, v: Any, mask: Any, plan: canonical.Plan,
+                  v_seq_major: bool = False) -> tuple:
+    """``q, k, v, mask`` in the ops' canonical form: views, except a contiguous copy (:func:`contiguous_copy`) of a
+    Q or K whose last dim is not unit-stride, and of a V that has a unit stride neither on D nor, for a kernel that
+    wants it sequence-major (``v_seq_major``: its quantize node writes that layout from either), on S. Every other
+    layout SDPA takes (views with gaps in any dim, broadcast (stride 0) batch or heads, storage offsets) the ops
+    take as it is."""
     if plan.add_head_dim:
         q, k, v = (emit(torch.ops.aten.unsqueeze.default, (x, -3), f"{n}_4d") for n, x in zip("qkv", (q, k, v)))
         if mask is not None and len(_shape(mask)) == 3:
@@ -123,8 +138,9 @@ def _to_canonical(emit: Emitter, q: Any, k: Any, v: Any, mask: Any, plan: canoni
         batch = _size(emit, full[0], 0)
         q, k, v = (emit(torch.ops.aten.expand.default, (x, [batch, -1, -1, -1]), f"{n}_batch") if e else x
                    for n, x, e in zip("qkv", (q, k, v), plan.expand_batch))
-    q, k, v = (x if _unit_stride_last(x) else emit(torch.ops.aten.clone.default, (x,), f"{n}_contiguous")
-               for n, x in zip("qkv", (q, k, v)))
+    q, k = (x if _unit_stride(x, -1) else emit(contiguous_copy, (x,), f"{n}_contiguous") for n, x in zip("qk", (q, k)))
+    if not (_unit_stride(v, -1) or (v_seq_major and _unit_stride(v, -2))):
+        v = emit(contiguous_copy, (v,), "v_contiguous")
     return q, k, v, mask
 
 
@@ -240,7 +256,8 @@ def quantized_attention(
             raise ValueError(f"kernel {kernel!r} takes no masks; kernels that do: "
                              f"{kernels.names_with('key_bias')}")
     q_call = q
-    q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan)
+    v_seq_major = entry.v_seq_major and recipe is not None and recipe.v_dtype == "fp8"
+    q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan, v_seq_major)
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
     k_call = k
     skip = _skip_threshold(emit, k, skip_softmax, timestep, timestep_scale)
