@@ -183,3 +183,24 @@ def captured_attention_inputs(head_dim: int = 64, frames: int = 4, size: int = 3
     finally:
         F.scaled_dot_product_attention = original
     return [(role, q.to(device), k.to(device), v.to(device)) for role, q, k, v in captured]
+
+
+#: A huge finite value of each dtype, written into masked keys' K and V by the masked-junk tests.
+JUNK = {torch.float16: 6e4, torch.bfloat16: 1e30, torch.float32: 1e30}
+
+
+def masked_junk(b=2, hq=4, hkv=2, sq=45, skv=77, d=64, *, dtype=torch.bfloat16, device="cpu", seed=0, junk=None,
+                valid=None):
+    """``(q, k, v, k_junk, v_junk, mask)``: inputs of a key-padding-masked call (``mask`` boolean ``(B, 1, 1, Skv)``,
+    batch element ``i`` keeping its first ``valid[i]`` keys, every key of the last one, and masked keys scattered
+    through the first) with zeros in masked keys' K and V, and the same with ``junk`` (default :data:`JUNK`) there
+    (``+junk`` in K, ``-junk`` in V). The output on kept keys must not depend on which is given (issue #43)."""
+    q, k, v = make_qkv(b, hq, hkv, sq, skv, d, seed=seed, dtype=dtype, device=device)
+    valid = valid or [skv * (i + 2) // (b + 1) for i in range(b - 1)] + [skv]
+    keep = torch.arange(skv, device=device)[None, :] < torch.tensor(valid, device=device)[:, None]
+    keep[0, 1:valid[0]:5] = False
+    mask = keep[:, None, None, :]
+    gone = ~keep[:, None, :, None]
+    junk = JUNK[dtype] if junk is None else junk
+    k, v = k.masked_fill(gone, 0), v.masked_fill(gone, 0)  # (masked_fill keeps the BSHD layout)
+    return q, k, v, k.masked_fill(gone, junk), v.masked_fill(gone, -junk), mask

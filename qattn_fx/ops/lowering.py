@@ -264,13 +264,19 @@ def quantized_attention(
     if recipe is None:
         args = (q, k, v, float(sm_scale), out_dtype, kernel, key_bias, runtime_scale, skip, skip_label)
         return _from_canonical(emit, emit(ops.skip_softmax_attention.default, args, "attention"), q_call, plan)
+    # masked keys (key_bias -inf) reach no scale and no mean: their rows of K and V are zeroed first (smooth_k does
+    # it for K while taking the mean of the kept keys; bf16 K has no scale), whatever they hold
+    if key_bias is not None and recipe.qk_dtype != "bf16" and not recipe.smooth_k:
+        k = emit(ops.mask_keys.default, (k, key_bias), "k_masked")
     if recipe.smooth_k:
-        k = emit(ops.smooth_k.default, (k,), "k_smooth")
+        k = emit(ops.smooth_k.default, (k,) if key_bias is None else (k, key_bias), "k_smooth")
     if _q_in_kernel(recipe, entry, value_of(q).dtype):
         q_data, q_scale, q_gs = q, None, None  # the kernel quantizes Q itself, with quantize_per_block's numerics
     else:
         q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
     k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
+    if key_bias is not None:
+        v = emit(ops.mask_keys.default, (v, key_bias), "v_masked")
     v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
     extra = (() if key_bias is None and runtime_scale is None and skip is None else (key_bias, runtime_scale)) + (
         () if skip is None else (skip, skip_label))
@@ -280,7 +286,8 @@ def quantized_attention(
         res = emit(ops.scaled_attention_lse.default, args, "attention")
         out, lse = _unpack(emit, res, ("out", "lse"))
         if recipe.smooth_k:
-            shift = emit(ops.lse_shift.default, (q, k_call, float(sm_scale), runtime_scale), "lse_shift")
+            shift_args = (q, k_call, float(sm_scale), runtime_scale) + (() if key_bias is None else (key_bias,))
+            shift = emit(ops.lse_shift.default, shift_args, "lse_shift")
             lse = emit(torch.ops.aten.add.Tensor, (lse, shift), "lse_full")
         return out, lse
     if recipe.family == "scaled":
