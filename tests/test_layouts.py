@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import support
 import qattn_fx
 from qattn_fx import kernels
 from qattn_fx.ops import quantized_attention
@@ -29,35 +30,11 @@ def sdpa(q, k, v, mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _gaps(b, h, s, d, r):
-    """Every other entry of every dim of a buffer twice as large, at a storage offset."""
-    return r(2 * b, 2 * h, 2 * s, 2 * d + 1)[1::2, 1::2, 1::2, 1::2]
-
-
-#: layout name -> maker of a logical ``(B, H, S, D)`` fp32 tensor with that layout.
-LAYOUTS = {
-    "contiguous": lambda b, h, s, d, r: r(b, h, s, d),
-    "bshd": lambda b, h, s, d, r: r(b, s, h, d).transpose(1, 2),
-    "transposed": lambda b, h, s, d, r: r(b, h, d, s).transpose(-1, -2),
-    "head-last": lambda b, h, s, d, r: r(b, s, d, h).permute(0, 3, 1, 2),
-    "seq-first": lambda b, h, s, d, r: r(s, b, h, d).permute(1, 2, 0, 3),
-    "seq-first-transposed": lambda b, h, s, d, r: r(d, s, b, h).permute(2, 3, 1, 0),
-    "expanded-batch": lambda b, h, s, d, r: r(1, h, s, d).expand(b, -1, -1, -1),
-    "expanded-heads": lambda b, h, s, d, r: r(b, 1, s, d).expand(-1, h, -1, -1),
-    "expanded-transposed": lambda b, h, s, d, r: r(b, 1, d, s).expand(-1, h, -1, -1)
-    .transpose(-1, -2),
-    "gaps": _gaps,
-    "gaps-transposed": lambda b, h, s, d, r: _gaps(b, h, d, s, r).transpose(-1, -2),
-    "offset": lambda b, h, s, d, r: r(b * h * s * d + 3)[3:].view(b, h, s, d),
-    "strided-d": lambda b, h, s, d, r: r(b, h, s, 2 * d)[..., ::2],
-}
+LAYOUTS = support.LAYOUTS
 
 
 def make(layout, b=2, h=2, s=40, d=32, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = LAYOUTS[layout](b, h, s, d, lambda *shape: torch.randn(*shape, generator=g).to(dtype))
-    assert x.shape == (b, h, s, d)
-    return x
+    return support.make_layout(layout, b, h, s, d, seed=seed, dtype=dtype)
 
 
 def close(out, ref, *, rel=5e-2, cos=0.998):
