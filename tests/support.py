@@ -238,6 +238,6 @@ LAYOUTS = {
 def make_layout(layout, b=2, h=2, s=40, d=32, *, seed=0, dtype=torch.float32, generator=None):
     """A random logical ``(b, h, s, d)`` tensor of ``dtype`` stored as :data:`LAYOUTS` names it."""
     g = generator if generator is not None else torch.Generator().manual_seed(seed)
-    x = LAYOUTS[layout](b, h, s, d, lambda *shape: torch.randn(*shape, generator=g).to(dtype))
+    x = LAYOUTS[layout](b, h, s, d, lambda *shape: torch.randn(*shape, generator=g, device=g.device).to(dtype))
     assert x.shape == (b, h, s, d)
     return x

@@ -236,3 +236,29 @@ def test_what_masked_keys_hold_does_not_change_the_kernels_output(kernel, dtype)
     c = cos(out, dense)
     print(f"[{kernel}] {dtype} masked junk: cosine {c:.5f} against fp32 SDPA")
     assert c > 0.998, c
+
+
+@needs_sm90
+@pytest.mark.parametrize("layout", ["transposed", "head-last", "seq-first-transposed", "expanded-transposed",
+                                    "gaps", "offset", "strided-d"])
+@pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
+def test_every_layout_runs_on_the_kernel(kernel, layout):
+    """Issue #43: Q, K and V stored in any layout SDPA takes (here each in ``layout``; a key-padding mask, GQA) run on
+    the kernel, close to SDPA: Q/K without a unit-stride D are copied contiguous by the lowering (the copy fuses into
+    the quantize pass), every other layout is read as it is (gluon_sage copies a bf16 Q TMA cannot address)."""
+    spec = Spec(default=AttentionSpec("TRITON", SAGE, kernel=kernel))
+    backend = qattn_fx.backend(spec)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                       backend=backend, fullgraph=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q = support.make_layout(layout, 2, 8, 1000, 128, dtype=torch.bfloat16, generator=g)
+    k, v = (support.make_layout(layout, 2, 2, 1500, 128, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    mask = (torch.arange(1500, device=DEV) < torch.tensor([1200, 1500], device=DEV)[:, None])[:, None, None, :]
+    out = fn(q, k, v, mask)
+    assert all(s.kernel == kernel for s in backend.report.sites), str(backend.report)
+    with sdpa_kernel(SDPBackend.MATH):
+        dense = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    c = cos(out, dense)
+    print(f"[{kernel}] {layout}: cosine {c:.5f}")
+    assert c > 0.998, c
