@@ -38,6 +38,19 @@ and zeroes the masked rows), so per-block, per-channel, per-head and per-tensor 
 NVFP4 tensor scales see only kept keys, and the output on kept keys does not depend on what masked keys hold. A
 finite bias (an additive float mask such as ``-1e4``) masks nothing: its keys are kept.
 
+Non-finite inputs (``inf``/``nan`` in Q, or in K or V of a kept key) spread through the scales that cover them,
+pinned by ``tests/test_attention_ops.py::test_non_finite_inputs_spread_through_the_scales_that_cover_them``. SDPA's
+math kernel (and its default CPU kernel in fp32) makes non-finite exactly the rows whose logits or values are: an
+``inf`` in Q row ``i`` gives a NaN row ``i`` (torch's default CPU kernel in bf16/fp16 gives that row 0); an ``inf`` in
+a key's K gives NaN in the rows whose logit with it is ``+inf`` or NaN; an ``inf`` in V channel ``c`` gives ``inf`` in
+column ``c`` of every row. Here a scale of ``inf`` turns its whole block into NaN (``x · (1/inf)`` is NaN for the
+``inf`` itself, and the dequantized ``0 · inf`` for the rest): with per-token Q scales (``q_block`` 1, the default
+recipe) only row ``i`` is NaN, as in SDPA's math; a Q block of ``n`` tokens makes its ``n`` rows NaN; K smoothing
+makes the whole head NaN (its mean is ``inf``), and so do per-block K scales; V per-channel scales make column ``c``
+NaN (SDPA: ``inf``); per-head and per-tensor scales make every row of the head or the call NaN. MXFP8 saturates an
+``inf`` at the largest exponent (the output stays finite). Masked keys are zeroed before anything reads them, so
+even a non-finite value there leaves no trace (SDPA's math kernel gives NaN rows for it: ``inf + -inf``).
+
 The scaled int8/fp8 ops keep the memory order of the input (elementwise ops preserve a permuted BSHD view), so
 kernels read diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies; ``seq_major=True``
 stores the data with the sequence axis fastest (physically ``(B, H, D, S16)``, each channel's row zero-padded to a
