@@ -240,7 +240,7 @@ def test_what_masked_keys_hold_does_not_change_the_kernels_output(kernel, dtype)
 
 @needs_sm90
 @pytest.mark.parametrize("layout", ["transposed", "head-last", "seq-first-transposed", "expanded-transposed",
-                                    "gaps", "offset", "strided-d"])
+                                    "expanded-batch", "expanded-heads", "gaps", "offset", "strided-d"])
 @pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
 def test_every_layout_runs_on_the_kernel(kernel, layout):
     """Issue #43: Q, K and V stored in any layout SDPA takes (here each in ``layout``; a key-padding mask, GQA) run on
