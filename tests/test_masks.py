@@ -517,3 +517,24 @@ def test_kernels_that_serve_masks_get_the_same_inputs_whatever_masked_keys_hold(
     close(ref, dense)
     emulated = support.emulate(qd, qs, kd, ks, vd, vs, qb, kb, sm_scale, 128, key_bias=key_bias)
     close(emulated.float(), dense)
+
+
+@pytest.mark.parametrize("q_block", [1, 16])
+def test_a_symmetric_mask_ignores_what_masked_tokens_hold(q_block):
+    """``m_i & m_j``: masked tokens are keys and queries. Junk in their Q, K and V changes nothing: masked keys are
+    zeroed before K/V quantization, masked queries' Q before a Q scale spanning several tokens reads it (q_block 16;
+    per-token Q scales need nothing), and their output rows are set to 0."""
+    q, k, v = qkv(b=2, h=2, sq=40, skv=40)
+    m = torch.ones(2, 40, dtype=torch.int64)
+    m[0, 30:] = 0
+    m[1, 5:9] = 0
+    gone = ~m.bool()[:, None, :, None]
+    spec = qattn_fx.Spec.from_dict({"default": {"backend": "REFERENCE", "recipe": {
+        "qk_dtype": "int8", "v_dtype": "fp8", "q_block_size": q_block, "k_block_size": 16, "v_block_size": 1}}})
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    fn = compiled(backend, lambda q, k, v, m: _symmetric_sdpa(q, k, v, m))
+    clean = fn(q, k, v, m)
+    assert backend.report.sites[0].rewritten, backend.report.sites[0].reason
+    junk = fn(q.masked_fill(gone, 1e30), k.masked_fill(gone, 1e30), v.masked_fill(gone, -1e30), m)
+    assert torch.equal(junk, clean)
+    close(clean, _symmetric_sdpa(q, k, v, m))

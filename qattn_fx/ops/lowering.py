@@ -63,6 +63,14 @@ def _q_in_kernel(recipe: Recipe, entry: kernels.KernelInfo, q_dtype: torch.dtype
             and kernels.q_quantized_in_kernel(q_dtype, formats.torch_dtype(recipe.qk_dtype)))
 
 
+def _q_scale_spans_tokens(recipe: Recipe) -> bool:
+    """A Q scale of the recipe covers more than one token (per block of several, per head or tensor, NVFP4's
+    tensor scale), so what one query holds moves the others' quantization."""
+    if recipe.qk_dtype in ("int8", "fp8"):
+        return recipe.q_block_size != 1
+    return recipe.qk_dtype == "nvfp4"
+
+
 def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool) -> tuple[Any, Any, Any]:
     fmt = recipe.v_dtype
     if fmt == "fp8":
@@ -200,6 +208,7 @@ def quantized_attention(
     timestep: Any = None,
     timestep_scale: float = 1000.0,
     skip_label: str = "",
+    query_mask: Any = None,
 ) -> Any:
     """Non-causal attention of ``q``, ``k``, ``v`` under ``recipe`` on ``kernel``, as ``F.scaled_dot_product_attention``
     computes it (same shapes, broadcasting, masks).
@@ -223,6 +232,9 @@ def quantized_attention(
     ``timestep_scale`` to the normalized ``t``) when ``disabled_until_timestep`` is set; ``skip_label`` names the
     site in measured sparsity. ``recipe=None`` (with ``skip_softmax``): unquantized attention with Skip-Softmax
     (``qattn::skip_softmax_attention``, the reference kernel).
+    ``query_mask``: the kept queries, boolean, broadcastable to ``(B, 1, Sq, 1)`` of the canonical form (4-D calls),
+    for a mask that masks queries too (:class:`qattn_fx.fx.masks.MaskRead`, whose caller sets their output rows to
+    0): masked queries' Q rows are zeroed before a Q scale that spans several tokens reads them.
     """
     q_shape = _shape(q)
     if head_dim is None:
@@ -270,6 +282,8 @@ def quantized_attention(
         k = emit(ops.mask_keys.default, (k, key_bias), "k_masked")
     if recipe.smooth_k:
         k = emit(ops.smooth_k.default, (k,) if key_bias is None else (k, key_bias), "k_smooth")
+    if query_mask is not None and _q_scale_spans_tokens(recipe):  # masked queries' Q reaches no Q scale
+        q = emit(torch.where, (query_mask, q, 0.0), "q_masked")
     if _q_in_kernel(recipe, entry, value_of(q).dtype):
         q_data, q_scale, q_gs = q, None, None  # the kernel quantizes Q itself, with quantize_per_block's numerics
     else:
