@@ -183,3 +183,61 @@ def captured_attention_inputs(head_dim: int = 64, frames: int = 4, size: int = 3
     finally:
         F.scaled_dot_product_attention = original
     return [(role, q.to(device), k.to(device), v.to(device)) for role, q, k, v in captured]
+
+
+#: A huge finite value of each dtype, written into masked keys' K and V by the masked-junk tests.
+JUNK = {torch.float16: 6e4, torch.bfloat16: 1e30, torch.float32: 1e30}
+
+
+def masked_junk(b=2, hq=4, hkv=2, sq=45, skv=77, d=64, *, dtype=torch.bfloat16, device="cpu", seed=0, junk=None,
+                valid=None):
+    """``(q, k, v, k_junk, v_junk, mask)``: inputs of a key-padding-masked call (``mask`` boolean ``(B, 1, 1, Skv)``,
+    batch element ``i`` keeping its first ``valid[i]`` keys, every key of the last one, and masked keys scattered
+    through the first) with zeros in masked keys' K and V, and the same with ``junk`` (default :data:`JUNK`) there
+    (``+junk`` in K, ``-junk`` in V). The output on kept keys must not depend on which is given (issue #43)."""
+    q, k, v = make_qkv(b, hq, hkv, sq, skv, d, seed=seed, dtype=dtype, device=device)
+    valid = valid or [skv * (i + 2) // (b + 1) for i in range(b - 1)] + [skv]
+    keep = torch.arange(skv, device=device)[None, :] < torch.tensor(valid, device=device)[:, None]
+    keep[0, 1:valid[0]:5] = False
+    mask = keep[:, None, None, :]
+    gone = ~keep[:, None, :, None]
+    junk = JUNK[dtype] if junk is None else junk
+    k, v = k.masked_fill(gone, 0), v.masked_fill(gone, 0)  # (masked_fill keeps the BSHD layout)
+    return q, k, v, k.masked_fill(gone, junk), v.masked_fill(gone, -junk), mask
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Operand layouts SDPA takes (tests/test_layouts.py, the property tests)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _gaps(b, h, s, d, r):
+    """Every other entry of every dim of a buffer twice as large, at a storage offset."""
+    return r(2 * b, 2 * h, 2 * s, 2 * d + 1)[1::2, 1::2, 1::2, 1::2]
+
+
+#: layout name -> maker of a logical ``(B, H, S, D)`` tensor stored that way (``r(*shape)``: a random buffer).
+LAYOUTS = {
+    "contiguous": lambda b, h, s, d, r: r(b, h, s, d),
+    "bshd": lambda b, h, s, d, r: r(b, s, h, d).transpose(1, 2),
+    "transposed": lambda b, h, s, d, r: r(b, h, d, s).transpose(-1, -2),
+    "head-last": lambda b, h, s, d, r: r(b, s, d, h).permute(0, 3, 1, 2),
+    "seq-first": lambda b, h, s, d, r: r(s, b, h, d).permute(1, 2, 0, 3),
+    "seq-first-transposed": lambda b, h, s, d, r: r(d, s, b, h).permute(2, 3, 1, 0),
+    "expanded-batch": lambda b, h, s, d, r: r(1, h, s, d).expand(b, -1, -1, -1),
+    "expanded-heads": lambda b, h, s, d, r: r(b, 1, s, d).expand(-1, h, -1, -1),
+    "expanded-transposed": lambda b, h, s, d, r: r(b, 1, d, s).expand(-1, h, -1, -1)
+    .transpose(-1, -2),
+    "gaps": _gaps,
+    "gaps-transposed": lambda b, h, s, d, r: _gaps(b, h, d, s, r).transpose(-1, -2),
+    "offset": lambda b, h, s, d, r: r(b * h * s * d + 3)[3:].view(b, h, s, d),
+    "strided-d": lambda b, h, s, d, r: r(b, h, s, 2 * d)[..., ::2],
+}
+
+
+def make_layout(layout, b=2, h=2, s=40, d=32, *, seed=0, dtype=torch.float32, generator=None):
+    """A random logical ``(b, h, s, d)`` tensor of ``dtype`` stored as :data:`LAYOUTS` names it."""
+    g = generator if generator is not None else torch.Generator().manual_seed(seed)
+    x = LAYOUTS[layout](b, h, s, d, lambda *shape: torch.randn(*shape, generator=g, device=g.device).to(dtype))
+    assert x.shape == (b, h, s, d)
+    return x

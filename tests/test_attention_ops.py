@@ -418,3 +418,42 @@ def test_quantized_attention_errors():
         quantized_attention(q, k, v, RECIPES["int8-1-16-1"], kernel="sage2")
     # head_dim 72 is fine for the other formats (MXFP8 pads the last block)
     assert quantized_attention(q, k, v, RECIPES["mxfp8-mxfp8"]).shape == (1, 4, 21, 72)
+
+
+def test_non_finite_inputs_spread_through_the_scales_that_cover_them():
+    """The behaviour documented in qattn_fx/ops/quantize.py ("Non-finite inputs"), against SDPA's math kernel."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from qattn_fx.spec import DEFAULT_RECIPE
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
+
+    def rows(out):  # (head, row) of every row with a non-finite entry
+        return {tuple(i) for i in (~torch.isfinite(out)).any(-1)[0].nonzero().tolist()}
+
+    def run(recipe, q=q, k=k, v=v, mask=None):
+        with sdpa_kernel(SDPBackend.MATH):
+            dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return rows(quantized_attention(q, k, v, recipe, attn_mask=mask)), rows(dense)
+
+    q_inf = q.clone()
+    q_inf[0, 0, 5, 3] = float("inf")
+    assert run(DEFAULT_RECIPE, q=q_inf) == ({(0, 5)}, {(0, 5)})  # per-token Q scales: SDPA's pattern
+    assert run(Recipe("int8", "fp8", 16, 16, 1), q=q_inf)[0] == {(0, i) for i in range(16)}  # its Q block
+    assert len(run(Recipe("fp8", "fp8", 0, 0, 0), q=q_inf)[0]) == 64  # per-tensor: everything
+    assert run(Recipe("mxfp8", "mxfp8"), q=q_inf)[0] == set()  # MXFP8 saturates
+    k_inf = k.clone()
+    k_inf[0, 0, 7, 3] = float("inf")
+    ours, dense = run(DEFAULT_RECIPE, k=k_inf)
+    assert ours == {(0, i) for i in range(32)} and dense < ours and dense  # smoothing: the whole head
+    v_inf = v.clone()
+    v_inf[0, 1, 7, 3] = float("inf")
+    out = quantized_attention(q, k, v_inf, DEFAULT_RECIPE)
+    assert out[0, 1, :, 3].isnan().all() and torch.isfinite(out[..., [0, 1, 2, 4]]).all()  # SDPA: inf there
+    mask = torch.arange(32)[None, None, None, :] < 20
+    k_masked, v_masked = k.clone(), v.clone()
+    k_masked[0, 0, 25, 3] = v_masked[0, 1, 28, 0] = float("inf")
+    ours, dense = run(DEFAULT_RECIPE, k=k_masked, v=v_masked, mask=mask)
+    assert ours == set() and dense  # masked keys leave no trace here; SDPA's math gives NaN rows (inf + -inf)

@@ -1,8 +1,9 @@
 """Per-key masks (boolean key padding, additive float biases) are served as a key bias, with SDPA's semantics.
 
 Masked keys contribute nothing, any pattern (not only a padded tail); a row whose keys are all masked gives what
-SDPA gives (0); a padded call equals the same call on the unpadded keys up to quantization (the K scales, K's
-smoothing mean and V's per-channel scales then see different keys). Masks that vary per query or head stay dense;
+SDPA gives (0); a padded call equals the same call on the unpadded keys up to quantization. What masked keys hold
+never matters: the lowering zeroes their K and V rows before smoothing (whose mean is over kept keys) and quantizing,
+so no scale sees them (issue #43: huge finite values there used to move every scale). Masks that vary per query or head stay dense;
 a per-key mask repeated over the heads (diffusers' ``prepare_attention_mask``) is read per key, and so is a
 symmetric padding mask ``m_i & m_j`` (HunyuanVideo-1.5), whose masked queries' rows are then set to 0.
 """
@@ -11,9 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import support
 import qattn_fx
-from qattn_fx import tiny_models
+from qattn_fx import kernels, tiny_models
+from qattn_fx.kernels import reference
 from qattn_fx.ops import quantized_attention
+from qattn_fx.recipes import Recipe
 from qattn_fx.spec import DEFAULT_RECIPE
 
 
@@ -416,3 +420,121 @@ def test_hunyuan_video15_blocks_are_quantized_with_their_symmetric_text_padding_
     rel = (out - dense).abs().max() / dense.abs().max()
     cos = F.cosine_similarity(out.flatten(), dense.flatten(), dim=0)
     assert rel < 1e-2 and cos > 0.9999, (rel, cos)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# what masked keys hold (issue #43, item 2)
+# ------------------------------------------------------------------------------------------------------------------
+
+JUNK_RECIPES = {
+    "int8-smooth": DEFAULT_RECIPE,
+    "int8-raw": Recipe("int8", "fp8", 1, 16, 1, smooth_k=False),
+    "int8-64-128-head": Recipe("int8", "fp8", 64, 128, 0, scale_scope="head"),
+    "fp8-tensor": Recipe("fp8", "fp8", 0, 0, 0),
+    "bf16-pv8": Recipe("bf16", "fp8", 0, 0, 1),
+    "mxfp8": Recipe("mxfp8", "mxfp8"),
+    "nvfp4": Recipe("nvfp4", "nvfp4"),
+}
+
+
+@pytest.mark.parametrize("mask_form", ["bool", "-inf"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("recipe", list(JUNK_RECIPES))
+def test_what_masked_keys_hold_does_not_change_the_output(recipe, dtype, mask_form):
+    """Huge finite K and V in masked keys (6e4 in fp16) used to reach the smooth-K mean and every K/V scale: cos 0.35
+    against the same call with zeros there at 6e4 (int8), 0.64 for per-tensor FP8. Now bit-identical."""
+    q, k, v, k_junk, v_junk, mask = support.masked_junk(b=2, hq=2, hkv=1, sq=24, skv=50, d=32, dtype=dtype)
+    if mask_form == "-inf":
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
+    recipe = JUNK_RECIPES[recipe]
+    clean = quantized_attention(q, k, v, recipe, attn_mask=mask)
+    assert torch.equal(quantized_attention(q, k_junk, v_junk, recipe, attn_mask=mask), clean)
+    for junk in (1e2, 1e3, 1e4):
+        *_, k_junk, v_junk, _ = support.masked_junk(b=2, hq=2, hkv=1, sq=24, skv=50, d=32, dtype=dtype, junk=junk)
+        assert torch.equal(quantized_attention(q, k_junk, v_junk, recipe, attn_mask=mask), clean)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_compiled_masked_junk_gives_the_clean_output_close_to_sdpa(dtype):
+    q, k, v, k_junk, v_junk, mask = support.masked_junk(b=2, hq=4, hkv=2, sq=40, skv=56, d=32, dtype=dtype)
+    backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
+    fn = compiled(backend, lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
+    out = fn(q, k_junk, v_junk, mask)
+    assert all(s.rewritten for s in backend.report.sites)
+    assert torch.equal(out, fn(q, k, v, mask))
+    dense = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    close(out.float(), dense, rel=6e-2)
+
+
+def test_lse_does_not_depend_on_masked_keys_and_a_finite_bias_masks_nothing():
+    """The LSE's smoothing shift (lse_shift) takes the smoothing mean of the kept keys too. A finite bias (-1e4,
+    LTX-Video's padding bias) is no mask: its keys are kept, in the mean and in every scale."""
+    q, k, v, k_junk, v_junk, mask = support.masked_junk(b=2, hq=2, hkv=2, sq=24, skv=50, d=32, dtype=torch.float32)
+    sage = Recipe("int8", "fp8", 1, 16, 1)
+    out, lse = quantized_attention(q, k, v, sage, attn_mask=mask, return_lse=True)
+    out_junk, lse_junk = quantized_attention(q, k_junk, v_junk, sage, attn_mask=mask, return_lse=True)
+    assert torch.equal(out_junk, out) and torch.equal(lse_junk, lse)
+    bias = torch.where(mask, 0.0, float("-inf"))
+    exact = torch.logsumexp((q @ k.transpose(-1, -2)) * 32 ** -0.5 + bias, dim=-1)
+    torch.testing.assert_close(lse, exact, atol=0.05, rtol=0)
+    finite = torch.where(mask, 0.0, -1e4)
+    k_big = k + 3.0 * (~mask[:, :, 0, :, None])  # the -1e4 keys hold other values: the K mean sees them
+    assert not torch.equal(quantized_attention(q, k_big, v, sage, attn_mask=finite),
+                           quantized_attention(q, k, v, sage, attn_mask=finite))
+
+
+def _attention_args(q, k, v, recipe, mask, kernel="reference"):
+    """The attention op's arguments the lowering builds for ``kernel`` (the op itself not run)."""
+    calls = []
+
+    def emit(target, args, name):
+        if name == "attention":
+            calls.append(args)
+            return q.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
+        return target(*args)
+
+    quantized_attention(q, k, v, recipe, kernel=kernel, attn_mask=mask, emit=emit)
+    return calls[0]
+
+
+@pytest.mark.parametrize("kernel", [n for n, i in kernels.KERNELS.items() if i.key_bias])
+def test_kernels_that_serve_masks_get_the_same_inputs_whatever_masked_keys_hold(kernel):
+    """The CPU side of tests/gpu/test_shapes_and_masks.py's masked-junk test: every kernel that takes a key bias gets
+    bit-identical quantized inputs whether masked keys hold junk or zeros; the reference kernel and the kernels'
+    tile loop (emulation) on them agree with fp32 SDPA over the kept keys."""
+    q, k, v, k_junk, v_junk, mask = support.masked_junk(b=2, hq=4, hkv=2, sq=40, skv=150, d=64, dtype=torch.float16)
+    recipe = Recipe("int8", "fp8", 1, 16, 1)
+    clean = _attention_args(q, k, v, recipe, mask, kernel)
+    for a, b in zip(_attention_args(q, k_junk, v_junk, recipe, mask, kernel), clean):
+        assert (a == b) if not isinstance(a, torch.Tensor) else (
+            a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            if a.element_size() == 1 else torch.equal(a, b))
+    qd, qs, kd, ks, vd, vs, qb, kb, sm_scale, out_dtype, _, key_bias, _ = clean
+    if qs is None:  # the kernel quantizes Q itself: the reference gets the graph's Q pass
+        qd, qs = torch.ops.qattn.quantize_per_block(qd, qb, torch.int8)
+    dense = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    ref = reference.scaled_attention(qd, qs, kd, ks, vd, vs, qb, kb, sm_scale, torch.float32, key_bias=key_bias)
+    close(ref, dense)
+    emulated = support.emulate(qd, qs, kd, ks, vd, vs, qb, kb, sm_scale, 128, key_bias=key_bias)
+    close(emulated.float(), dense)
+
+
+@pytest.mark.parametrize("q_block", [1, 16])
+def test_a_symmetric_mask_ignores_what_masked_tokens_hold(q_block):
+    """``m_i & m_j``: masked tokens are keys and queries. Junk in their Q, K and V changes nothing: masked keys are
+    zeroed before K/V quantization, masked queries' Q before a Q scale spanning several tokens reads it (q_block 16;
+    per-token Q scales need nothing), and their output rows are set to 0."""
+    q, k, v = qkv(b=2, h=2, sq=40, skv=40)
+    m = torch.ones(2, 40, dtype=torch.int64)
+    m[0, 30:] = 0
+    m[1, 5:9] = 0
+    gone = ~m.bool()[:, None, :, None]
+    spec = qattn_fx.Spec.from_dict({"default": {"backend": "REFERENCE", "recipe": {
+        "qk_dtype": "int8", "v_dtype": "fp8", "q_block_size": q_block, "k_block_size": 16, "v_block_size": 1}}})
+    backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+    fn = compiled(backend, lambda q, k, v, m: _symmetric_sdpa(q, k, v, m))
+    clean = fn(q, k, v, m)
+    assert backend.report.sites[0].rewritten, backend.report.sites[0].reason
+    junk = fn(q.masked_fill(gone, 1e30), k.masked_fill(gone, 1e30), v.masked_fill(gone, -1e30), m)
+    assert torch.equal(junk, clean)
+    close(clean, _symmetric_sdpa(q, k, v, m))

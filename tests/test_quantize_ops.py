@@ -77,9 +77,13 @@ def expand_blocks(scale: torch.Tensor, block: int, n: int, dim: int) -> torch.Te
 
 _X = torch.randn(1, 2, 37, 64)
 _XB = bshd(1, 2, 37, 48, torch.bfloat16)
+_BIAS = torch.zeros(2, 37).masked_fill(torch.rand(2, 37) > 0.6, float("-inf"))
 OPCHECK_CASES = [
     (ops.smooth_k.default, (_X,)),
     (ops.smooth_k.default, (_XB,)),
+    (ops.smooth_k.default, (_XB, _BIAS)),
+    (ops.mask_keys.default, (_X.expand(2, 2, 37, 64), _BIAS)),
+    (ops.mask_keys.default, (_XB, _BIAS[:1])),
     (ops.quantize_per_block.default, (_X, 16, I8)),
     (ops.quantize_per_block.default, (_XB, 4, F8)),
     (ops.quantize_per_head.default, (_X, F8, True)),
@@ -97,6 +101,7 @@ OPCHECK_CASES = [
     (ops.as_scalar_tensor.default, (0.125,)),
     (ops.lse_shift.default, (_X, _X[:, :1], 0.125)),
     (ops.lse_shift.default, (_XB, _XB, 0.125, torch.scalar_tensor(0.5, dtype=torch.float64))),
+    (ops.lse_shift.default, (_XB, _XB, 0.125, None, _BIAS[:1])),
     (ops.skip_threshold.default, (_X, 0.01, 0.0, None, 0.0, 1000.0)),
     (ops.skip_threshold.default, (_XB, 0.0, 2000.0, torch.tensor([700]), 0.9, 1000.0)),
 ]
@@ -104,7 +109,7 @@ OPCHECK_CASES = [
 
 def test_opcheck_cases_cover_every_quantize_op():
     assert {op for op, _ in OPCHECK_CASES} == set(QUANTIZE_OPS)
-    assert len(QUANTIZE_OPS) == 11
+    assert len(QUANTIZE_OPS) == 12
 
 
 @pytest.mark.parametrize("op, args", OPCHECK_CASES, ids=lambda v: getattr(v, "__name__", None) or "")
@@ -255,6 +260,35 @@ def test_compiled_smoothing_keeps_k_in_its_own_dtype():
     k_sized = [dtype for shape, dtype in dims if len(shape) == 4 and math.prod(shape) == b * s * h * d]
     assert "bfloat16" in k_sized and "float32" not in k_sized, buffers
     assert data.dtype == I8 and scale.dtype == torch.float32  # (values: the eager tests above)
+
+
+def test_masked_keys_reach_neither_the_mean_nor_the_data():
+    """Issue #43, item 2: with a key bias, smooth_k's mean is over the kept keys (bias not -inf) and masked keys'
+    rows are 0; mask_keys zeroes them in x's dtype and layout; lse_shift takes the same mean. Whatever masked keys
+    hold (huge, inf, nan), nothing changes; a finite bias masks nothing."""
+    k = bshd(2, 3, 50, 64, torch.float16) + 5
+    bias = torch.zeros(2, 50)
+    bias[0, 30:] = float("-inf")
+    bias[1, ::3] = float("-inf")
+    valid = (bias != float("-inf"))[:, None, :, None]
+    out = ops.smooth_k(k, bias)
+    assert out.dtype == torch.float32 and out.stride() == k.stride()
+    kept = torch.where(valid, k.float(), 0)
+    mean = kept.sum(2, keepdim=True) / valid.sum(2, keepdim=True)
+    torch.testing.assert_close(out, torch.where(valid, k.float() - mean, 0), rtol=0, atol=1e-5)
+    masked = ops.mask_keys(k, bias)
+    assert masked.dtype == k.dtype and masked.stride() == k.stride() and torch.equal(masked, torch.where(valid, k, 0))
+    q = torch.randn(2, 6, 20, 64)
+    shift = ops.lse_shift(q, k, 0.125, None, bias)
+    for junk in (6e4, float("inf"), float("nan")):
+        k_junk = k.clone()
+        k_junk[~valid.expand_as(k)] = junk
+        assert torch.equal(ops.smooth_k(k_junk, bias), out)
+        assert torch.equal(ops.mask_keys(k_junk, bias), masked)
+        assert torch.equal(ops.lse_shift(q, k_junk, 0.125, None, bias), shift)
+    assert torch.equal(ops.smooth_k(k, torch.full((1, 50), -1e4)), ops.smooth_k(k))
+    every = torch.full((1, 50), float("-inf"))  # no key kept: mean 0, every row 0
+    assert torch.equal(ops.smooth_k(k, every), torch.zeros(k.shape))
 
 
 def test_smooth_k_of_large_fp16_channels_stays_finite():

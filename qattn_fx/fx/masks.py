@@ -299,12 +299,20 @@ class MaskRead:
             mask = make(torch.Tensor.to, (mask, self.dtype), "mask_per_key_cast")
         return mask
 
-    def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node:
+    def query_rows(self, make: Callable[[Callable, tuple, str], fx.Node]) -> fx.Node | None:
+        """The kept queries as a boolean ``(B, 1, S, 1)`` node (``None`` when the mask masks no query)."""
+        if not self.masks_queries:
+            return None
+        return make(torch.transpose, (self.source, -2, -1), "masked_queries")
+
+    def finish(self, out: fx.Node, make: Callable[[Callable, tuple, str], fx.Node],
+               rows: fx.Node | None = None) -> fx.Node:
         """``out`` (``(B, H, S, D)``) with the rows of masked queries set to 0, as SDPA's math kernel gives a row
-        whose keys are all masked; ``out`` itself when the mask masks no query."""
+        whose keys are all masked; ``out`` itself when the mask masks no query. ``rows``: :meth:`query_rows`'
+        node, when already made."""
         if not self.masks_queries:
             return out
-        rows = make(torch.transpose, (self.source, -2, -1), "masked_queries")
+        rows = rows if rows is not None else self.query_rows(make)
         return make(torch.where, (rows, out, 0.0), "zero_masked_queries")
 
 

@@ -233,15 +233,16 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep
     emit = FxEmitter(call.graph, prefix, _fake_mode_of(q), call.node.meta)
     with call.graph.inserting_before(call.node):
         mask = call.args["attn_mask"] if mask_read is None else mask_read.key_mask(emit)
+        rows = None if mask_read is None else mask_read.query_rows(emit)
         out = quantized_attention(call.q, call.k, call.v, decision.recipe, kernel=decision.kernel, sm_scale=sm_scale,
                                   out_dtype=q.dtype, head_dim=head_dim, attn_mask=mask,
                                   enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit,
                                   skip_softmax=decision.skip_softmax, timestep=timestep,
-                                  timestep_scale=timestep_scale, skip_label=prefix)
+                                  timestep_scale=timestep_scale, skip_label=prefix, query_mask=rows)
         if call.lse:
             _replace_lse_outputs(call, *out, emit)
         else:
-            call.node.replace_all_uses_with(out if mask_read is None else mask_read.finish(out, emit))
+            call.node.replace_all_uses_with(out if mask_read is None else mask_read.finish(out, emit, rows))
     call.graph.erase_node(call.node)
     return tuple(n.name for n in emit.created)
 

@@ -31,7 +31,8 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     tests (exact fp32 agreement) and the GPU tests. ``return_lse``: also the kernels' natural-log LSE
     ``(m + log2 l - log2 448) · ln 2``. ``key_bias`` ``(B|1, Skv)``: logits are ``z = t·rs + bias·log2 e`` and the
     max is taken over ``z``; a running max of ``-inf`` (every key so far masked) is used as 0, and a row with
-    ``l = 0`` gives 0.
+    ``l = 0`` gives 0. (Masked keys' K and V arrive zeroed by the lowering, with scales of the kept keys only; any
+    finite data there gets P = 0.)
 
     ``skip_threshold`` (λ, a float or 0-d tensor): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) on
     every tile of 64 rows and ``block_n`` (128) keys: ``max z - m < log2 λ`` for every row of the tile (``m``: the

@@ -3,7 +3,9 @@
 This is the *definition* every fast kernel is tested against:
 
 1. dequantize Q, K and V exactly (:mod:`qattn_fx.formats`) to fp32;
-2. ``S = Q·Kᵀ · sm_scale + key_bias`` in fp32 (``key_bias``: a per-key logit bias, ``-inf`` for masked keys);
+2. ``S = Q·Kᵀ · sm_scale + key_bias`` in fp32 (``key_bias``: a per-key logit bias, ``-inf`` for masked keys,
+   whose quantized K and V the lowering has zeroed, so their scales never saw them; any finite data there gets
+   weight 0 here);
    ``P = exp(S - rowmax(S))``; ``l = rowsum(P)`` (fp32, before any rounding);
 3. P is rounded the way the recipe's P·V sees it: e4m3 with the fixed scale 448 when V is fp8/mxfp8, NVFP4 with
    a fixed tensor scale when V is nvfp4;

@@ -16,7 +16,10 @@ key_bias=None, runtime_scale=None, skip_threshold=None, skip_label="")``
 * ``key_bias``: optional fp32 ``(B|1, Skv)`` with a unit stride on keys, added to every query's logits
   ``q·kᵀ·sm_scale`` before the softmax (``-inf`` masks a key out; a key-padding mask becomes 0 / ``-inf``). A row
   whose keys are all ``-inf`` gives 0, as ``F.scaled_dot_product_attention`` does. Only kernels whose
-  :class:`~qattn_fx.kernels.KernelInfo` says ``key_bias`` take it.
+  :class:`~qattn_fx.kernels.KernelInfo` says ``key_bias`` take it. The lowering zeroes masked keys' rows of K and V
+  before they are smoothed and quantized (``qattn::mask_keys``, ``qattn::smooth_k(k, key_bias)``), so the scales
+  and data of kept keys never depend on what masked keys held; a kernel still gives masked keys no weight whatever
+  their (finite) data.
 * ``runtime_scale``: optional 0-d float tensor on the CPU holding SDPA's ``scale`` when it is a value of the
   compiled graph (a Python float that changes between calls) rather than a constant; it replaces ``sm_scale``.
 * ``skip_threshold``: optional one-element float tensor, Skip-Softmax's λ (:mod:`qattn_fx.skip_softmax`: tiles of

@@ -63,6 +63,14 @@ def _q_in_kernel(recipe: Recipe, entry: kernels.KernelInfo, q_dtype: torch.dtype
             and kernels.q_quantized_in_kernel(q_dtype, formats.torch_dtype(recipe.qk_dtype)))
 
 
+def _q_scale_spans_tokens(recipe: Recipe) -> bool:
+    """A Q scale of the recipe covers more than one token (per block of several, per head or tensor, NVFP4's
+    tensor scale), so what one query holds moves the others' quantization."""
+    if recipe.qk_dtype in ("int8", "fp8"):
+        return recipe.q_block_size != 1
+    return recipe.qk_dtype == "nvfp4"
+
+
 def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool) -> tuple[Any, Any, Any]:
     fmt = recipe.v_dtype
     if fmt == "fp8":
@@ -100,16 +108,31 @@ def _size(emit: Emitter, x: Any, dim: int) -> Any:
     return size if isinstance(size, int) else emit(torch.ops.aten.sym_size.int, (x, dim), f"size{dim % 8}")
 
 
-def _unit_stride_last(x: Any) -> bool:
+def _unit_stride(x: Any, dim: int) -> bool:
+    """Whether ``dim`` of ``x`` is unit-stride (or of length 1), known without a guard."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     value = value_of(x)
-    return value.shape[-1] == 1 or statically_known_true(value.stride(-1) == 1)
+    return statically_known_true(value.shape[dim] == 1) or statically_known_true(value.stride(dim) == 1)
 
 
-def _to_canonical(emit: Emitter, q: Any, k: Any, v: Any, mask: Any, plan: canonical.Plan) -> tuple:
-    """``q, k, v, mask`` in the ops' canonical form (views, except a contiguous copy of an operand whose last dim
-    is not unit-stride, which every kernel needs)."""
+def contiguous_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` copied into a contiguous (row-major) tensor, whatever its strides.
+
+    ``aten.clone`` keeps the strides of a dense input (``preserve_format``): a transposed or permuted buffer would
+    come back with the same non-unit stride on D. Under Inductor the copy is a pointwise read that fuses into the
+    quantize pass reading it (no separate pass where the consumer is a quantize op).
+    """
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _to_canonical(emit: Emitter, q: Any, k: Any, v: Any, mask: Any, plan: canonical.Plan,
+                  v_seq_major: bool = False) -> tuple:
+    """``q, k, v, mask`` in the ops' canonical form: views, except a contiguous copy (:func:`contiguous_copy`) of a
+    Q or K whose last dim is not unit-stride, and of a V that has a unit stride neither on D nor, for a kernel that
+    wants it sequence-major (``v_seq_major``: its quantize node writes that layout from either), on S. Every other
+    layout SDPA takes (views with gaps in any dim, broadcast (stride 0) batch or heads, storage offsets) the ops
+    take as it is."""
     if plan.add_head_dim:
         q, k, v = (emit(torch.ops.aten.unsqueeze.default, (x, -3), f"{n}_4d") for n, x in zip("qkv", (q, k, v)))
         if mask is not None and len(_shape(mask)) == 3:
@@ -123,8 +146,9 @@ def _to_canonical(emit: Emitter, q: Any, k: Any, v: Any, mask: Any, plan: canoni
         batch = _size(emit, full[0], 0)
         q, k, v = (emit(torch.ops.aten.expand.default, (x, [batch, -1, -1, -1]), f"{n}_batch") if e else x
                    for n, x, e in zip("qkv", (q, k, v), plan.expand_batch))
-    q, k, v = (x if _unit_stride_last(x) else emit(torch.ops.aten.clone.default, (x,), f"{n}_contiguous")
-               for n, x in zip("qkv", (q, k, v)))
+    q, k = (x if _unit_stride(x, -1) else emit(contiguous_copy, (x,), f"{n}_contiguous") for n, x in zip("qk", (q, k)))
+    if not (_unit_stride(v, -1) or (v_seq_major and _unit_stride(v, -2))):
+        v = emit(contiguous_copy, (v,), "v_contiguous")
     return q, k, v, mask
 
 
@@ -184,6 +208,7 @@ def quantized_attention(
     timestep: Any = None,
     timestep_scale: float = 1000.0,
     skip_label: str = "",
+    query_mask: Any = None,
 ) -> Any:
     """Non-causal attention of ``q``, ``k``, ``v`` under ``recipe`` on ``kernel``, as ``F.scaled_dot_product_attention``
     computes it (same shapes, broadcasting, masks).
@@ -207,6 +232,9 @@ def quantized_attention(
     ``timestep_scale`` to the normalized ``t``) when ``disabled_until_timestep`` is set; ``skip_label`` names the
     site in measured sparsity. ``recipe=None`` (with ``skip_softmax``): unquantized attention with Skip-Softmax
     (``qattn::skip_softmax_attention``, the reference kernel).
+    ``query_mask``: the kept queries, boolean, broadcastable to ``(B, 1, Sq, 1)`` of the canonical form (4-D calls),
+    for a mask that masks queries too (:class:`qattn_fx.fx.masks.MaskRead`, whose caller sets their output rows to
+    0): masked queries' Q rows are zeroed before a Q scale that spans several tokens reads them.
     """
     q_shape = _shape(q)
     if head_dim is None:
@@ -240,20 +268,29 @@ def quantized_attention(
             raise ValueError(f"kernel {kernel!r} takes no masks; kernels that do: "
                              f"{kernels.names_with('key_bias')}")
     q_call = q
-    q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan)
+    v_seq_major = entry.v_seq_major and recipe is not None and recipe.v_dtype == "fp8"
+    q, k, v, attn_mask = _to_canonical(emit, q, k, v, attn_mask, plan, v_seq_major)
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
     k_call = k
     skip = _skip_threshold(emit, k, skip_softmax, timestep, timestep_scale)
     if recipe is None:
         args = (q, k, v, float(sm_scale), out_dtype, kernel, key_bias, runtime_scale, skip, skip_label)
         return _from_canonical(emit, emit(ops.skip_softmax_attention.default, args, "attention"), q_call, plan)
+    # masked keys (key_bias -inf) reach no scale and no mean: their rows of K and V are zeroed first (smooth_k does
+    # it for K while taking the mean of the kept keys; bf16 K has no scale), whatever they hold
+    if key_bias is not None and recipe.qk_dtype != "bf16" and not recipe.smooth_k:
+        k = emit(ops.mask_keys.default, (k, key_bias), "k_masked")
     if recipe.smooth_k:
-        k = emit(ops.smooth_k.default, (k,), "k_smooth")
+        k = emit(ops.smooth_k.default, (k,) if key_bias is None else (k, key_bias), "k_smooth")
+    if query_mask is not None and _q_scale_spans_tokens(recipe):  # masked queries' Q reaches no Q scale
+        q = emit(torch.where, (query_mask, q, 0.0), "q_masked")
     if _q_in_kernel(recipe, entry, value_of(q).dtype):
         q_data, q_scale, q_gs = q, None, None  # the kernel quantizes Q itself, with quantize_per_block's numerics
     else:
         q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
     k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
+    if key_bias is not None:
+        v = emit(ops.mask_keys.default, (v, key_bias), "v_masked")
     v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
     extra = (() if key_bias is None and runtime_scale is None and skip is None else (key_bias, runtime_scale)) + (
         () if skip is None else (skip, skip_label))
@@ -263,7 +300,8 @@ def quantized_attention(
         res = emit(ops.scaled_attention_lse.default, args, "attention")
         out, lse = _unpack(emit, res, ("out", "lse"))
         if recipe.smooth_k:
-            shift = emit(ops.lse_shift.default, (q, k_call, float(sm_scale), runtime_scale), "lse_shift")
+            shift_args = (q, k_call, float(sm_scale), runtime_scale) + (() if key_bias is None else (key_bias,))
+            shift = emit(ops.lse_shift.default, shift_args, "lse_shift")
             lse = emit(torch.ops.aten.add.Tensor, (lse, shift), "lse_full")
         return out, lse
     if recipe.family == "scaled":

@@ -6,8 +6,11 @@ never mutate their inputs. The numerics are those of :mod:`qattn_fx.formats`.
 =====================================================  ==========================================================
 op                                                     returns
 =====================================================  ==========================================================
-``smooth_k(k)``                                        ``k - mean_S(k)`` in fp32 (exact under softmax; fp32
-                                                       so fp16 K with large channels cannot overflow)
+``smooth_k(k, key_bias=None)``                         ``k - mean_S(k)`` in fp32 (exact under softmax; fp32
+                                                       so fp16 K with large channels cannot overflow); with
+                                                       ``key_bias``, the mean of the kept keys and masked keys'
+                                                       rows 0
+``mask_keys(x, key_bias)``                             K or V with masked keys' rows (bias ``-inf``) set to 0
 ``quantize_per_block(x, block, dtype)``                data like x (int8/e4m3), scale ``(B, H, NB4)``: the
                                                        ``ceil(S/block)`` block scales, zero-padded to a multiple
                                                        of 4 (16 bytes) per head
@@ -19,8 +22,8 @@ op                                                     returns
 ``key_bias(mask, k)``                                  a per-key mask as an fp32 logit bias ``(B|1, Skv)``
                                                        (boolean: 0 / ``-inf``)
 ``as_scalar_tensor(value)``                            a graph's float value as a 0-d float64 CPU tensor
-``lse_shift(q, k, sm_scale, runtime_scale)``           ``sm_scale · q·mean_S(k)`` fp32 ``(B, Hq, Sq)``: what
-                                                       smoothing K takes off each row's log-sum-exp
+``lse_shift(q, k, sm_scale, runtime_scale,             ``sm_scale · q·mean_S(k)`` fp32 ``(B, Hq, Sq)``: what
+key_bias)``                                            smoothing K takes off each row's log-sum-exp
 ``skip_threshold(k, threshold, per_key, timestep,      Skip-Softmax's λ as an fp32 ``(1,)`` tensor on k's device:
 until, timestep_scale)``                               ``threshold + per_key / Skv``, times ``t <= until`` for
                                                        ``t = max(timestep) / timestep_scale`` when a timestep is
@@ -29,6 +32,25 @@ until, timestep_scale)``                               ``threshold + per_key / S
                                                        fp32 tensor scale ``()``; ``transpose`` quantizes
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
 =====================================================  ==========================================================
+
+Masked keys (``key_bias`` ``-inf``: a boolean key-padding mask's ``False``) leave no trace in any scale: the
+lowering zeroes their rows of V and K (``mask_keys``; ``smooth_k(k, key_bias)`` takes the mean over the kept keys
+and zeroes the masked rows), so per-block, per-channel, per-head and per-tensor scales, MXFP8 scales along tokens and
+NVFP4 tensor scales see only kept keys, and the output on kept keys does not depend on what masked keys hold. A
+finite bias (an additive float mask such as ``-1e4``) masks nothing: its keys are kept.
+
+Non-finite inputs (``inf``/``nan`` in Q, or in K or V of a kept key) spread through the scales that cover them,
+pinned by ``tests/test_attention_ops.py::test_non_finite_inputs_spread_through_the_scales_that_cover_them``. SDPA's
+math kernel (and its default CPU kernel in fp32) makes non-finite exactly the rows whose logits or values are: an
+``inf`` in Q row ``i`` gives a NaN row ``i`` (torch's default CPU kernel in bf16/fp16 gives that row 0); an ``inf`` in
+a key's K gives NaN in the rows whose logit with it is ``+inf`` or NaN; an ``inf`` in V channel ``c`` gives ``inf`` in
+column ``c`` of every row. Here a scale of ``inf`` turns its whole block into NaN (``x · (1/inf)`` is NaN for the
+``inf`` itself, and the dequantized ``0 · inf`` for the rest): with per-token Q scales (``q_block`` 1, the default
+recipe) only row ``i`` is NaN, as in SDPA's math; a Q block of ``n`` tokens makes its ``n`` rows NaN; K smoothing
+makes the whole head NaN (its mean is ``inf``), and so do per-block K scales; V per-channel scales make column ``c``
+NaN (SDPA: ``inf``); per-head and per-tensor scales make every row of the head or the call NaN. MXFP8 saturates an
+``inf`` at the largest exponent (the output stays finite). Masked keys are zeroed before anything reads them, so
+even a non-finite value there leaves no trace (SDPA's math kernel gives NaN rows for it: ``inf + -inf``).
 
 The scaled int8/fp8 ops keep the memory order of the input (elementwise ops preserve a permuted BSHD view), so
 kernels read diffusers' ``(B, S, H, D)`` buffers through strides without transposing copies; ``seq_major=True``
@@ -82,12 +104,36 @@ def _layout(data: torch.Tensor, seq_major: bool) -> torch.Tensor:
     return _rows_padded(data.transpose(-1, -2), 16).transpose(-1, -2)
 
 
-def smooth_k(k: torch.Tensor) -> torch.Tensor:
+def _valid_keys(key_bias: torch.Tensor) -> torch.Tensor:
+    """The keys a key bias ``(B|1, Skv)`` keeps (bias not ``-inf``), as a boolean ``(B|1, 1, Skv, 1)``."""
+    return (key_bias != float("-inf")).unsqueeze(1).unsqueeze(-1)
+
+
+def _key_mean(k: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    """fp32 ``(B, H, 1, D)`` mean of ``k`` over its tokens; with ``key_bias``, over the keys it keeps (0 where it
+    keeps none), whatever the masked keys hold. Written without an fp32 copy of ``k`` (see :func:`smooth_k`)."""
+    if key_bias is None:
+        return k.mean(dim=-2, keepdim=True, dtype=torch.float32)
+    valid = _valid_keys(key_bias)
+    total = torch.where(valid, k, 0).sum(dim=-2, keepdim=True, dtype=torch.float32)
+    return total / valid.sum(dim=-2, keepdim=True).clamp(min=1)
+
+
+def mask_keys(x: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+    """``x (B, H, Skv, D)`` (K or V) with the rows of the keys ``key_bias`` masks (``-inf``) set to 0, in ``x``'s
+    dtype and memory order: what masked keys hold (any values) then reaches no scale or mean."""
+    _check_4d("mask_keys", x)
+    return torch.where(_valid_keys(key_bias), x, 0)
+
+
+def smooth_k(k: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
     _check_4d("smooth_k", k)
+    if key_bias is not None:  # the mean of the kept keys; masked keys' rows 0, whatever they held
+        return torch.where(_valid_keys(key_bias), k - _key_mean(k, key_bias), 0.0)
     # = k.float() - k.float().mean(...), written without an fp32 copy of k (the subtraction promotes exactly):
     # given that copy, Inductor stores it as K's buffer in fp32 (twice the bytes of K, read by the mean, the block
     # amax and the cast); this way K stays in its own dtype and the kernels upcast as they read it
-    return k - k.mean(dim=-2, keepdim=True, dtype=torch.float32)
+    return k - _key_mean(k, None)
 
 
 def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,9 +201,11 @@ def key_bias(mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return bias.new_zeros(batch, k.shape[-2]) + bias
 
 
-def lse_shift(q: torch.Tensor, k: torch.Tensor, sm_scale: float, runtime_scale: torch.Tensor | None = None):
+def lse_shift(q: torch.Tensor, k: torch.Tensor, sm_scale: float, runtime_scale: torch.Tensor | None = None,
+              key_bias: torch.Tensor | None = None):
     """``sm_scale · (q · mean_S(k))`` per query row, fp32 ``(B, Hq, Sq)``, for canonical ``q (B, Hq, Sq, D)`` and
-    ``k (B, Hkv, Skv, D)`` (``Hq`` a multiple of ``Hkv``); ``runtime_scale`` (a 0-d tensor) replaces ``sm_scale``.
+    ``k (B, Hkv, Skv, D)`` (``Hq`` a multiple of ``Hkv``); ``runtime_scale`` (a 0-d tensor) replaces ``sm_scale``;
+    ``key_bias``: the mean is over the keys it keeps, as :func:`smooth_k` takes it.
 
     Smoothing K (:func:`smooth_k`) shifts every logit of a row by this amount, which the softmax cancels but the
     row's log-sum-exp keeps: the LSE of the smoothed logits plus this shift is the LSE of the call's own logits,
@@ -165,7 +213,7 @@ def lse_shift(q: torch.Tensor, k: torch.Tensor, sm_scale: float, runtime_scale: 
     """
     _check_4d("lse_shift", q)
     _check_4d("lse_shift", k)
-    mean = k.mean(dim=-2, dtype=torch.float32)  # (as smooth_k: no fp32 copy of k for Inductor to store)
+    mean = _key_mean(k, key_bias).squeeze(-2)  # (as smooth_k: no fp32 copy of k for Inductor to store)
     if q.shape[1] != k.shape[1]:
         mean = mean.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     shift = (q.float() * mean.unsqueeze(-2)).sum(dim=-1)
@@ -192,12 +240,14 @@ def skip_threshold(k: torch.Tensor, threshold: float, per_key: float, timestep: 
     return lam
 
 
-_define("smooth_k(Tensor k) -> Tensor", smooth_k)
+_define("smooth_k(Tensor k, Tensor? key_bias=None) -> Tensor", smooth_k)
+_define("mask_keys(Tensor x, Tensor key_bias) -> Tensor", mask_keys)
 _define("skip_threshold(Tensor k, float threshold, float per_key, Tensor? timestep, float until, "
         "float timestep_scale) -> Tensor", skip_threshold)
 _define("key_bias(Tensor mask, Tensor k) -> Tensor", key_bias)
 _define("as_scalar_tensor(Scalar value) -> Tensor", as_scalar_tensor)
-_define("lse_shift(Tensor q, Tensor k, float sm_scale, Tensor? runtime_scale=None) -> Tensor", lse_shift)
+_define("lse_shift(Tensor q, Tensor k, float sm_scale, Tensor? runtime_scale=None, Tensor? key_bias=None) -> Tensor",
+        lse_shift)
 _define("quantize_per_block(Tensor x, int block, ScalarType dtype) -> (Tensor, Tensor)", quantize_per_block)
 _define("quantize_per_head(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_head)
 _define(
@@ -211,6 +261,7 @@ _define("quantize_nvfp4(Tensor x, bool transpose) -> (Tensor, Tensor, Tensor)", 
 
 QUANTIZE_OPS = (
     torch.ops.qattn.smooth_k.default,
+    torch.ops.qattn.mask_keys.default,
     torch.ops.qattn.key_bias.default,
     torch.ops.qattn.as_scalar_tensor.default,
     torch.ops.qattn.lse_shift.default,

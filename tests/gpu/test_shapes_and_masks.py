@@ -1,5 +1,6 @@
-"""Symbolic lengths and per-key masks on the H200: the compiled pass at changing lengths on every Hopper kernel, and
-the key bias in gluon_sage and triton_sage against the emulated tile loop and the reference.
+"""Symbolic lengths and per-key masks on the H200: the compiled pass at changing lengths on every Hopper kernel, the
+key bias in gluon_sage and triton_sage against the emulated tile loop and the reference, and the kernels' output
+independent of what masked keys hold.
 
 Run: ``pytest -m gpu tests/gpu/test_shapes_and_masks.py -v -s``.
 """
@@ -20,7 +21,7 @@ from support import emulate, quantize
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import qattn_fx  # noqa: E402
-from qattn_fx import AttentionSpec, Recipe, Spec  # noqa: E402
+from qattn_fx import AttentionSpec, Recipe, Spec, kernels  # noqa: E402
 from qattn_fx.kernels import emulation, reference  # noqa: E402
 
 DEV = "cuda"
@@ -204,3 +205,60 @@ def test_masks_repeated_or_broadcast_over_heads_run_per_key_on_gluon_sage(form):
     c = cos(out, want)
     print(f"[{form}] cosine against fp32 attention with the full mask {c:.5f}")
     assert c > 0.998
+
+
+#: Kernels that serve masks (``KernelInfo.key_bias``), the reference aside, each with a spec that forces it.
+MASK_KERNELS = [n for n, i in kernels.KERNELS.items() if i.key_bias and n != "reference"]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kernel", MASK_KERNELS)
+def test_what_masked_keys_hold_does_not_change_the_kernels_output(kernel, dtype):
+    """Issue #43: huge finite K and V in masked keys (6e4 in fp16, 1e30 in bf16; key padding, scattered masked keys
+    too, GQA) give bit for bit the output of the same compiled call with zeros there (the lowering zeroes them
+    before smoothing and quantizing, so the kernel's inputs are identical), close to fp32 SDPA's math kernel.
+    Before the fix: cos 0.35-0.64 against the clean call in fp16 (CPU emulation)."""
+    spec = Spec(default=AttentionSpec("TRITON", SAGE, kernel=kernel))
+    backend = qattn_fx.backend(spec)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                       backend=backend, fullgraph=True)
+    q, k, v, k_junk, v_junk, mask = support.masked_junk(b=2, hq=8, hkv=2, sq=1000, skv=1500, d=128, dtype=dtype,
+                                                        device=DEV)
+    out = fn(q, k_junk, v_junk, mask)
+    assert all(s.kernel == kernel for s in backend.report.sites), str(backend.report)
+    clean = fn(q, k, v, mask)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean), (out.float() - clean.float()).abs().max().item()
+    with sdpa_kernel(SDPBackend.MATH):
+        dense = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    c = cos(out, dense)
+    print(f"[{kernel}] {dtype} masked junk: cosine {c:.5f} against fp32 SDPA")
+    assert c > 0.998, c
+
+
+@needs_sm90
+@pytest.mark.parametrize("layout", ["transposed", "head-last", "seq-first-transposed", "expanded-transposed",
+                                    "expanded-batch", "expanded-heads", "gaps", "offset", "strided-d"])
+@pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
+def test_every_layout_runs_on_the_kernel(kernel, layout):
+    """Issue #43: Q, K and V stored in any layout SDPA takes (here each in ``layout``; a key-padding mask, GQA) run on
+    the kernel, close to SDPA: Q/K without a unit-stride D are copied contiguous by the lowering (the copy fuses into
+    the quantize pass), every other layout is read as it is (gluon_sage copies a bf16 Q TMA cannot address)."""
+    spec = Spec(default=AttentionSpec("TRITON", SAGE, kernel=kernel))
+    backend = qattn_fx.backend(spec)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                       backend=backend, fullgraph=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q = support.make_layout(layout, 2, 8, 1000, 128, dtype=torch.bfloat16, generator=g)
+    k, v = (support.make_layout(layout, 2, 2, 1500, 128, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    mask = (torch.arange(1500, device=DEV) < torch.tensor([1200, 1500], device=DEV)[:, None])[:, None, None, :]
+    out = fn(q, k, v, mask)
+    assert all(s.kernel == kernel for s in backend.report.sites), str(backend.report)
+    with sdpa_kernel(SDPBackend.MATH):
+        dense = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    c = cos(out, dense)
+    print(f"[{kernel}] {layout}: cosine {c:.5f}")
+    assert c > 0.998, c
