@@ -1,0 +1,153 @@
+"""The whole stack on a CPU: TorchAO's quantized linears and diffusers' First Block Cache with the backend.
+
+* TorchAO (int8 weight-only, the CPU config; the GPU test ``tests/gpu/test_stack.py`` runs FP8 rowwise): the
+  backend finds and decides the same sites as on the plain model, in one graph (``fullgraph=True``), Inductor
+  compiles TorchAO's subclass ops with the rewritten attention, and the output matches the same TorchAO model run
+  with the rewritten graph eagerly (the reference kernel, no Inductor) and, within quantization error, the TorchAO
+  model without the backend.
+* First Block Cache: a graph break by design (its decision is a host read under ``torch.compiler.disable``), so
+  the model compiles to the graphs of the cache's paths. Over a denoising loop on a tiny 3-block Wan whose cache
+  recomputes the first step and reuses the next four (threshold 0.5), Dynamo compiles 7 graphs under any backend
+  (measured on torch 2.13): the rotary and condition embedders (the model's own forward runs eagerly: the break
+  inside its loop over blocks skips its frame), the head block's hook twice (its state created, then present),
+  the middle and the tail block's hooks (a guard on ``is_tail``) and the reused path (a guard on
+  ``should_compute``: one graph returning the cached residual). The backend compiles the same 7, a second run
+  compiles none, every SDPA of every graph is in the report (named from the hooked block: ``attn1``, ``attn2``),
+  the cache takes the same decisions as uncompiled, and the output matches the uncompiled cached model within
+  quantization error.
+"""
+
+import pytest
+import torch
+
+import qattn_fx
+from qattn_fx import stack, tiny_models
+from qattn_fx.fx import match
+
+pytest.importorskip("diffusers")
+
+
+def cosine(a, b):
+    return torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
+
+
+def site_rows(report):
+    return [(s.module, s.layer, s.role, s.rewritten, s.reason) for s in report.sites]
+
+
+@pytest.mark.slow
+def test_torchao_int8_weight_only_linears_and_qattn_in_one_inductor_graph():
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8Tensor
+
+    model, inputs = tiny_models.wan()
+    with torch.no_grad():
+        plain = qattn_fx.explain(model, **inputs, emulate=True)
+        assert stack.quantize_linears(model, "int8wo") == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+        assert isinstance(model.blocks[0].attn1.to_q.weight, Int8Tensor)
+        torchao_eager = model(**inputs)[0]
+
+        torch._dynamo.reset()
+        reference = qattn_fx.backend(emulate=True, compiler="eager")  # the rewritten graph, run op by op
+        expected = torch.compile(model, backend=reference, fullgraph=True)(**inputs)[0]
+        torch._dynamo.reset()
+        backend = qattn_fx.backend(emulate=True)  # Inductor
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        out = compiled(**inputs)[0]
+        with torch.compiler.set_stance("fail_on_recompile"):
+            again = compiled(**inputs)[0]
+
+    assert len(backend.graph_modules) == 1, "one graph: no graph break"
+    assert site_rows(backend.report) == site_rows(plain) == site_rows(reference.report)
+    assert [s.rewritten for s in backend.report.sites] == [True] * 4
+    # Dynamo's graph calls linear on the subclass weights: Q, K and V come out of linear as plain tensors
+    gm = backend.graph_modules[0]
+    linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._nn.linear]
+    assert len(linears) >= 8 and all(isinstance(n.meta["example_value"], torch.Tensor) for n in linears)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)  # Inductor vs eager on the same TorchAO model
+    assert cosine(out, torchao_eager) >= 0.9999  # the attention's quantization error only; measured 0.999997
+
+
+def test_torchao_fp8_skips_linears_the_fp8_matmul_cannot_take():
+    pytest.importorskip("torchao")
+    model, _ = tiny_models.wan()  # widths 24 (2 heads x 12), 16, 32: only 16 x 32 and 32 x 16 linears qualify
+    eligible = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                and m.in_features % 16 == 0 and m.out_features % 16 == 0]
+    assert [n for n, m in model.named_modules() if stack._fp8_shape_ok(m, n)] == eligible
+    with pytest.raises(ValueError, match="linears='int4' is invalid; valid: bf16, fp8, int8wo"):
+        stack.linears_config("int4")
+    with pytest.raises(ValueError, match="cache='tea' is invalid; valid: none, fbc"):
+        stack.enable_cache(model, "tea")
+    assert stack.quantize_linears(model, "bf16") == 0
+
+
+STEPS = 5
+
+
+def denoise(model, step, inputs):
+    """``STEPS`` Euler steps from noise level 1 to 0 in the cache's context; the final latents and whether each step
+    recomputed the blocks after the first (First Block Cache's decisions)."""
+    stack.reset_cache(model)
+    latents, recomputed = inputs["hidden_states"], []
+    sigmas = [1 - i / STEPS for i in range(STEPS + 1)]
+    for sigma, sigma_next in zip(sigmas, sigmas[1:]):
+        with stack.cache_context(model):
+            velocity = step(**dict(inputs, hidden_states=latents, timestep=torch.tensor([1000 * sigma])))[0]
+            recomputed.append(stack.fbc_recomputed(model))
+        latents = latents + (sigma_next - sigma) * velocity
+    return latents, recomputed
+
+
+def compiled_graphs(model, inputs, backend, runs=3):
+    """Over ``runs`` denoising runs of ``model`` compiled with ``backend`` (None: Dynamo's graphs run as they are):
+    the SDPA calls of each graph Dynamo compiled, how many graphs each run compiled, the first run's output (the
+    others give the same bits) and the cache's decisions."""
+    torch._dynamo.reset()
+    graphs, per_run = [], []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(match.find_sdpa(gm)))
+        return backend(gm, example_inputs) if backend is not None else gm.forward
+
+    compiled = torch.compile(model, backend=counting)
+    for run in range(runs):
+        before = len(graphs)
+        latents, decisions = denoise(model, compiled, inputs)
+        per_run.append(len(graphs) - before)
+        if run == 0:
+            out, recomputed = latents, decisions
+        else:
+            torch.testing.assert_close(latents, out, rtol=0, atol=0)
+    return graphs, per_run, out, recomputed
+
+
+def test_first_block_cache_compiles_only_the_caches_graphs_and_reports_every_site():
+    model, inputs = tiny_models.wan(num_layers=3)
+    stack.enable_cache(model, "fbc", threshold=0.5)
+    with torch.no_grad():
+        eager, eager_recomputed = denoise(model, model, inputs)
+        plain_graphs, plain_runs, plain, plain_recomputed = compiled_graphs(model, inputs, None)
+        backend = qattn_fx.backend(emulate=True, compiler="eager")
+        graphs, runs, out, recomputed = compiled_graphs(model, inputs, backend)
+
+    assert eager_recomputed == plain_recomputed == recomputed == [True, False, False, False, False]
+    # the cache's own graphs (module docstring), the same under any backend: 7 in the first run, 1 in the second
+    # (the head block's forward, entered as a frame of its own once the hook's state exists), none after
+    assert runs == plain_runs == [7, 1, 0]
+    assert graphs == plain_graphs and sum(graphs) == 10  # 3 blocks of 2 sites; the head block's in 2 more graphs
+    assert [s.graph for s in backend.report.sites] == [g for g, n in enumerate(graphs) for _ in range(n)]
+    assert {(s.module, s.role, s.rewritten) for s in backend.report.sites} == \
+        {("attn1", "self", True), ("attn2", "cross", True)}
+    torch.testing.assert_close(plain, eager, rtol=1e-5, atol=1e-5)
+    assert cosine(out, eager) >= 0.9999  # quantization error only; measured 0.99999
+
+
+def test_first_block_cache_breaks_fullgraph():
+    """The cache's decision is a graph break by design: ``fullgraph=True`` fails, naming it."""
+    model, inputs = tiny_models.wan(num_layers=3)
+    stack.enable_cache(model, "fbc")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=qattn_fx.backend(emulate=True, compiler="eager"), fullgraph=True)
+    with torch.no_grad(), stack.cache_context(model), pytest.raises(Exception, match="_should_compute_remaining"):
+        compiled(**inputs)
