@@ -8,7 +8,8 @@ graph as Dynamo traced it:
   desugared later, by AOT autograd, into its quantize and matmul ops, which Inductor fuses), so Q, K and V reach
   SDPA as plain tensors out of ``linear`` and every site is found, decided and rewritten as on the plain model, in
   one graph (``fullgraph=True`` holds). ``fp8``: FP8 dynamic activation and weight, per-row scales (Hopper and
-  later, bf16); ``int8wo``: int8 weight-only (any device: the CPU tests').
+  later, bf16); ``int8wo``: int8 weight-only; ``int8dq``: int8 dynamic activation (per token) and weight (any device:
+  the CPU tests', where Inductor fuses the activation's quantization into the op before the linear).
 * **Step caches** (:func:`enable_cache`, diffusers' ``CacheMixin.enable_cache``): ``fbc`` is First Block Cache.
   Its decision (does this step recompute the blocks after the first?) is a host read of a tensor under
   ``torch.compiler.disable``: a graph break by design, so ``fullgraph=True`` cannot hold and Dynamo compiles the
@@ -29,7 +30,7 @@ import contextlib
 import torch
 
 #: ``--linears`` choices: what :func:`quantize_linears` applies.
-LINEARS = ("bf16", "fp8", "int8wo")
+LINEARS = ("bf16", "fp8", "int8wo", "int8dq")
 #: ``--cache`` choices: what :func:`enable_cache` applies.
 CACHES = ("none", "fbc")
 
@@ -37,14 +38,16 @@ CACHES = ("none", "fbc")
 def linears_config(kind: str):
     """The TorchAO config of ``kind`` (:data:`LINEARS`, not ``bf16``)."""
     try:
-        from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Int8WeightOnlyConfig,
-                                          PerRow)
+        from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig,
+                                          Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow)
     except ImportError as e:
         raise ImportError(f"linears={kind!r} needs torchao: pip install -e '.[stack]' ({e})") from e
     if kind == "fp8":
         return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
     if kind == "int8wo":
         return Int8WeightOnlyConfig()
+    if kind == "int8dq":
+        return Int8DynamicActivationInt8WeightConfig()
     raise ValueError(f"linears={kind!r} is invalid; valid: {', '.join(LINEARS)}")
 
 
