@@ -154,7 +154,7 @@ def test_first_block_cache_compiles_only_the_caches_graphs_and_reports_every_sit
     assert {(s.module, s.role, s.rewritten) for s in backend.report.sites} == \
         {("attn1", "self", True), ("attn2", "cross", True)}
     torch.testing.assert_close(plain, eager, rtol=1e-5, atol=1e-5)
-    assert cosine(out, eager) >= 0.9999  # quantization error only; measured 0.99999
+    assert cosine(out, eager) >= 0.9999  # quantization error only; measured 0.999999
 
 
 def test_first_block_cache_breaks_fullgraph():
