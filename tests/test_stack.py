@@ -15,6 +15,10 @@
   more (the head block's forward as a frame of its own), the third none. The backend compiles the same graphs,
   every SDPA of every graph is in the report (named from the hooked block: ``attn1``, ``attn2``), the cache takes
   the same decisions as uncompiled, and the output matches the uncompiled cached model within quantization error.
+* diffusers' other caches (``OTHER_CACHES``): Pyramid Attention Broadcast, TaylorSeer and the text K/V cache
+  compile ``fullgraph``; SeaCache and MagCache run block hooks under ``torch.compiler.disable``, whose attention
+  calls stay dense outside every graph (SeaCache: the first block's, which ``qattn_fx.explain`` names in a note;
+  MagCache: every block's, so the backend sees no site).
 """
 
 import re
@@ -165,3 +169,59 @@ def test_first_block_cache_breaks_fullgraph():
     compiled = torch.compile(model, backend=qattn_fx.backend(emulate=True, compiler="eager"), fullgraph=True)
     with torch.no_grad(), stack.cache_context(model), pytest.raises(Exception, match="_should_compute_remaining"):
         compiled(**inputs)
+
+
+def other_caches():
+    """diffusers 0.42.1's other step caches at settings that skip work on a 5-step loop (FasterCache is left out:
+    it serves classifier-free guidance, which this loop has not)."""
+    from diffusers import hooks
+
+    timestep = lambda: 500  # noqa: E731 - inside every skip range
+    return {
+        "pab": hooks.PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2, cross_attention_block_skip_range=2,
+            spatial_attention_timestep_skip_range=(0, 1000), cross_attention_timestep_skip_range=(0, 1000),
+            current_timestep_callback=timestep),
+        "taylorseer": hooks.TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=1),
+        "text_kv": hooks.TextKVCacheConfig(),
+        "sea": hooks.SeaCacheConfig(),
+        "mag": hooks.MagCacheConfig(num_inference_steps=STEPS, mag_ratios=[1.0] * STEPS),
+    }
+
+
+#: Per cache: whether ``fullgraph=True`` compiles, the graphs of the first and the second run (the same under any
+#: backend), and the attention sites in them of the 6 calls a step makes (3 blocks: ``attn1``, ``attn2``).
+#: SeaCache runs its first block's hook under ``torch.compiler.disable`` (its 2 calls stay dense, outside every
+#: graph); MagCache every block's: the backend sees no attention at all. Measured on torch 2.13.
+OTHER_CACHES = {"pab": (True, [5, 0], 18), "taylorseer": (True, [1, 0], 6), "text_kv": (True, [2, 0], 12),
+                "sea": (False, [5, 0], 4), "mag": (False, [3, 0], 0)}
+
+
+@pytest.mark.parametrize("cache", list(OTHER_CACHES))
+def test_other_diffusers_caches_compose_or_say_why_not(cache):
+    fullgraph, runs_expected, sites = OTHER_CACHES[cache]
+    model, inputs = tiny_models.wan(num_layers=3)
+    model.enable_cache(other_caches()[cache])
+    with torch.no_grad():
+        eager, _ = denoise(model, model, inputs)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        if fullgraph:
+            denoise(model, compiled, inputs)
+        else:
+            with pytest.raises(Exception, match=r"torch.compiler.disable\(\)`d function"):
+                denoise(model, compiled, inputs)
+        plain_graphs, plain_runs, _, _ = compiled_graphs(model, inputs, None, runs=2)
+        backend = qattn_fx.backend(emulate=True, compiler="eager")
+        graphs, runs, out, _ = compiled_graphs(model, inputs, backend, runs=2)
+        if cache == "sea":
+            stack.reset_cache(model)
+            torch._dynamo.reset()
+            with stack.cache_context(model):
+                explained = qattn_fx.explain(model, **inputs, emulate=True)
+    assert runs == plain_runs == runs_expected and graphs == plain_graphs
+    assert len(backend.report.sites) == sum(graphs) == sites
+    assert all(s.rewritten for s in backend.report.sites)
+    assert cosine(out, eager) >= 0.9999
+    if cache == "sea":  # the calls outside every graph are named by explain
+        assert "2 of the call's 6 attention calls ran outside every traced graph" in explained.notes[0]
