@@ -50,6 +50,15 @@ Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SD
 without attention, giving attention's share; ``--skip-no-attention`` leaves it out), qattn_fx's default spec (backend
 ``auto``: what ``qattn_fx.backend()`` does, including its cost rule), and qattn_fx with each kernel that runs here.
 
+The whole stack (:mod:`qattn_fx.stack`): ``--linears fp8`` adds, after those rows, the same model with TorchAO's FP8
+linears (dynamic activation and weight, per-row scales), compiled dense and under each variant (``... + fp8
+linears``); ``--cache fbc`` adds each row's variant again with diffusers' First Block Cache on (``... + fbc``,
+``--cache-threshold``; it needs ``--steps``: a cache skips work between denoising steps). Every row's cosine is
+against the first row, compiled dense with bf16 linears and no cache; with ``--steps`` the final latents of the
+loop are compared too (``cos_final_vs_dense``: what a cache changes shows there, not in the first call). One row of
+the stack table per command, e.g. ``--linears fp8 --cache fbc --steps 8 --only auto`` runs dense bf16 compiled,
+qattn, FP8 linears, FP8 linears + qattn and each of them with the cache.
+
 Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
 denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
 model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events), median host
@@ -77,7 +86,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import qattn_fx
-from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec
+from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec, stack
 from qattn_fx.backend import inductor_config_patches
 from qattn_fx.fx import match
 
@@ -474,10 +483,13 @@ def no_attention_backend(gm, example_inputs, mode: str | None = None, options: d
 
 def compile_model(model: torch.nn.Module, backend, how: str, mode: str):
     """``model`` compiled as ``how`` says: ``regional`` (``compile_repeated_blocks``, in place: returns the model) or
-    ``whole`` (``torch.compile(model, backend=backend)``); ``mode`` is torch.compile's."""
+    ``whole`` (``torch.compile(model, backend=backend)``); ``mode`` is torch.compile's. Regional compilation is
+    ``fullgraph`` unless a step cache is on: First Block Cache breaks the graph of the first block by design
+    (:mod:`qattn_fx.stack`)."""
     kwargs = {} if mode == "default" else {"mode": mode}
     if how == "regional":
-        model.compile_repeated_blocks(backend=backend, fullgraph=True, **kwargs)
+        fullgraph = not getattr(model, "is_cache_enabled", False)
+        model.compile_repeated_blocks(backend=backend, fullgraph=fullgraph, **kwargs)
         return model
     if how == "whole":
         return torch.compile(model, backend=backend, **kwargs)
@@ -525,6 +537,23 @@ def denoise(step: Callable, case: Case, steps: int, timer=contextlib.nullcontext
     return latents
 
 
+def in_cache_context(step: Callable, model: torch.nn.Module, recomputed: list | None = None) -> Callable:
+    """``step`` with each call inside ``model``'s cache context (:func:`qattn_fx.stack.cache_context`), as a
+    pipeline calls it; with a First Block Cache, whether each call recomputed the blocks is appended to
+    ``recomputed``. Without a cache, ``step`` itself."""
+    if not getattr(model, "is_cache_enabled", False):
+        return step
+
+    def call(**kwargs):
+        with stack.cache_context(model):
+            out = step(**kwargs)
+            if recomputed is not None:
+                recomputed.append(stack.fbc_recomputed(model))
+        return out
+
+    return call
+
+
 def repeat(step: Callable, case: Case, calls: int, timer=contextlib.nullcontext) -> None:
     """``calls`` calls of ``step`` on the case's one input, each inside ``timer()``."""
     for _ in range(calls):
@@ -562,12 +591,17 @@ def profile_call(step: Callable, case: Case, top: int = 12) -> dict:
             "top": [(e.key[:100], e.device_time_total / 1e3, e.count) for e in kernels[:top]]}
 
 
-def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, torch.Tensor]:
+def run_variant(name: str, case: Case, backend, dense_out, args,
+                dense_final: torch.Tensor | None = None) -> tuple[dict, torch.Tensor]:
     """Compile ``case.model`` with ``backend`` as ``args.compile`` / ``args.mode`` say, run it once (the compile),
-    ``args.warmup`` times, then time ``args.steps`` denoising steps (or ``args.iters`` calls on one input)."""
+    ``args.warmup`` times, then time ``args.steps`` denoising steps (or ``args.iters`` calls on one input). With a
+    cache on the model, every call runs in its context and the cache is reset before the timed loop. The row's
+    ``final`` entry (popped by :func:`main`) holds the loop's final latents, compared with ``dense_final``."""
     torch._dynamo.reset()
     counters.clear()
-    step = compile_model(case.model, backend, args.compile, args.mode)
+    stack.reset_cache(case.model)
+    recomputed: list = []
+    step = in_cache_context(compile_model(case.model, backend, args.compile, args.mode), case.model, recomputed)
     print(f"{name}: compiling ({args.compile}, mode {args.mode}) ...", flush=True)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -581,8 +615,11 @@ def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, 
         repeat(step, case, args.warmup)
         times: list[float] = []
         host: list[float] = []
+        final = None
         if args.steps:
-            denoise(step, case, args.steps, cuda_timer(times, host))
+            stack.reset_cache(case.model)
+            recomputed.clear()
+            final = denoise(step, case, args.steps, cuda_timer(times, host)).clone()
         else:
             repeat(step, case, args.iters, cuda_timer(times, host))
         recompiles = graphs_compiled() - graphs
@@ -595,6 +632,12 @@ def run_variant(name: str, case: Case, backend, dense_out, args) -> tuple[dict, 
         a, b = out.float().flatten(), dense_out.float().flatten()
         row["cos_vs_dense"] = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
         row["rel_l2_vs_dense"] = ((a - b).norm() / b.norm()).item()
+    if final is not None and dense_final is not None:
+        a, b = final.float().flatten(), dense_final.float().flatten()
+        row["cos_final_vs_dense"] = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+    if getattr(case.model, "is_cache_enabled", False) and args.steps:
+        row["cache_recomputed_steps"] = sum(bool(r) for r in recomputed)  # of args.steps timed steps
+    row["final"] = final
     report = getattr(backend, "report", None)
     if report is not None:
         row["sites"] = report.summary()
@@ -638,14 +681,76 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-no-attention", action="store_true", help="leave out the 'no attention' variant")
     parser.add_argument("--profile", action="store_true", help="profile one call per variant: GPU time by kernel "
                                                                 "class and the heaviest kernels")
+    parser.add_argument("--linears", choices=stack.LINEARS, default="bf16",
+                        help="also run every row with TorchAO's quantized linears: fp8 (dynamic activation and weight, "
+                             "per-row; sm_89+), int8wo (int8 weight-only: a smoke test on any device); default bf16 "
+                             "(only the model's own linears)")
+    parser.add_argument("--cache", choices=stack.CACHES, default="none",
+                        help="also run every row with a step cache: fbc (diffusers' First Block Cache; needs --steps)")
+    parser.add_argument("--cache-threshold", type=float, default=0.05,
+                        help="First Block Cache's threshold (default 0.05, diffusers' default)")
     parser.add_argument("--out", default="bench_out/dit_step.json")
     args = parser.parse_args(argv)
+    if args.cache != "none" and args.steps < 2:
+        parser.error(f"--cache {args.cache} needs --steps N with N >= 2: a cache reuses work between denoising steps")
     for name in ("steps", "iters", "warmup"):
         if getattr(args, name) < 0:
             parser.error(f"--{name}={getattr(args, name)} is invalid; valid: an int >= 0")
     if not args.steps and not args.iters:
         parser.error("nothing to time: give --steps N or --iters N with N >= 1")
     return args
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: ``attention`` is ``dense``, ``no_attention`` or a :data:`VARIANTS` name, run on the
+    model with ``linears`` (:data:`qattn_fx.stack.LINEARS`) and ``cache`` (:data:`qattn_fx.stack.CACHES`)."""
+
+    name: str
+    attention: str
+    linears: str = "bf16"
+    cache: str = "none"
+
+
+def plan(args: argparse.Namespace) -> list[Row]:
+    """The rows ``args`` ask for, in the order they run: the model's own linears first (TorchAO quantizes the
+    weights in place), each without then with the cache. The first row, compiled dense with bf16 linears and no
+    cache, is the reference of every cosine."""
+    attention = [name for name in VARIANTS if not args.only or any(s in name for s in args.only)]
+    rows = [Row("compiled dense (torch SDPA)", "dense")]
+    if not args.skip_no_attention:
+        rows.append(Row("compiled, no attention", "no_attention"))
+    for linears in dict.fromkeys(("bf16", args.linears)):
+        for cache in dict.fromkeys(("none", args.cache)):
+            suffix = (f" + {linears} linears" if linears != "bf16" else "") + (
+                f" + {cache} {args.cache_threshold:g}" if cache != "none" else "")
+            if suffix:
+                rows.append(Row("compiled dense" + suffix, "dense", linears, cache))
+            rows += [Row(name + suffix, name, linears, cache) for name in attention]
+    return rows
+
+
+def prepare(case: Case, row: Row, args: argparse.Namespace) -> None:
+    """Put ``case.model`` in the state ``row`` runs in: its linears quantized once (in place, for every later row)
+    and its cache on or off."""
+    if row.linears != "bf16" and not getattr(case.model, "_dit_step_linears", None):
+        count = stack.quantize_linears(case.model, row.linears)
+        case.model._dit_step_linears = row.linears
+        print(f"quantized {count} linears: {row.linears}", flush=True)
+    cached = getattr(case.model, "is_cache_enabled", False)
+    if row.cache != "none" and not cached:
+        stack.enable_cache(case.model, row.cache, args.cache_threshold)
+    elif row.cache == "none" and cached:
+        case.model.disable_cache()
+
+
+def backend_of(row: Row):
+    """What ``row`` compiles with."""
+    if row.attention == "dense":
+        return "inductor"
+    if row.attention == "no_attention":
+        return no_attention_backend
+    return qattn_fx.backend(VARIANTS[row.attention])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -660,25 +765,27 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"python -m benchmarks.dit_step: error: {e}")
     hw = qattn_fx.detect("cuda")
     timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls on one input"
-    header = (f"{case.header}, bf16, {args.compile} compile, mode {args.mode}, {timed}, "
+    stacked = "".join(f", {k} {v}" for k, v in (("linears", args.linears), ("cache", args.cache)) if v not in (
+        "bf16", "none"))
+    header = (f"{case.header}, bf16, {args.compile} compile, mode {args.mode}, {timed}{stacked}, "
               f"{torch.cuda.get_device_name()} ({hw.arch}), torch {torch.__version__}")
     print(header, flush=True)
     rows = []
+    dense_out = dense_final = None
     with torch.no_grad():
-        dense_row, dense_out = run_variant("compiled dense (torch SDPA)", case, "inductor", None, args)
-        rows.append(dense_row)
-        print(json.dumps(dense_row), flush=True)
-        if not args.skip_no_attention:
-            row, _ = run_variant("compiled, no attention", case, no_attention_backend, None, args)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        for name, spec in VARIANTS.items():
-            if args.only and not any(s in name for s in args.only):
-                continue
+        for i, spec_row in enumerate(plan(args)):
             try:
-                row, _ = run_variant(name, case, qattn_fx.backend(spec), dense_out, args)
-            except Exception as e:  # noqa: BLE001 - report and go on to the next kernel
-                row = {"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                prepare(case, spec_row, args)
+                reference = (None, None) if spec_row.attention == "no_attention" else (dense_out, dense_final)
+                row, out = run_variant(spec_row.name, case, backend_of(spec_row), reference[0], args, reference[1])
+                final = row.pop("final")
+                if i == 0:
+                    dense_out, dense_final = out, final
+            except Exception as e:  # noqa: BLE001 - report and go on to the next row
+                if i == 0:
+                    raise
+                row = {"variant": spec_row.name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            row.update(linears=spec_row.linears, cache=spec_row.cache)
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -688,16 +795,21 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_no_attention and "step_ms" in rows[1]:
         share = (dense_ms - rows[1]["step_ms"]) / dense_ms
         print(f"attention share of the compiled dense step: {share:.1%}")
-    print(f"{'variant':38} {'step ms':>9} {'host ms':>8} {'speedup':>8} {'cos':>9} {'rel L2':>8} {'compile s':>9} "
-          f"{'graphs':>6} {'recompiles':>10}")
+    width = max(38, *(len(r["variant"]) for r in rows))
+    print(f"{'variant':{width}} {'step ms':>9} {'host ms':>8} {'speedup':>8} {'cos':>9} {'rel L2':>8} "
+          f"{'final cos':>9} {'compile s':>9} {'graphs':>6} {'recompiles':>10}")
     for r in rows:
         if "error" in r:
-            print(f"{r['variant']:38} error: {r['error']}")
+            print(f"{r['variant']:{width}} error: {r['error']}")
             continue
         cos = f"{r['cos_vs_dense']:.5f}" if "cos_vs_dense" in r else "-"
         rel = f"{r['rel_l2_vs_dense']:.4f}" if "rel_l2_vs_dense" in r else "-"
-        print(f"{r['variant']:38} {r['step_ms']:9.1f} {r['host_ms']:8.1f} {dense_ms / r['step_ms']:7.2f}x {cos:>9} "
-              f"{rel:>8} {r['compile_s']:9.1f} {r['graphs']:6d} {r['recompiles']:10d}")
+        final = f"{r['cos_final_vs_dense']:.5f}" if "cos_final_vs_dense" in r else "-"
+        print(f"{r['variant']:{width}} {r['step_ms']:9.1f} {r['host_ms']:8.1f} {dense_ms / r['step_ms']:7.2f}x "
+              f"{cos:>9} {rel:>8} {final:>9} {r['compile_s']:9.1f} {r['graphs']:6d} {r['recompiles']:10d}")
+    for r in rows:
+        if "cache_recomputed_steps" in r:
+            print(f"{r['variant']}: the cache recomputed {r['cache_recomputed_steps']} of {args.steps} steps")
     for r in rows:
         if "sites" in r:
             print(f"{r['variant']}: {r['sites']}")

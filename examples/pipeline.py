@@ -5,6 +5,8 @@
     python examples/pipeline.py --real-size         # GPU: Wan2.1-1.3B transformer (published config, random
                                                     # weights, bf16) at 480p, real kernels
     python examples/pipeline.py --experts 2         # Wan2.2-A14B's layout: two transformers, each compiled
+    python examples/pipeline.py --real-size --linears fp8 --cache fbc   # the whole stack: TorchAO FP8 linears,
+                                                    # First Block Cache and quantized attention in one compile
 
 This is how a DiT is used in practice::
 
@@ -22,6 +24,12 @@ the flow-matching scheduler, and a tiny UMT5 text encoder with a word-level toke
 (``--real-size`` feeds random ``prompt_embeds`` of the real text width instead). The script prints the site
 table of the compiled transformer, the time of every denoising step (the first one includes the compile), and
 how far the quantized output is from the dense one.
+
+The whole stack (:mod:`qattn_fx.stack`): ``--linears fp8`` quantizes the transformers' linears with TorchAO (FP8
+dynamic activation and weight, per-row; ``int8wo``, int8 weight-only, runs on a CPU) and ``--cache fbc`` turns on
+diffusers' First Block Cache, both before the compile; the dense run they are compared with has neither. The cache
+breaks the graph by design (its decision is read on the host), so the transformers are then compiled without
+``fullgraph``.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import time
 import torch
 
 import qattn_fx
+from qattn_fx import stack
 
 #: Wan2.1-T2V-1.3B's transformer config (diffusers ``WanTransformer3DModel``), as published.
 WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
@@ -126,10 +135,18 @@ def main(argv: list[str] | None = None) -> dict:
                         help="transformers: 1 (Wan2.1), or 2 as Wan2.2-A14B (--real-size: Wan2.1-14B's config each)")
     parser.add_argument("--compiler", default="inductor", choices=("inductor", "aot_eager", "eager"),
                         help="what compiles the rewritten graph (default inductor)")
+    parser.add_argument("--linears", choices=stack.LINEARS, default="bf16",
+                        help="TorchAO linears in the compiled run: fp8 (dynamic, per-row; a GPU), int8wo (int8 "
+                             "weight-only); default: the model's own")
+    parser.add_argument("--cache", choices=stack.CACHES, default="none",
+                        help="a step cache in the compiled run: fbc (diffusers' First Block Cache)")
+    parser.add_argument("--cache-threshold", type=float, default=0.05, help="First Block Cache's threshold")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
+    if args.linears == "fp8" and not on_gpu:
+        parser.error("--linears fp8 needs a CUDA GPU (FP8 matmuls); on a CPU use --linears int8wo")
     if args.real_size and not on_gpu:
         parser.error("--real-size runs Wan's published transformer config at 480p: it needs a CUDA GPU")
     if args.real_size:
@@ -153,13 +170,18 @@ def main(argv: list[str] | None = None) -> dict:
     names = ("transformer", "transformer_2")[:args.experts]
     backends = {name: qattn_fx.backend(args.spec, emulate=not on_gpu, compiler=args.compiler) for name in names}
     for name, backend in backends.items():  # every transformer of the pipeline, each with its own report
-        setattr(pipe, name, torch.compile(getattr(pipe, name), backend=backend, fullgraph=True))
+        transformer = getattr(pipe, name)
+        stack.quantize_linears(transformer, args.linears)
+        stack.enable_cache(transformer, args.cache, args.cache_threshold)
+        setattr(pipe, name, torch.compile(transformer, backend=backend, fullgraph=args.cache == "none"))
     quantized, quantized_steps = run(pipe, call, device)
 
     where = qattn_fx.detect(device).describe() + ("" if on_gpu else "; recipes emulated by the reference kernel")
     layout = "transformer" if args.experts == 1 else f"2 experts (boundary_ratio {BOUNDARY_RATIO}), each"
+    stacked = "".join(f", {k} {v}" for k, v in (("linears", args.linears), ("cache", args.cache)) if v not in (
+        "bf16", "none"))
     print(f"qattn_fx {qattn_fx.__version__}: WanPipeline, {layout} {config['num_layers']} blocks, head_dim "
-          f"{config['attention_head_dim']}, {dtype}, {frames}x{height}x{width}, {args.steps} steps; {where}")
+          f"{config['attention_head_dim']}, {dtype}, {frames}x{height}x{width}, {args.steps} steps{stacked}; {where}")
     for name, backend in backends.items():
         print(f"\n{name}:" if args.experts == 2 else "")
         print(backend.report)

@@ -348,3 +348,54 @@ def test_dit_step_denoising_loop_compiles_once():
         first = dit_step.graphs_compiled()
         dit_step.denoise(step, case, 3)
     assert first >= 1 and dit_step.graphs_compiled() == first
+
+
+def test_dit_step_stack_rows():
+    """--linears / --cache: each row of the stack table is a row of one command, in the order the model's state
+    allows (TorchAO quantizes the weights in place), every cosine against the first row."""
+    from benchmarks import dit_step
+
+    args = dit_step.parse_args(["--linears", "fp8", "--cache", "fbc", "--steps", "4", "--only", "auto",
+                                "--skip-no-attention"])
+    auto = "qattn auto (default spec)"
+    assert [(r.name, r.attention, r.linears, r.cache) for r in dit_step.plan(args)] == [
+        ("compiled dense (torch SDPA)", "dense", "bf16", "none"), (auto, auto, "bf16", "none"),
+        ("compiled dense + fbc 0.05", "dense", "bf16", "fbc"), (auto + " + fbc 0.05", auto, "bf16", "fbc"),
+        ("compiled dense + fp8 linears", "dense", "fp8", "none"), (auto + " + fp8 linears", auto, "fp8", "none"),
+        ("compiled dense + fp8 linears + fbc 0.05", "dense", "fp8", "fbc"),
+        (auto + " + fp8 linears + fbc 0.05", auto, "fp8", "fbc")]
+    plain = dit_step.parse_args([])
+    assert (plain.linears, plain.cache) == ("bf16", "none")
+    assert [r.name for r in dit_step.plan(plain)][:3] == ["compiled dense (torch SDPA)", "compiled, no attention", auto]
+    for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"]):
+        with pytest.raises(SystemExit):
+            dit_step.parse_args(bad)
+
+
+def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
+    """The stack rows' model states on a tiny bf16 Wan on the CPU: TorchAO int8 weight-only linears and First Block
+    Cache, compiled whole with the backend (emulated): every self-attention site quantized, the cache's decisions
+    taken in its context, the final latents near the dense loop's."""
+    pytest.importorskip("torchao")
+    from benchmarks import dit_step
+
+    case = dit_step.build_wan(device="cpu", **{**TINY_DIT["wan"], "dims": {**TINY_DIT["wan"]["dims"],
+                                                                           "num_layers": 2}})
+    args = dit_step.parse_args(["--linears", "int8wo", "--cache", "fbc", "--cache-threshold", "0.5", "--steps", "3"])
+    row = dit_step.plan(args)[-1]
+    assert (row.linears, row.cache) == ("int8wo", "fbc")
+    with torch.no_grad():
+        dense = dit_step.denoise(case.model, case, 3)
+        dit_step.prepare(case, row, args)
+        assert case.model.is_cache_enabled and case.model._dit_step_linears == "int8wo"
+        torch._dynamo.reset()
+        backend = qattn_fx.backend(emulate=True, compiler="eager")
+        recomputed = []
+        step = dit_step.in_cache_context(dit_step.compile_model(case.model, backend, "whole", "default"), case.model,
+                                         recomputed)
+        stacked = dit_step.denoise(step, case, 3)
+    assert recomputed[0] is True and len(recomputed) == 3
+    assert {(s.role, s.rewritten) for s in backend.report.sites} == {("self", True), ("cross", True)}
+    assert torch.nn.functional.cosine_similarity(stacked.flatten().float(), dense.flatten().float(), dim=0) > 0.99
+    dit_step.prepare(case, dit_step.Row("x", "dense", "int8wo", "none"), args)
+    assert not case.model.is_cache_enabled

@@ -68,3 +68,18 @@ def test_calibrate_wan_example_on_the_cpu_writes_spec_table_and_plot(tmp_path, c
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="real_size needs a CUDA GPU; on a CPU use examples.calibrate_wan:tiny"):
             calibrate_wan.real_size()
+
+
+def test_pipeline_example_with_torchao_linears_and_first_block_cache(capsys):
+    """The whole stack in the pipeline: int8 weight-only linears (TorchAO) and First Block Cache on the compiled
+    transformer; the cache breaks the graph by design, and every site of every graph is quantized."""
+    pytest.importorskip("torchao")
+    torch._dynamo.reset()
+    result = pipeline.main(["--steps", "3", "--compiler", "eager", "--device", "cpu", "--linears", "int8wo",
+                            "--cache", "fbc", "--cache-threshold", "0.5"])
+    out = capsys.readouterr().out
+    assert result["sites"] == result["quantized"] >= 4 and result["steps"] == 3
+    assert result["cosine"] > 0.99
+    assert "3 steps, linears int8wo, cache fbc; " in out
+    with pytest.raises(SystemExit):
+        pipeline.main(["--device", "cpu", "--linears", "fp8"])

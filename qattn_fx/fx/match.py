@@ -254,12 +254,13 @@ _ITEM = re.compile(r"\['([^']*)'\]")
 # attribute hops through wrapped forwards (diffusers' hooks: a functools.partial over the module's bound forward),
 # which lead back to the same module: ``blocks.0.forward.func.__closure__[0].cell_contents.forward.__self__.attn1``
 _CLOSURE_HOP = re.compile(r"\.forward(?:\.func)?\.__closure__\[\d+\]\.cell_contents")
-_SELF_HOP = re.compile(r"\.forward\.__self__|\.__wrapped__")
+_SELF_HOP = re.compile(r"\.(?:fn_ref\.original_)?forward\.__self__|\.__wrapped__")
 
 
 def clean_module_path(raw: str) -> str:
     """``L['self'].__dict__['_modules']['blocks'].0.attn1`` → ``blocks.0.attn1``; hops through hooked forwards
-    (``...forward.__self__...``, ``...forward.func.__closure__[0].cell_contents...``) are dropped."""
+    (``...forward.__self__...``, ``...forward.func.__closure__[0].cell_contents...``, and diffusers' hook registry
+    ``fn_ref.original_forward.__self__``, its cache hooks' frames) are dropped."""
     path = _PREFIX.sub("", raw)
     path = _DICT_MODULES.sub(r".\1", path)
     path = _MODULES.sub(r".\1", path)

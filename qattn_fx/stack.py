@@ -1,0 +1,113 @@
+"""The whole stack around the backend: TorchAO's quantized linears and diffusers' step caches.
+
+Both act on the model before ``torch.compile(model, backend=qattn_fx.backend(spec))``; the backend then sees the
+graph as Dynamo traced it:
+
+* **TorchAO linears** (:func:`quantize_linears`, ``torchao.quantization.quantize_``): the weights become TorchAO
+  tensor subclasses. Dynamo traces the linear calls with the subclass weights as graph inputs (the subclass is
+  desugared later, by AOT autograd, into its quantize and matmul ops, which Inductor fuses), so Q, K and V reach
+  SDPA as plain tensors out of ``linear`` and every site is found, decided and rewritten as on the plain model, in
+  one graph (``fullgraph=True`` holds). ``fp8``: FP8 dynamic activation and weight, per-row scales (Hopper and
+  later, bf16); ``int8wo``: int8 weight-only; ``int8dq``: int8 dynamic activation (per token) and weight (any device:
+  the CPU tests', where Inductor fuses the activation's quantization into the op before the linear).
+* **Step caches** (:func:`enable_cache`, diffusers' ``CacheMixin.enable_cache``): ``fbc`` is First Block Cache.
+  Its decision (does this step recompute the blocks after the first?) is a host read of a tensor under
+  ``torch.compiler.disable``: a graph break by design, so ``fullgraph=True`` cannot hold and Dynamo compiles the
+  blocks' hooked forwards as frames of their own, one per path the cache takes (compute or reuse, head, middle or
+  tail block). The backend rewrites the sites of every such graph; the number of graphs is the cache's, the same as
+  under any other backend (``tests/test_stack.py``). The hook's frames start at the block, so a site is named
+  from there (``attn1``), without the block's index.
+
+A call of a model with a cache on must run inside its cache context (diffusers' pipelines open it;
+:func:`cache_context` for a hand-written loop) and a new denoising run starts from a reset cache
+(:func:`reset_cache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+#: ``--linears`` choices: what :func:`quantize_linears` applies.
+LINEARS = ("bf16", "fp8", "int8wo", "int8dq")
+#: ``--cache`` choices: what :func:`enable_cache` applies.
+CACHES = ("none", "fbc")
+
+
+def linears_config(kind: str):
+    """The TorchAO config of ``kind`` (:data:`LINEARS`, not ``bf16``)."""
+    try:
+        from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig,
+                                          Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow)
+    except ImportError as e:
+        raise ImportError(f"linears={kind!r} needs torchao: pip install -e '.[stack]' ({e})") from e
+    if kind == "fp8":
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    if kind == "int8wo":
+        return Int8WeightOnlyConfig()
+    if kind == "int8dq":
+        return Int8DynamicActivationInt8WeightConfig()
+    raise ValueError(f"linears={kind!r} is invalid; valid: {', '.join(LINEARS)}")
+
+
+def _fp8_shape_ok(module: torch.nn.Module, _fqn: str) -> bool:
+    """FP8 row-wise matmuls (``torch._scaled_mm``) need both sides of the weight to be multiples of 16."""
+    return isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def quantize_linears(model: torch.nn.Module, kind: str) -> int:
+    """Quantize ``model``'s ``nn.Linear`` weights in place as ``kind`` (:data:`LINEARS`) says; returns how many
+    linears were quantized (``bf16``: none, the model is left as it is). ``fp8`` leaves linears whose sides are not
+    multiples of 16 as they are (the FP8 matmul cannot take them)."""
+    if kind == "bf16":
+        return 0
+    from torchao.quantization import quantize_
+
+    config = linears_config(kind)
+    take = _fp8_shape_ok if kind == "fp8" else (lambda m, _: isinstance(m, torch.nn.Linear))
+    chosen = sum(take(m, n) for n, m in model.named_modules())
+    quantize_(model, config, filter_fn=take)
+    return chosen
+
+
+def enable_cache(model: torch.nn.Module, kind: str, threshold: float = 0.05) -> None:
+    """Turn ``model``'s step cache on as ``kind`` (:data:`CACHES`) says: ``fbc``, diffusers' First Block Cache with
+    ``threshold`` (the relative change of the first block's residual below which the other blocks are reused);
+    ``none`` leaves the model as it is."""
+    if kind == "none":
+        return
+    if kind != "fbc":
+        raise ValueError(f"cache={kind!r} is invalid; valid: {', '.join(CACHES)}")
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+
+
+def cache_context(model: torch.nn.Module, name: str = "cond"):
+    """The cache context a call of ``model`` runs in (diffusers' ``cache_context``; nothing without a cache)."""
+    if getattr(model, "is_cache_enabled", False):
+        return model.cache_context(name)
+    return contextlib.nullcontext()
+
+
+def reset_cache(model: torch.nn.Module) -> None:
+    """Forget the cached residuals: the next call starts a new denoising run (no-op without a cache)."""
+    if getattr(model, "is_cache_enabled", False):
+        model._reset_stateful_cache()
+
+
+def fbc_recomputed(model: torch.nn.Module, name: str = "cond") -> bool | None:
+    """First Block Cache's latest decision for context ``name``: True when the call recomputed every block, False
+    when it reused the cached residual (None without the cache or before a call)."""
+    from diffusers.hooks import HookRegistry
+    from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
+
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if isinstance(registry, HookRegistry):
+            hook = registry.get_hook(_FBC_LEADER_BLOCK_HOOK)
+            if hook is not None:
+                state = hook.state_manager._state_cache.get(name)
+                return None if state is None else state.should_compute
+    return None
