@@ -9,7 +9,7 @@ the same run divided by the kernel's time with its quantize passes (``ms_total``
 same (method, shape) replaces an earlier one, so list older runs first. The file's date is the ``YYYY-MM-DD`` its
 name starts with (``benchmarks/results/`` naming), the device and architecture come from its ``env``.
 
-The output is a Python module that records this command; ``tests/test_cost.py`` re-runs it and checks that the
+The output is a Python module that records this command; ``tests/spec/test_cost.py`` re-runs it and checks that the
 shipped ``qattn_fx/cost_data.py`` is what it prints.
 """
 

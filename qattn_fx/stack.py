@@ -15,7 +15,7 @@ graph as Dynamo traced it:
   ``torch.compiler.disable``: a graph break by design, so ``fullgraph=True`` cannot hold and Dynamo compiles the
   blocks' hooked forwards as frames of their own, one per path the cache takes (compute or reuse, head, middle or
   tail block). The backend rewrites the sites of every such graph; the number of graphs is the cache's, the same as
-  under any other backend (``tests/test_stack.py``). The hook's frames start at the block, so a site is named
+  under any other backend (``tests/models/test_stack.py``). The hook's frames start at the block, so a site is named
   from there (``attn1``), without the block's index.
 
 A call of a model with a cache on must run inside its cache context (diffusers' pipelines open it;

@@ -207,7 +207,7 @@ def masked_junk(b=2, hq=4, hkv=2, sq=45, skv=77, d=64, *, dtype=torch.bfloat16, 
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Operand layouts SDPA takes (tests/test_layouts.py, the property tests)
+# Operand layouts SDPA takes (tests/fx/test_layouts.py, the property tests)
 # ------------------------------------------------------------------------------------------------------------------
 
 

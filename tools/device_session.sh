@@ -37,7 +37,7 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeou
 for s in "$@"; do
   case $s in
     env) step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c "import torch, triton, cudnn, flashinfer; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__, cudnn.__version__, cudnn.backend_version(), flashinfer.__version__)"' ;;
-    cpu-tests) TAIL=25 step cpu-tests 150 python3 -m pytest -q -rf -p no:cacheprovider -m "not gpu" -n 8 ${CPU_TESTS:-tests/test_golden_graphs.py tests/test_backend.py tests/test_diffusers_models.py tests/test_attention_ops.py} ;;
+    cpu-tests) TAIL=25 step cpu-tests 150 python3 -m pytest -q -rf -p no:cacheprovider -m "not gpu" -n 8 ${CPU_TESTS:-tests/fx/test_golden_graphs.py tests/backend/test_backend.py tests/models/test_diffusers_models.py tests/ops/test_attention_ops.py} ;;
     lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
     triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
     gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;

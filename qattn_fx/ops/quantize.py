@@ -40,7 +40,7 @@ NVFP4 tensor scales see only kept keys, and the output on kept keys does not dep
 finite bias (an additive float mask such as ``-1e4``) masks nothing: its keys are kept.
 
 Non-finite inputs (``inf``/``nan`` in Q, or in K or V of a kept key) spread through the scales that cover them,
-pinned by ``tests/test_attention_ops.py::test_non_finite_inputs_spread_through_the_scales_that_cover_them``. SDPA's
+pinned by ``tests/ops/test_attention_ops.py::test_non_finite_inputs_spread_through_the_scales_that_cover_them``. SDPA's
 math kernel (and its default CPU kernel in fp32) makes non-finite exactly the rows whose logits or values are: an
 ``inf`` in Q row ``i`` gives a NaN row ``i`` (torch's default CPU kernel in bf16/fp16 gives that row 0); an ``inf`` in
 a key's K gives NaN in the rows whose logit with it is ``+inf`` or NaN; an ``inf`` in V channel ``c`` gives ``inf`` in

@@ -4,7 +4,8 @@ Run: ``pytest -m gpu tests/gpu/test_triton_sage.py -v -s`` (``-s`` prints the me
 
 * Against the reference kernel on identical quantized inputs, for every recipe and shape class (B > 1, GQA,
   Sq != Skv, tails, head_dim 64/128, BSHD/BHSD, seq-/D-major V, V per-channel/head/tensor, out dtypes), with the
-  tolerances of ``tests/test_triton_sage_interpret.py`` (the only documented differences are where P is rounded).
+  tolerances of ``tests/kernels/test_triton_sage_interpret.py`` (the only documented differences are where P is
+  rounded).
 * Against a torch emulation of the kernel's own tile algorithm and on inputs whose row max is in the first tile:
   fp32-level agreement (proves the tiling, scales, two-level accumulation and masks, not just "close").
 * Every launch config in ``CONFIGS`` (pipelined or not) and the autotuned path.

@@ -11,7 +11,7 @@ from torch.utils.checkpoint import checkpoint
 import qattn_fx
 from qattn_fx import AttentionSpec, Recipe, Spec, tiny_models
 from qattn_fx.backend import inductor_config_patches
-from test_golden_graphs import AttentionBlock
+from tests.fx.test_golden_graphs import AttentionBlock
 
 
 def assert_close_to_dense(out, dense):

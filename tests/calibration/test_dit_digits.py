@@ -10,7 +10,7 @@ import torch
 from qattn_fx.calibration import calibrate
 from qattn_fx.calibration.budget import worst
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("qattn_fx_example_dit_digits", ROOT / "examples" / "dit_digits.py")
 dit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dit)

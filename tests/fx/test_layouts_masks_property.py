@@ -10,8 +10,8 @@ that varies per query (kept dense); ``Hq`` a multiple of ``Hkv`` with and withou
 ``dynamic=True`` at two lengths without a recompile.
 
 A quantized call is compared with fp32 SDPA on the same inputs: relative L2 error below :data:`BOUND` (the bound of
-the default recipe, INT8 Q/K and FP8 P·V, that tests/test_call_forms_property.py uses; measured below 0.06 here), and
-with a key mask, equal to the same call whose masked keys hold zeros. A dense call runs SDPA as written.
+the default recipe, INT8 Q/K and FP8 P·V, that tests/fx/test_call_forms_property.py uses; measured below 0.06 here),
+and with a key mask, equal to the same call whose masked keys hold zeros. A dense call runs SDPA as written.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import qattn_fx
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MASKS = ("none", "key-bool", "key-inf", "key-bias", "query-bool")
-#: Relative L2 error of the default recipe against fp32 SDPA (tests/test_call_forms_property.py's bound).
+#: Relative L2 error of the default recipe against fp32 SDPA (tests/fx/test_call_forms_property.py's bound).
 BOUND = 0.1
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow],
                 phases=[Phase.explicit, Phase.generate])  # no shrinking: each example compiles

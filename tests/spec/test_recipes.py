@@ -564,7 +564,7 @@ def test_docs_recipe_table_is_generated_from_the_table():
     lines = table.splitlines()
     assert len(lines) == 2 + len(TABLE)
     assert lines[0].startswith("| backend | qk_dtype | v_dtype |")
-    doc = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
     assert doc.exists(), "docs/spec.md is missing; it must contain recipe_table_markdown() verbatim"
     text = doc.read_text()
     assert table in text, "docs/spec.md's recipe table differs from qattn_fx.recipes.recipe_table_markdown()"

@@ -3,7 +3,7 @@
 The graphs are printed with :func:`qattn_fx.fx.printer.format_graph`, which renames Dynamo's nodes canonically
 (``in0``, ``v0``) and keeps the names of the nodes qattn_fx inserts (after the site's module:
 ``blocks_0_q_quant``), so the goldens are stable across runs and torch releases. Update them with
-``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_golden_graphs.py``.
+``EXPECTTEST_ACCEPT=1 python -m pytest tests/fx/test_golden_graphs.py``.
 """
 
 from typing import Callable

@@ -17,7 +17,7 @@ from qattn_fx.cli import main
 from qattn_fx.hardware import supported_libraries
 from qattn_fx.report import readable
 from support import ROOT, subprocess_env
-from test_golden_graphs import AttentionBlock, Model
+from tests.fx.test_golden_graphs import AttentionBlock, Model
 
 TRTLLM_INT8 = Spec(default=AttentionSpec("TRTLLM", Recipe("int8", "fp8", 1, 16, 1)))
 
