@@ -289,7 +289,7 @@ def _model_and_inputs(args, dtype: torch.dtype | None):
 
 
 def _inspect(args) -> int:
-    from .backend import explain
+    from .explain import explain
 
     try:  # diffusers warns about casting a model with float32 modules to bf16: not the point here
         from diffusers.utils import logging as diffusers_logging
