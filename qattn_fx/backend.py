@@ -25,11 +25,14 @@ import torch
 import torch.fx as fx
 
 from . import __version__
+from .deployment import Target
 from .fx import match, tracing
 from .fx.rewrite import TimestepSource, rewrite
 from .hardware import Hardware, detect
-from .policy import TRAINING, Site, Target, rule_usage
+from .policy import rule_usage
 from .report import Report, SiteRecord, debug_dir, emit_trace_artifacts, readable, write_dump, write_sparsity
+from .serving import TRAINING
+from .site import Site
 from .spec import Spec
 from .validate import finite_float, wrong_type
 

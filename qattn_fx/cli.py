@@ -25,7 +25,8 @@ import torch
 
 from . import __version__, recipes
 from .hardware import Hardware, detect, supported_libraries
-from .policy import Site, resolve
+from .policy import resolve
+from .site import Site
 from .spec import Spec
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

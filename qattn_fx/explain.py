@@ -19,7 +19,7 @@ import torch.fx as fx
 from .backend import Backend
 from .fx import match
 from .hardware import Hardware
-from .policy import Target
+from .deployment import Target
 from .report import Report
 from .spec import Spec
 
