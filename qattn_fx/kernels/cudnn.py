@@ -32,19 +32,9 @@ import torch
 
 from .. import formats
 from . import requirements as _kernel_requirements
-from ._cuda_utils import (
-    FifoCache,
-    PerDevice,
-    device_index,
-    empty_bshd,
-    format_version,
-    log_once,
-    refuse_during_capture,
-    refuse_empty_keys,
-    require_16bit_output,
-    require_capability,
-    require_cuda,
-)
+from ._cuda_utils import (FifoCache, PerDevice, device_index, empty_bshd, format_version, log_once,
+                          refuse_during_capture, refuse_empty_keys, require_16bit_output, require_capability,
+                          require_cuda)
 from .cudnn_library import backend_version, check_cudnn_version, import_cudnn, thread_handle
 from .cudnn_pack import pack_f8_128x4, pack_f8_128x4_columnwise
 

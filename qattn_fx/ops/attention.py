@@ -101,10 +101,20 @@ def _fake_out(q: torch.Tensor, sq: int, dv: int, out_dtype: torch.dtype) -> torc
     return q.new_empty((q.shape[0], sq, q.shape[1], dv), dtype=out_dtype).transpose(1, 2)
 
 
-#: The arguments ``qattn::scaled_attention`` and ``qattn::scaled_attention_lse`` share (the module docstring).
-_SCALED_ARGS = ("Tensor q, Tensor? q_scale, Tensor k, Tensor? k_scale, Tensor v, Tensor v_scale, SymInt q_block, "
-                "SymInt k_block, float sm_scale, ScalarType out_dtype, str kernel, Tensor? key_bias=None, "
-                "Tensor? runtime_scale=None")
+#: The arguments every attention op ends with (the module docstring), after its operands, and Skip-Softmax's.
+_CALL_ARGS = "float sm_scale, ScalarType out_dtype, str kernel, Tensor? key_bias=None, Tensor? runtime_scale=None"
+_SKIP_ARGS = 'Tensor? skip_threshold=None, str skip_label=""'
+_SCALED_OPERANDS = ("Tensor q, Tensor? q_scale, Tensor k, Tensor? k_scale, Tensor v, Tensor v_scale, SymInt q_block, "
+                    "SymInt k_block")
+_BLOCK_SCALED_OPERANDS = ("Tensor q, Tensor q_sf, Tensor? q_gs, Tensor k, Tensor k_sf, Tensor? k_gs, Tensor v, "
+                          "Tensor v_sf, Tensor? v_gs, str qk_format, str v_format")
+
+
+def _define(name: str, schema: str, fn, fake) -> torch.library.CustomOpDef:
+    """The opaque op ``qattn::<name>`` with an explicit ``schema`` (arguments ``-> returns``), ``fn`` and its fake."""
+    op = torch.library.custom_op(f"qattn::{name}", fn, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    return op
 
 
 def _scaled(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel, key_bias=None,
@@ -130,37 +140,8 @@ def _scaled_fake(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale,
     return out, q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
 
 
-scaled_attention = torch.library.custom_op(
-    "qattn::scaled_attention", _scaled, mutates_args=(),
-    schema=f'({_SCALED_ARGS}, Tensor? skip_threshold=None, str skip_label="") -> Tensor')
-scaled_attention.register_fake(_scaled_fake)
-scaled_attention_lse = torch.library.custom_op(
-    "qattn::scaled_attention_lse", functools.partial(_scaled, return_lse=True), mutates_args=(),
-    schema=f"({_SCALED_ARGS}) -> (Tensor, Tensor)")
-scaled_attention_lse.register_fake(functools.partial(_scaled_fake, return_lse=True))
-
-
-@torch.library.custom_op("qattn::block_scaled_attention", mutates_args=())
-def block_scaled_attention(
-    q: torch.Tensor,
-    q_sf: torch.Tensor,
-    q_gs: Optional[torch.Tensor],
-    k: torch.Tensor,
-    k_sf: torch.Tensor,
-    k_gs: Optional[torch.Tensor],
-    v: torch.Tensor,
-    v_sf: torch.Tensor,
-    v_gs: Optional[torch.Tensor],
-    qk_format: str,
-    v_format: str,
-    sm_scale: float,
-    out_dtype: torch.dtype,
-    kernel: str,
-    key_bias: Optional[torch.Tensor] = None,
-    runtime_scale: Optional[torch.Tensor] = None,
-    skip_threshold: Optional[torch.Tensor] = None,
-    skip_label: str = "",
-) -> torch.Tensor:
+def _block_scaled(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel,
+                  key_bias=None, runtime_scale=None, skip_threshold=None, skip_label=""):
     check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
     check_key_bias(key_bias, k)
     fn = _kernel_call(kernel, "block_scaled", key_bias, skip_threshold, skip_label)
@@ -168,33 +149,34 @@ def block_scaled_attention(
               out_dtype)
 
 
-@block_scaled_attention.register_fake
-def _(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel, key_bias=None,
-      runtime_scale=None, skip_threshold=None, skip_label=""):
+def _block_scaled_fake(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, sm_scale, out_dtype, kernel,
+                       key_bias=None, runtime_scale=None, skip_threshold=None, skip_label=""):
     return _fake_out(q, q.shape[2], v_dims(v, v_format)[1], out_dtype)
 
 
-@torch.library.custom_op("qattn::skip_softmax_attention", mutates_args=())
-def skip_softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sm_scale: float,
-    out_dtype: torch.dtype,
-    kernel: str,
-    key_bias: Optional[torch.Tensor] = None,
-    runtime_scale: Optional[torch.Tensor] = None,
-    skip_threshold: Optional[torch.Tensor] = None,
-    skip_label: str = "",
-) -> torch.Tensor:
+def _skip_softmax(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None, skip_threshold=None,
+                  skip_label=""):
     check_dense_inputs(q, k, v, out_dtype, key_bias)
     fn = _kernel_call(kernel, "dense_skip", key_bias, skip_threshold, skip_label)
     return fn(q, k, v, _scale_value(sm_scale, runtime_scale), out_dtype)
 
 
-@skip_softmax_attention.register_fake
-def _(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None, skip_threshold=None, skip_label=""):
+def _skip_softmax_fake(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None, skip_threshold=None,
+                       skip_label=""):
     return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
+
+
+scaled_attention = _define("scaled_attention", f"({_SCALED_OPERANDS}, {_CALL_ARGS}, {_SKIP_ARGS}) -> Tensor",
+                           _scaled, _scaled_fake)
+scaled_attention_lse = _define("scaled_attention_lse", f"({_SCALED_OPERANDS}, {_CALL_ARGS}) -> (Tensor, Tensor)",
+                               functools.partial(_scaled, return_lse=True),
+                               functools.partial(_scaled_fake, return_lse=True))
+block_scaled_attention = _define("block_scaled_attention",
+                                 f"({_BLOCK_SCALED_OPERANDS}, {_CALL_ARGS}, {_SKIP_ARGS}) -> Tensor",
+                                 _block_scaled, _block_scaled_fake)
+skip_softmax_attention = _define("skip_softmax_attention",
+                                 f"(Tensor q, Tensor k, Tensor v, {_CALL_ARGS}, {_SKIP_ARGS}) -> Tensor",
+                                 _skip_softmax, _skip_softmax_fake)
 
 
 ATTENTION_OPS = (torch.ops.qattn.scaled_attention.default, torch.ops.qattn.block_scaled_attention.default,
