@@ -15,8 +15,9 @@ measured sparsity); step schedules for quantization in general: :class:`DenseUnt
 __version__ = "0.1.0"
 
 from . import config  # noqa: E402
-from .backend import Backend, backend, explain, install_pre_grad_pass, pre_grad_pass  # noqa: E402
+from .backend import Backend, backend, install_pre_grad_pass, pre_grad_pass  # noqa: E402
 from .calibration import Budget, Calibration, SkipCalibration, calibrate, calibrate_skip_softmax
+from .explain import explain
 from .fx.tracing import trace_multihead_attention
 from .hardware import Hardware, detect
 from .ops import quantized_attention

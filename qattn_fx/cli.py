@@ -25,7 +25,8 @@ import torch
 
 from . import __version__, recipes
 from .hardware import Hardware, detect, supported_libraries
-from .policy import Site, resolve
+from .policy import resolve
+from .site import Site
 from .spec import Spec
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -289,7 +290,7 @@ def _model_and_inputs(args, dtype: torch.dtype | None):
 
 
 def _inspect(args) -> int:
-    from .backend import explain
+    from .explain import explain
 
     try:  # diffusers warns about casting a model with float32 modules to bf16: not the point here
         from diffusers.utils import logging as diffusers_logging

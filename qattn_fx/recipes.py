@@ -22,7 +22,7 @@ import torch
 
 from . import kernels
 from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)
-from .validate import (check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, path_at, reject_unknown,
+from .validate import (check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, from_fields, path_at,
                        show, unique)
 
 QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
@@ -136,8 +136,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "recipe") -> "Recipe":
-        reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
-        return cls(**data, where=where)
+        return from_fields(cls, data, where)
 
 
 @dataclass(frozen=True)
@@ -401,8 +400,7 @@ class SkipSoftmax:
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "skip_softmax") -> "SkipSoftmax":
-        reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
-        return cls(**data, where=where)
+        return from_fields(cls, data, where)
 
 
 def recipe_table_markdown() -> str:

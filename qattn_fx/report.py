@@ -48,7 +48,7 @@ TABLE_COLUMNS = ("module", "layer", "role", "q/kv", "d", "recipe", "kernel", "re
 #: The default width of ``str(report)``.
 WIDTH = 120
 _MODULE_WIDTH = 40
-#: One clause of ``SiteRecord.deployment`` (``policy.deployment``): ``on <arch>: <kernel | dense | error>``.
+#: One clause of ``SiteRecord.deployment`` (``deployment.deployment``): ``on <arch>: <kernel | dense | error>``.
 _DEPLOYED = re.compile(r"(?:^|; |\) )on ([A-Za-z0-9_]+): ([A-Za-z0-9_]+)")
 #: A character of a symbolic size that is more than one symbol or int (an operator, a space, a parenthesis).
 _EXPRESSION = re.compile(r"[^A-Za-z0-9_-]")

@@ -2,7 +2,7 @@
 
 :class:`Requirements` objects are declared once per kernel, in :data:`qattn_fx.kernels.KERNELS`; the accepted
 (backend, recipe) table (:data:`qattn_fx.recipes.TABLE`) names them, the policy checks them for each site
-(:func:`qattn_fx.policy.unmet`), and the kernel modules read their own limits (head dims, architectures, library
+(:func:`qattn_fx.serving.unmet`), and the kernel modules read their own limits (head dims, architectures, library
 floors) from them instead of restating them. This module imports nothing of qattn_fx.
 """
 

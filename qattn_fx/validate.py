@@ -9,6 +9,7 @@ accepted. :func:`path_at` builds a path, :func:`show` a value's shortened ``repr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterable
 
@@ -103,6 +104,13 @@ def reject_unknown(data: Any, known: set[str], where: str) -> None:
     unknown = sorted(set(data) - known, key=str)  # YAML keys need not be strings
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in {where}; valid: {sorted(known)}")
+
+
+def from_fields(cls: type, data: Any, where: str) -> Any:
+    """The dataclass ``cls`` from a mapping of its fields (an unknown key is an error naming ``where``), built with
+    ``where`` (the keyword-only path its checks report)."""
+    reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+    return cls(**data, where=where)
 
 
 def unique(items: Iterable) -> tuple:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..fx import masks, match
 from ..fx.rewrite import describe_site, layer_counts
-from ..policy import Site
+from ..site import Site
 
 
 @dataclass(frozen=True, order=True)

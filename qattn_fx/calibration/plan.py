@@ -4,7 +4,7 @@ A *unit* is what a spec rule can tell apart: the sites of one module path and la
 twice is one unit; its choice must keep the budget at both). Per unit, :func:`choose` takes the fastest candidate
 inside the budget at every call, by predicted speed where every candidate has cost data, else the first in
 recipe-table order; dense when no candidate is inside the budget or when the fastest one is predicted no faster
-than :data:`qattn_fx.policy.MIN_PREDICTED_SPEEDUP` (:func:`qattn_fx.cost.no_gain`: ``auto``'s cost rule, on the same
+than :data:`qattn_fx.cost_rule.MIN_PREDICTED_SPEEDUP` (:func:`qattn_fx.cost.no_gain`: ``auto``'s cost rule, on the same
 data).
 
 :func:`spec_for` writes the plan as rules that mean the same under whole-model and regional compilation. Units are
@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import cost
+from ..cost_rule import MIN_PREDICTED_SPEEDUP
 from ..fx.match import split_layer
-from ..policy import MIN_PREDICTED_SPEEDUP, Site, select
+from ..policy import select
+from ..site import Site
 from ..spec import DENSE, Match, Rule, Spec
 from .budget import Budget, Errors, worst
 from .candidates import Candidate

@@ -16,9 +16,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ..deployment import deployment_targets
 from ..hardware import Hardware, detect
 from ..ops import quantized_attention
-from ..policy import Decision, Site, deployment_targets, resolve
+from ..policy import resolve
+from ..site import Decision, Site
 from ..spec import DENSE, AttentionSpec, Spec
 from .budget import Budget, Errors, errors, flat_output, worst
 from .capture import ProbedModel, SiteCall, SiteKey

@@ -3,8 +3,8 @@
 A speed source is a callable ``(kernel, arch, *, q_len, kv_len, head_dim, batch_heads)`` returning the predicted
 (dense torch SDPA time) / (the kernel's time including its quantize passes) for one call as a
 :class:`qattn_fx.cost.Prediction` or a plain number, or ``None`` without data. The default, :func:`cost_data`, is
-:func:`qattn_fx.cost.predict`: the same numbers :func:`qattn_fx.policy.cost_rule` compares with
-:data:`qattn_fx.policy.MIN_PREDICTED_SPEEDUP`, so a plan never quantizes a site that ``auto`` would keep dense.
+:func:`qattn_fx.cost.predict`: the same numbers :func:`qattn_fx.cost_rule.cost_rule` compares with
+:data:`qattn_fx.cost_rule.MIN_PREDICTED_SPEEDUP`, so a plan never quantizes a site that ``auto`` would keep dense.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from torch.fx.experimental.symbolic_shapes import guard_float, guard_int
 from ..hardware import Hardware, detect
 from ..ops import canonical
 from ..ops.lowering import quantized_attention
-from ..policy import Decision, Site, resolve
+from ..policy import resolve
+from ..site import Decision, Site
 from ..spec import Spec
 from . import masks, match
 
@@ -281,7 +282,7 @@ def rewrite(root: fx.GraphModule, spec: Spec, *, hardware: Hardware | None = Non
     """Resolve and rewrite every SDPA site under ``root`` (nested subgraphs included); returns one outcome per site.
 
     ``hardware`` defaults to the machine the site's tensors live on; ``target`` (with ``emulate``) is where the
-    emulated sites are meant to deploy (:func:`qattn_fx.policy.deployment`); ``timestep``: where gated sites
+    emulated sites are meant to deploy (:func:`qattn_fx.deployment.deployment`); ``timestep``: where gated sites
     (``disabled_until_timestep``) read the timestep (default :class:`TimestepSource`). Graph modules are
     recompiled. A site that autograd records (:func:`records_autograd`, decided per site from the graph, not from
     the grad mode now) stays dense: the quantized ops have no backward.

@@ -53,6 +53,19 @@ def require_cuda(kernel: str, **tensors: torch.Tensor) -> torch.device:
     return device
 
 
+def refuse_empty_keys(kernel: str, k: torch.Tensor, why: str = "attention over an empty key set is refused") -> None:
+    """``ValueError`` for a ``k`` of zero tokens (``(B, H, Skv, D)``), saying ``why`` the kernel refuses it."""
+    if k.shape[2] == 0:
+        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); {why}")
+
+
+def require_16bit_output(kernel: str, out_dtype: torch.dtype, writer: str) -> None:
+    """``ValueError`` unless ``out_dtype`` is bf16 or fp16, the outputs ``writer`` (the library call) writes."""
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid ({writer} writes 16-bit outputs); "
+                         "valid: bfloat16, float16")
+
+
 def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 

@@ -1,5 +1,6 @@
 """What the two Sage kernels (:mod:`.triton_sage`, :mod:`.gluon_sage`) share: the softmax algebra's constants, the
-launch-config base class, forced configs, input validation against the registry's requirements, and host helpers.
+launch-config base class, forced configs, input validation (the op boundary's checks plus these kernels' own),
+and host helpers.
 
 The kernels implement one algorithm (the triton_sage module docstring states it): logits in log2 units
 ``z = t · rs`` with ``rs = q_scale · sm_scale · log2 e`` and ``t`` the K-scaled Q·Kᵀ accumulator; ``448 · P =
@@ -22,10 +23,9 @@ from typing import ClassVar, Iterator, Optional
 import torch
 
 from .. import config, formats
-from . import info as _kernel_info
-from . import q_quantized_in_kernel
 from . import requirements as _requirements_of
 from ._cuda_utils import FifoCache, layout_key
+from .op_inputs import check_scaled_inputs
 
 try:  # the kernels' source needs triton; the host side below does not
     import triton.language as tl
@@ -155,16 +155,18 @@ def head_dims(kernel: str) -> tuple[int, ...]:
     return tuple(req.head_dims.allowed)
 
 
-#: The input layouts :func:`validate` passed (keys of :func:`_validate_key`): the check runs once per layout.
+#: The input layouts :func:`validate` passed (keys of :func:`validate`): the check runs once per layout.
 _VALID_LAYOUTS = FifoCache(maxsize=256)
 
 
 def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias=None) -> None:
     """``ValueError`` naming the argument for inputs the Sage kernels cannot take (layouts: the triton_sage module
-    docstring). The policy keeps such sites dense before they get here; this is the kernel's own cheap check. It
-    reads shapes, strides and dtypes only, so it runs once per layout (:data:`_VALID_LAYOUTS`)."""
+    docstring): the op boundary's checks (:func:`qattn_fx.kernels.op_inputs.check_scaled_inputs`, their messages
+    prefixed with the kernel's name) after what only these kernels add (their head dims, no fp32 Q/K). The policy
+    keeps such sites dense before they get here. It reads shapes, strides and dtypes only, so it runs once per
+    layout (:data:`_VALID_LAYOUTS`)."""
     key = (kernel, layout_key(q), q_scale is None, layout_key(k), k_scale is None, layout_key(v), layout_key(key_bias),
-           q_block, k_block)
+           q_block, k_block, key_bias is None or key_bias.device == k.device)
     if key not in _VALID_LAYOUTS:
         _VALID_LAYOUTS.get_or_build(key, lambda: _validate(kernel, q, q_scale, k, k_scale, v, v_scale, q_block,
                                                            k_block, key_bias))
@@ -180,36 +182,10 @@ def _validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block,
                          f"{', '.join(map(str, dims))}")
     if q.dtype not in QK_KIND:
         raise ValueError(f"{kernel}: q/k dtype {q.dtype} is invalid; valid: int8, float8_e4m3fn, bfloat16, float16")
-    if q_quantized_in_kernel(q.dtype, k.dtype):
-        blocks = _kernel_info(kernel).quantizes_q
-        if q_block not in blocks:
-            valid = f"q_block in {blocks}" if blocks else "int8 q with q_scale (no Q quantization in this kernel)"
-            raise ValueError(f"{kernel}: {q.dtype} q with int8 k (Q quantized in the kernel) takes q_block={q_block}; "
-                             f"valid: {valid}")
-        if q_scale is not None or k_scale is None:
-            raise ValueError(f"{kernel}: {q.dtype} q with int8 k takes q_scale=None and k's scales")
-    elif (q_scale is None) != (q.dtype in (torch.bfloat16, torch.float16)):
-        raise ValueError(f"{kernel}: {q.dtype} q/k {'needs' if q_scale is None else 'takes no'} scales")
-    if v.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"{kernel}: v must be float8_e4m3fn; got {v.dtype}")
-    if v.stride(-2) != 1 and v.stride(-1) != 1:
-        raise ValueError(f"{kernel}: v needs a unit stride on S or D; got strides {v.stride()}")
-    for name, x in (("q", q), ("k", k)):
-        if x.stride(-1) != 1:
-            raise ValueError(f"{kernel}: {name} needs a unit stride on D; got strides {x.stride()}")
-    if k.shape[2] == 0 or v.shape[2] < k.shape[2]:
-        raise ValueError(f"{kernel}: k needs tokens and v at least as many (rows past k's are padding); got "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0] or k.shape[1] != v.shape[1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"{kernel}: heads must satisfy Hq % Hkv == 0 with equal batch sizes; got q "
-                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if key_bias is not None and (key_bias.dtype != torch.float32 or key_bias.dim() != 2
-                                 or key_bias.shape[0] not in (1, k.shape[0]) or key_bias.shape[1] != k.shape[2]
-                                 or (key_bias.stride(-1) != 1 and k.shape[2] > 1)):
-        raise ValueError(f"{kernel}: key_bias must be float32 (B|1, Skv) with unit stride on keys; got "
-                         f"{key_bias.dtype} {tuple(key_bias.shape)} strides {key_bias.stride()}")
-    if q_block < 0 or k_block < 0:
-        raise ValueError(f"{kernel}: q_block={q_block}, k_block={k_block} are invalid; valid: 0 or >= 1")
+    try:
+        check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, None, kernel, key_bias)
+    except ValueError as e:
+        raise ValueError(f"{kernel}: {e}") from None
     return True
 
 

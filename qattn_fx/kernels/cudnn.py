@@ -7,7 +7,8 @@ path synchronises with the host, so a call whose graph is already built can be c
 graph (or creating a handle or the constant scale tensors) is refused during capture with a clear error: run the same
 call once eagerly before capturing.
 
-``import cudnn`` happens inside the functions: the package imports on machines without ``nvidia-cudnn-frontend``.
+``import cudnn`` happens inside the functions (:mod:`.cudnn_library`: the import, versions, handles): the package
+imports on machines without ``nvidia-cudnn-frontend``. MXFP8 scales are re-laid out by :mod:`.cudnn_pack`.
 The calls follow the cudnn-frontend 1.32 Python API (``cudnn.pygraph``, ``graph.tensor``, ``graph.sdpa_fp8`` /
 ``graph.sdpa_mxfp8``, ``graph.build([heur_mode.A, heur_mode.FALLBACK])``, ``graph.execute(variant_pack, workspace,
 handle=...)``), as run on an H200 with cuDNN 9.19 (``tests/gpu/test_library_kernels.py``).
@@ -24,7 +25,6 @@ is ``(B, Hq, Sq, Dv)`` stored BSHD.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,18 +32,11 @@ import torch
 
 from .. import formats
 from . import requirements as _kernel_requirements
-from ._cuda_utils import (
-    FifoCache,
-    PerDevice,
-    cudnn_version_tuple,
-    device_index,
-    empty_bshd,
-    format_version,
-    log_once,
-    refuse_during_capture,
-    require_capability,
-    require_cuda,
-)
+from ._cuda_utils import (FifoCache, PerDevice, device_index, empty_bshd, format_version, log_once,
+                          refuse_during_capture, refuse_empty_keys, require_16bit_output, require_capability,
+                          require_cuda)
+from .cudnn_library import backend_version, check_cudnn_version, import_cudnn, thread_handle
+from .cudnn_pack import pack_f8_128x4, pack_f8_128x4_columnwise
 
 logger = logging.getLogger(__name__)
 
@@ -68,81 +61,6 @@ MXFP8_MIN_CUDNN = tuple(int(x) for x in _MXFP8.library[1].split("."))
 #: Transformer Engine disables MXFP8 attention on these backends ("known bugs").
 MXFP8_BAD_CUDNN = ((9, 23, 0), (9, 23, 1))
 MXFP8_HEAD_DIMS = _MXFP8.head_dims.allowed
-SF_ROWS = 128  # F8_128x4 atom: 128 rows ...
-SF_COLS = 4  # ... by 4 scale columns (512 bytes)
-
-# ------------------------------------------------------------------------------------------------------------------
-# Library access, versions, handles
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def _import_cudnn(kernel: str):
-    try:
-        import cudnn  # noqa: PLC0415 (lazy on purpose)
-    except ImportError as exc:
-        raise RuntimeError(
-            f"{kernel} needs the cuDNN frontend Python package (pip install nvidia-cudnn-frontend); "
-            f"'import cudnn' failed: {exc}"
-        ) from exc
-    _log_backend_mismatch(cudnn)
-    return cudnn
-
-
-def backend_version(cudnn) -> tuple[int, int, int]:
-    """The cuDNN backend library the frontend loaded, as ``(major, minor, patch)``."""
-    return cudnn_version_tuple(int(cudnn.backend_version()))
-
-
-def _log_backend_mismatch(cudnn) -> None:
-    """Log once when torch and the cuDNN frontend loaded different cuDNN backends (TensorRT-LLM does the same)."""
-    try:
-        fe = int(cudnn.backend_version())
-        pt = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception as exc:  # noqa: BLE001 — informational only
-        log_once(logger, "cudnn-version-query", logging.DEBUG, "could not compare cuDNN versions: %s", exc)
-        return
-    if pt is not None and int(pt) != fe:
-        log_once(
-            logger, ("cudnn-mismatch", pt, fe), logging.WARNING,
-            "PyTorch and the cuDNN frontend loaded different cuDNN backends: torch %s, cudnn-frontend %s. "
-            "qattn_fx's cudnn kernels use the frontend's (%s); feature gates follow that version.",
-            format_version(cudnn_version_tuple(int(pt))), format_version(cudnn_version_tuple(fe)),
-            format_version(cudnn_version_tuple(fe)),
-        )
-
-
-def check_cudnn_version(kernel: str, version: tuple[int, int, int], minimum: tuple[int, int, int],
-                        bad: tuple[tuple[int, int, int], ...] = ()) -> None:
-    """``RuntimeError`` unless ``minimum <= version`` and ``version`` is not a known-bad release."""
-    if tuple(version) < tuple(minimum):
-        raise RuntimeError(
-            f"{kernel} needs a cuDNN backend >= {format_version(minimum)}; the cuDNN frontend loaded "
-            f"{format_version(version)} (upgrade nvidia-cudnn-cu12/cu13)"
-        )
-    if tuple(version) in tuple(map(tuple, bad)):
-        raise RuntimeError(
-            f"{kernel}: cuDNN {format_version(version)} has known bugs for this operation; "
-            f"use a version >= {format_version(minimum)} other than {', '.join(format_version(b) for b in bad)}"
-        )
-
-
-_thread_handles = threading.local()
-
-
-def _handle(cudnn, device: torch.device):
-    """The calling thread's cuDNN handle for ``device``, set to torch's current stream (cheap when unchanged)."""
-    handles = getattr(_thread_handles, "by_device", None)
-    if handles is None:
-        handles = _thread_handles.by_device = {}
-    index = device_index(device)
-    handle = handles.get(index)
-    if handle is None:
-        refuse_during_capture(f"creating a cuDNN handle for cuda:{index}")
-        with torch.cuda.device(index):
-            handle = cudnn.create_handle()
-        handles[index] = handle
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(index).cuda_stream)
-    return handle
 
 
 @dataclass(frozen=True)
@@ -238,9 +156,8 @@ def _check_fp8_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_
         if s.numel() != 1:
             raise ValueError(f"{kernel} takes one scale per tensor; {name} has shape {tuple(s.shape)}; "
                              "valid: (1, 1, 1) (Recipe scale_scope='tensor', v_block_size=0)")
-    if k.shape[2] == 0:
-        # cuDNN's SM90 FP8 forward kernel never finishes when a query tile has no valid key (cudnn-frontend #1069).
-        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); refused because cuDNN's Hopper FP8 kernel hangs on it")
+    # cuDNN's SM90 FP8 forward kernel never finishes when a query tile has no valid key (cudnn-frontend #1069).
+    refuse_empty_keys(kernel, k, "refused because cuDNN's Hopper FP8 kernel hangs on it")
     if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid; valid: bfloat16, float16, float32")
 
@@ -377,7 +294,7 @@ def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale
     check_fp8_head_dims(cap, d, dv)
     if b == 0 or sq == 0 or hq == 0:
         return empty_bshd(b, hq, sq, dv, out_dtype, device)
-    cudnn = _import_cudnn(kernel)
+    cudnn = import_cudnn(kernel)
     version = backend_version(cudnn)
     check_cudnn_version(kernel, version, FP8_MIN_CUDNN, FP8_BAD_CUDNN)
     path = fp8_path(cap, version, out_dtype)
@@ -386,7 +303,7 @@ def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale
         v = v.transpose(1, 2).contiguous().transpose(1, 2)
     o_dtype = torch.float8_e4m3fn if path == "fp8_out" else out_dtype
     o_buf = empty_bshd(b, hq, sq, dv, o_dtype, device)
-    handle = _handle(cudnn, device)
+    handle = thread_handle(cudnn, device)
     key = fp8_graph_key(device_index(device), path, q, k, v, sm_scale, out_dtype)
     entry = GRAPH_CACHE.get_or_build(
         key, lambda: _build_fp8_graph(cudnn, handle, q, k, v, o_buf.shape, o_buf.stride(), sm_scale, o_dtype, path))
@@ -418,66 +335,8 @@ def fp8_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# cudnn_mxfp8: F8_128x4 scale packing (pure torch) and the sdpa_mxfp8 graph
+# cudnn_mxfp8: the sdpa_mxfp8 graph (scales packed by qattn_fx.kernels.cudnn_pack)
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def _ceil_to(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
-def _as_bytes(scales: torch.Tensor) -> torch.Tensor:
-    if scales.dtype == torch.uint8:
-        return scales
-    if scales.element_size() != 1:
-        raise ValueError(f"scale factors must be one byte each (E8M0 / uint8); got {scales.dtype}")
-    return scales.view(torch.uint8)
-
-
-def pack_f8_128x4(scales: torch.Tensor) -> torch.Tensor:
-    """Rowwise F8_128x4 layout of one-byte scales ``(..., R, C)`` → uint8 ``(..., ceil128(R), ceil4(C))``.
-
-    Rows (tokens of Q/K) are zero-padded to a multiple of 128 and scale columns (32-element blocks of D) to a multiple
-    of 4; the result is contiguous and its *memory* holds cuDNN's order: atoms of 128 rows × 4 columns (512 bytes)
-    laid out row-major (row tile outer, column tile inner, leading dims outermost), and inside an atom scale ``(r, c)``
-    at byte ``(r % 32)·16 + ((r % 128) // 32)·4 + c % 4``. Its logical indices mean nothing; hand it to cuDNN as
-    ``(..., ceil128(R), ceil4(C))`` row-major with reordering ``F8_128x4``. Padding bytes are 0 (E8M0 2^-127), never
-    NaN. Accepts ``float8_e8m0fnu`` or ``uint8`` scales on any device.
-    """
-    raw = _as_bytes(scales)
-    if raw.dim() < 2:
-        raise ValueError(f"pack_f8_128x4 needs scales of shape (..., R, C); got {tuple(raw.shape)}")
-    *lead, rows, cols = raw.shape
-    rp, cp = _ceil_to(rows, SF_ROWS), _ceil_to(cols, SF_COLS)
-    padded = raw.new_zeros(*lead, rp, cp)
-    padded[..., :rows, :cols] = raw
-    atoms = padded.reshape(*lead, rp // SF_ROWS, 4, 32, cp // SF_COLS, SF_COLS)
-    n = len(lead)
-    order = list(range(n)) + [n, n + 3, n + 2, n + 1, n + 4]  # (row tile, col tile, r % 32, r // 32, c)
-    return atoms.permute(order).contiguous().view(*lead, rp, cp)
-
-
-def pack_f8_128x4_columnwise(v_scales: torch.Tensor) -> torch.Tensor:
-    """F8_128x4 layout of V's scales ``(B, H, ceil(S/32), Dv)`` (blocks of 32 tokens per channel) for ``sdpa_mxfp8``.
-
-    The rule of :func:`pack_f8_128x4` is applied to the *transposed* scale matrix ``[ceil128(Dv), B·H·ceil4(S/32)]``
-    (rows = channels, columns = (b, h, token block)), so atoms are D-plane-major: byte of scale ``(b, h, j, d)`` =
-    ``(d // 128) · (B·H·S4/4) · 512 + ((b·H + h)·S4/4 + j // 4) · 512 + (d % 32)·16 +
-    ((d % 128) // 32)·4 + j % 4`` with ``S4 = ceil4(ceil(S/32))``. For ``Dv <= 128`` (one plane) this equals packing
-    each (b, h) slab separately.
-    Returns a uint8 view of shape ``(B, H, S4, ceil128(Dv))`` with strides ``(H·S4·Dp, S4·Dp, 1, S4)`` — the
-    descriptor cuDNN documents for ``descale_v`` (only the memory order matters to cuDNN). Padding bytes are 0.
-    """
-    raw = _as_bytes(v_scales)
-    if raw.dim() != 4:
-        raise ValueError(f"pack_f8_128x4_columnwise needs V scales (B, H, ceil(S/32), Dv); got {tuple(raw.shape)}")
-    b, h, nblocks, dv = raw.shape
-    s4, dp = _ceil_to(nblocks, SF_COLS), _ceil_to(dv, SF_ROWS)
-    t = raw.new_zeros(b, h, dp, s4)
-    t[:, :, :dv, :nblocks] = raw.transpose(-1, -2)
-    matrix = t.permute(2, 0, 1, 3).reshape(dp, b * h * s4)
-    flat = pack_f8_128x4(matrix).reshape(-1)
-    return flat.as_strided((b, h, s4, dp), (h * s4 * dp, s4 * dp, 1, s4))
 
 
 def mxfp8_graph_key(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
@@ -498,11 +357,8 @@ def _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtyp
         if value not in MXFP8_HEAD_DIMS:
             raise ValueError(f"{kernel}: {name}={value} is not supported; "
                              f"valid: {', '.join(map(str, MXFP8_HEAD_DIMS))}")
-    if out_dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid (sdpa_mxfp8 writes 16-bit outputs); "
-                         "valid: bfloat16, float16")
-    if k.shape[2] == 0:
-        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); attention over an empty key set is refused")
+    require_16bit_output(kernel, out_dtype, "sdpa_mxfp8")
+    refuse_empty_keys(kernel, k)
     expect = {"q_sf": (q_sf, (q.shape[0], q.shape[1], q.shape[2], (d + 31) // 32)),
               "k_sf": (k_sf, (k.shape[0], k.shape[1], k.shape[2], (d + 31) // 32)),
               "v_sf": (v_sf, (v.shape[0], v.shape[1], (v.shape[2] + 31) // 32, dv))}
@@ -560,7 +416,7 @@ def mxfp8_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_fo
     dv = v.shape[3]
     if b == 0 or sq == 0 or hq == 0:
         return empty_bshd(b, hq, sq, dv, out_dtype, device)
-    cudnn = _import_cudnn(kernel)
+    cudnn = import_cudnn(kernel)
     check_cudnn_version(kernel, backend_version(cudnn), MXFP8_MIN_CUDNN, MXFP8_BAD_CUDNN)
     if v.stride(3) != 1:
         v = v.transpose(1, 2).contiguous().transpose(1, 2)  # cuDNN needs a unit stride on D
@@ -571,7 +427,7 @@ def mxfp8_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_fo
         "descale_v": pack_f8_128x4_columnwise(v_sf).view(e8m0),
     }
     o_buf = empty_bshd(b, hq, sq, dv, out_dtype, device)
-    handle = _handle(cudnn, device)
+    handle = thread_handle(cudnn, device)
     key = mxfp8_graph_key(device_index(device), q, k, v, sm_scale, out_dtype)
     entry = GRAPH_CACHE.get_or_build(
         key, lambda: _build_mxfp8_graph(cudnn, handle, q, k, v, descales, o_buf.shape, o_buf.stride(), sm_scale,

@@ -26,16 +26,8 @@ import torch
 
 from ..hardware import parse_version
 from . import requirements as _kernel_requirements
-from ._cuda_utils import (
-    FifoCache,
-    PerDevice,
-    device_index,
-    empty_bshd,
-    log_once,
-    refuse_during_capture,
-    require_capability,
-    require_cuda,
-)
+from ._cuda_utils import (FifoCache, PerDevice, device_index, empty_bshd, log_once, refuse_during_capture,
+                          refuse_empty_keys, require_16bit_output, require_capability, require_cuda)
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +140,8 @@ def _check_fa3_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_
     if d not in FA3_HEAD_DIMS or dv != d:
         raise ValueError(f"{kernel}: head_dim={d} (V {dv}) is not supported; valid: equal Q/K/V head dims in "
                          f"{', '.join(map(str, FA3_HEAD_DIMS))}")
-    if out_dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"{kernel}: out_dtype={out_dtype} is invalid (FA3 FP8 writes 16-bit outputs); "
-                         "valid: bfloat16, float16")
-    if k.shape[2] == 0:
-        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); attention over an empty key set is refused")
+    require_16bit_output(kernel, out_dtype, "FA3 FP8")
+    refuse_empty_keys(kernel, k)
 
 
 def fa3_plan_key(index: int, b: int, sq: int, skv: int, hq: int, hkv: int, d: int, dv: int,
@@ -297,8 +286,7 @@ def _check_sage_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out
     if out_dtype not in valid_out:
         raise ValueError(f"{kernel}: out_dtype={out_dtype} is not supported with {q.dtype} Q/K; valid: "
                          + ", ".join(str(t).replace("torch.", "") for t in valid_out))
-    if k.shape[2] == 0:
-        raise ValueError(f"{kernel}: k has zero tokens (Skv=0); attention over an empty key set is refused")
+    refuse_empty_keys(kernel, k)
 
 
 @functools.lru_cache(maxsize=None)

@@ -71,9 +71,15 @@ from .. import formats
 lib = torch.library.Library("qattn", "DEF")
 
 
+#: The ops :func:`_define` registered, in order (:data:`QUANTIZE_OPS`).
+_DEFINED: list = []
+
+
 def _define(schema: str, fn) -> None:
+    name = schema.split("(")[0]
     lib.define(schema)
-    lib.impl(schema.split("(")[0], fn, "CompositeImplicitAutograd")
+    lib.impl(name, fn, "CompositeImplicitAutograd")
+    _DEFINED.append(getattr(torch.ops.qattn, name).default)
 
 
 def _check_4d(name: str, x: torch.Tensor) -> None:
@@ -259,17 +265,5 @@ _define(
 _define("quantize_mxfp8(Tensor x, int axis) -> (Tensor, Tensor)", quantize_mxfp8)
 _define("quantize_nvfp4(Tensor x, bool transpose) -> (Tensor, Tensor, Tensor)", quantize_nvfp4)
 
-QUANTIZE_OPS = (
-    torch.ops.qattn.smooth_k.default,
-    torch.ops.qattn.mask_keys.default,
-    torch.ops.qattn.key_bias.default,
-    torch.ops.qattn.as_scalar_tensor.default,
-    torch.ops.qattn.lse_shift.default,
-    torch.ops.qattn.skip_threshold.default,
-    torch.ops.qattn.quantize_per_block.default,
-    torch.ops.qattn.quantize_per_head.default,
-    torch.ops.qattn.quantize_per_tensor.default,
-    torch.ops.qattn.quantize_per_channel.default,
-    torch.ops.qattn.quantize_mxfp8.default,
-    torch.ops.qattn.quantize_nvfp4.default,
-)
+#: Every op defined here (the quantize nodes the pass inserts and their helpers).
+QUANTIZE_OPS = tuple(_DEFINED)

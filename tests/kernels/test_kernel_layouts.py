@@ -524,7 +524,7 @@ def test_package_and_registry_import_without_gpu_libraries():
     if importlib.util.find_spec("cudnn") is None:
         assert "cudnn" not in sys.modules
         with pytest.raises(RuntimeError, match="nvidia-cudnn-frontend"):
-            kc._import_cudnn("cudnn_fp8")
+            kc.import_cudnn("cudnn_fp8")
     if importlib.util.find_spec("flashinfer") is None:
         assert "flashinfer" not in sys.modules
         with pytest.raises(RuntimeError, match="flashinfer-python"):

@@ -17,7 +17,8 @@ import qattn_fx
 from benchmarks import cost_table
 from qattn_fx import cost, cost_data
 from qattn_fx.hardware import Hardware
-from qattn_fx.policy import MIN_PREDICTED_SPEEDUP, Site, cost_rule, resolve
+from qattn_fx.cost_rule import MIN_PREDICTED_SPEEDUP, cost_rule
+from qattn_fx.policy import Site, resolve
 from qattn_fx.recipes import Recipe
 from qattn_fx.spec import AttentionSpec, Spec
 

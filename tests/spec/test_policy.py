@@ -9,7 +9,8 @@ import torch
 
 from qattn_fx import recipes
 from qattn_fx.hardware import Hardware
-from qattn_fx.policy import Decision, Site, match_site, resolve, unmet
+from qattn_fx.policy import Decision, Site, match_site, resolve
+from qattn_fx.serving import unmet
 from qattn_fx.recipes import TABLE, Recipe, Requirements, SkipSoftmax
 from qattn_fx.spec import DENSE, AttentionSpec, Match, Rule, Spec
 

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 import qattn_fx
 from qattn_fx import recipes
 from qattn_fx.recipes import SCALE_SCOPES, TABLE, Recipe
-from qattn_fx.spec import _TRTLLM_BACKENDS, _VLLM_DENSE, _VLLM_DTYPE_QK, DENSE, ROLES, AttentionSpec, Spec, SpecWarning
+from qattn_fx.spec import DENSE, ROLES, AttentionSpec, Spec, SpecWarning
+from qattn_fx.spec_seeds import TRTLLM_BACKENDS, VLLM_DENSE, VLLM_DTYPE_QK
 
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -117,7 +118,7 @@ canonical_specs = st.fixed_dictionaries({}, optional={"default": uses, "rules": 
 
 @st.composite
 def trtllm_specs(draw):
-    backend = draw(st.sampled_from(_TRTLLM_BACKENDS))
+    backend = draw(st.sampled_from(TRTLLM_BACKENDS))
     data = {"backend": backend}
     rows = tuple(r for r in TABLE if r.backend == backend and "tensor" in r.scale_scopes)
     choice = draw(st.integers(0, 3))
@@ -131,11 +132,11 @@ def trtllm_specs(draw):
     return {"attention_config": data} if draw(st.booleans()) else data
 
 
-quant_dicts = st.fixed_dictionaries({"dtype_qk": st.sampled_from(list(_VLLM_DTYPE_QK))}, optional={
+quant_dicts = st.fixed_dictionaries({"dtype_qk": st.sampled_from(list(VLLM_DTYPE_QK))}, optional={
     "q_block_size": st.sampled_from([1, 4, 16]), "k_block_size": st.sampled_from([1, 4, 16])})
 vllm_entries = st.one_of(
-    st.sampled_from(_VLLM_DENSE + ("TRTLLM_ATTN",)),
-    st.builds(lambda b: {"backend": b}, st.sampled_from(_VLLM_DENSE + ("TRTLLM_ATTN",))),
+    st.sampled_from(VLLM_DENSE + ("TRTLLM_ATTN",)),
+    st.builds(lambda b: {"backend": b}, st.sampled_from(VLLM_DENSE + ("TRTLLM_ATTN",))),
     st.fixed_dictionaries({"backend": st.just("TRTLLM_ATTN"), "quant": quant_dicts},
                           optional={"skip_softmax": skip_softmax_dicts}),
     st.fixed_dictionaries({"backend": st.just("TRTLLM_ATTN"), "skip_softmax": skip_softmax_dicts}),
