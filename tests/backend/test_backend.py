@@ -29,6 +29,7 @@ def run(module, x, backend):
         return torch.compile(module, backend=backend, fullgraph=True)(x)
 
 
+@pytest.mark.slow
 def test_inductor_output_matches_dense_and_quantize_nodes_reach_inductor():
     torch.manual_seed(0)
     block, x = AttentionBlock().eval(), torch.randn(2, 40, 64)
@@ -536,6 +537,7 @@ def test_outputs_of_one_stream_attended_per_segment_and_put_back_together_stay_o
         (layer, "self", dense_role is None) for layer in ("0", "1") for _ in range(2)]
 
 
+@pytest.mark.slow
 def test_a_restarted_analysis_leaves_one_row_per_site():
     """With ``dynamic=True`` a float attribute passed as SDPA's scale (diffusers' ``attn.scale``) becomes symbolic;
     Inductor then has Dynamo restart its analysis and call the backend again for the same frame."""
@@ -791,6 +793,7 @@ class _GradModeInside(torch.nn.Module):
 TRAINING = "dense: autograd is enabled (training graph); the quantized attention ops have no backward"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["backend", "explain", "pre_grad_pass"])
 @pytest.mark.parametrize("grad", [False, True])
 def test_grad_mode_set_inside_the_compiled_function_decides_each_site(entry, grad):

@@ -123,6 +123,7 @@ def test_broken_pipe_is_quiet(monkeypatch):
         os.close(saved)
 
 
+@pytest.mark.slow
 def test_module_entry_point_version_and_a_pipe_to_head():
     version = cli("--version")
     assert version.returncode == 0 and version.stdout.startswith(f"qattn-fx {qattn_fx.__version__} (torch ")
@@ -343,6 +344,7 @@ def test_logs_per_graph_and_per_site(caplog):
             "of 1), 0 dense (graph 0): without emulation the deployment would quantize none of them") in messages
 
 
+@pytest.mark.slow
 def test_torch_logs_controls_the_qattn_fx_logger():
     script = ("import torch, qattn_fx\n"
               "from qattn_fx import tiny_models\n"

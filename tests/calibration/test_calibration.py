@@ -134,6 +134,7 @@ def test_sites_are_named_as_the_backend_reports_them():
     assert [s.site for s in result.sites] == ["blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", ["flux", "dit", "hunyuan_video", "hunyuan_video15"])
 def test_the_other_tiny_diffusers_models_calibrate_and_their_plan_compiles(factory):
     """Joint attention (Flux), a class-conditional DiT and masked joint attention (HunyuanVideo): sites as the
@@ -155,6 +156,7 @@ def test_the_other_tiny_diffusers_models_calibrate_and_their_plan_compiles(facto
 # ------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tight_budget_gives_a_mixed_plan_that_the_backend_reproduces_and_keeps():
     model, calls, labels = wan_calls(3)
     torch._dynamo.reset()
@@ -179,6 +181,7 @@ def test_a_tight_budget_gives_a_mixed_plan_that_the_backend_reproduces_and_keeps
     assert {s.site: s.choice for s in again.sites} == plan
 
 
+@pytest.mark.slow
 def test_an_end_to_end_bound_tightens_the_sites_until_the_output_keeps_it():
     model, calls, labels = wan_calls(2)
     torch._dynamo.reset()
@@ -229,6 +232,7 @@ def test_cost_data_ranks_candidates_and_dense_wins_when_faster():
     assert plan["blocks.0.attn1"].choice == "int8-1-16-1" and plan["blocks.0.attn1"].speed_source == NO_COST_DATA
 
 
+@pytest.mark.slow
 def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule():
     """Without a speed source the plan ranks by qattn_fx.cost, and keeps a site dense exactly where auto's cost rule
     on sm_90 would: at these lengths both head dims are predicted below 1x (held from their smallest measured

@@ -30,6 +30,7 @@ def test_default_recipe_samples_keep_30_db(model):
     assert r["ssim_min"] >= 0.99
 
 
+@pytest.mark.slow
 def test_a_tight_budget_gives_a_mixed_plan_that_keeps_it(model):
     calls, labels = dit.calibration_calls(model, 4)
     torch._dynamo.reset()

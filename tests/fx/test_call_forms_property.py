@@ -72,6 +72,7 @@ def make(call):
     return q, k, v, mask
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(call=calls())

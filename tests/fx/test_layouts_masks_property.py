@@ -126,12 +126,14 @@ def _run(call, compiler="aot_eager"):
         _check(call, out, q, k, v, mask, site, clean)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, **SETTINGS)
 @given(call=calls())
 def test_every_layout_dtype_mask_and_gqa_is_served_or_dense_with_a_reason(call):
     _run(call)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, **SETTINGS)
 @given(call=calls(min_len=2, min_kv=17), other=st.tuples(st.integers(2, 40), st.integers(17, 40)))
 def test_dynamic_shapes_serve_two_lengths_with_one_graph(call, other):

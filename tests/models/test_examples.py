@@ -32,6 +32,7 @@ def test_pipeline_example_runs_dense_and_quantized(capsys):
     assert "output (video frames (1, 9, 3, 64, 64)) vs dense: cosine " in out
 
 
+@pytest.mark.slow
 def test_pipeline_example_with_two_experts_compiles_and_reports_each(capsys):
     """Wan2.2-A14B's layout: ``transformer`` above the boundary timestep, ``transformer_2`` below; both are compiled,
     each with its own backend, and the 4 steps use both."""
@@ -70,6 +71,7 @@ def test_calibrate_wan_example_on_the_cpu_writes_spec_table_and_plot(tmp_path, c
             calibrate_wan.real_size()
 
 
+@pytest.mark.slow
 def test_pipeline_example_with_torchao_linears_and_first_block_cache(capsys):
     """The whole stack in the pipeline: int8 weight-only linears (TorchAO) and First Block Cache on the compiled
     transformer; the cache breaks the graph by design, and every site of every graph is quantized."""

@@ -140,6 +140,7 @@ def compiled_graphs(model, inputs, backend, runs=3):
     return graphs, per_run, out, recomputed
 
 
+@pytest.mark.slow
 def test_first_block_cache_compiles_only_the_caches_graphs_and_reports_every_site():
     model, inputs = tiny_models.wan(num_layers=3)
     stack.enable_cache(model, "fbc", threshold=0.5)
@@ -197,6 +198,7 @@ OTHER_CACHES = {"pab": (True, [5, 0], 18), "taylorseer": (True, [1, 0], 6), "tex
                 "sea": (False, [5, 0], 4), "mag": (False, [3, 0], 0)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", list(OTHER_CACHES))
 def test_other_diffusers_caches_compose_or_say_why_not(cache):
     fullgraph, runs_expected, sites = OTHER_CACHES[cache]

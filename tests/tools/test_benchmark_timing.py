@@ -52,6 +52,7 @@ def test_rounds_below_one_are_refused(capsys):
     assert "--rounds=0 is invalid; valid: an integer >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_shape_times_every_method_again_per_round(monkeypatch):
     """``--rounds 3``: after the first round (inside measure_method), each method's timed callables run again in
     method order, twice; the table gets medians and the speedups are computed from them."""

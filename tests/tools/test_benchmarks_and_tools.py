@@ -372,6 +372,7 @@ def test_dit_step_stack_rows():
             dit_step.parse_args(bad)
 
 
+@pytest.mark.slow
 def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
     """The stack rows' model states on a tiny bf16 Wan on the CPU: TorchAO int8 weight-only linears and First Block
     Cache, compiled whole with the backend (emulated): every self-attention site quantized, the cache's decisions

@@ -41,6 +41,7 @@ def sites(row, role):
     return [s for s in row["site_table"] if s["role"] == role]
 
 
+@pytest.mark.slow
 def test_ulysses_quantized_output_is_the_single_process_one(run):
     assert run["qattn-ulysses"]["rel_l2_vs"]["qattn-1"] < 1e-6
     assert run["qattn-ulysses"]["graphs"] == run["qattn-ring"]["graphs"] == 1  # whole model, no graph break
@@ -56,6 +57,7 @@ def test_ulysses_quantized_output_is_the_single_process_one(run):
     assert attn2["q_shape"] == [1, 2, 64, 12] and attn2["kv_shape"] == [1, 2, 12, 12]
 
 
+@pytest.mark.slow
 def test_ring_quantized_output_is_close_to_the_single_process_one(run):
     quantization = run["qattn-1"]["rel_l2_vs_ref"]  # how far quantizing moves the output from dense (dense-1)
     ring = run["qattn-ring"]
