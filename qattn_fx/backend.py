@@ -382,9 +382,26 @@ def pre_grad_pass(spec: Spec | dict | str | Path | None = None, *, emulate: bool
         def uuid(self) -> bytes | None:
             return None if late_when_keyed else self.key()
 
+        def __copy__(self):  # one pass, one report: config copies (patching) share it
+            return self
+
+        def __deepcopy__(self, memo):
+            return self
+
+        def __reduce__(self):
+            # torch 2.11 pickles Inductor's config, this pass included, into its FX-graph cache key: the pass
+            # pickles as its key (a local class cannot pickle, and the cache was then bypassed)
+            return _pre_grad_pass_from_pickle, (self.key(),)
+
     if late_when_keyed:
         _quiet_missing_uuid_warning(QattnPreGradPass)
     return QattnPreGradPass()
+
+
+def _pre_grad_pass_from_pickle(key: bytes):
+    """What a pickled :func:`pre_grad_pass` stands for in a cache key (its spec's key); never a pass again."""
+    raise RuntimeError("a qattn_fx pre-grad pass is pickled only into cache keys; call qattn_fx.pre_grad_pass() "
+                       "to make one")
 
 
 def _quiet_missing_uuid_warning(cls: type) -> None:

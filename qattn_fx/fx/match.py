@@ -254,7 +254,7 @@ _ITEM = re.compile(r"\['([^']*)'\]")
 # attribute hops through wrapped forwards (diffusers' hooks: a functools.partial over the module's bound forward),
 # which lead back to the same module: ``blocks.0.forward.func.__closure__[0].cell_contents.forward.__self__.attn1``
 _CLOSURE_HOP = re.compile(r"\.forward(?:\.func)?\.__closure__\[\d+\]\.cell_contents")
-_SELF_HOP = re.compile(r"\.(?:fn_ref\.original_)?forward\.__self__|\.__wrapped__")
+_SELF_HOP = re.compile(r"\.(?:fn_ref\.)?(?:original_)?forward\.__self__|\.__wrapped__")
 
 
 def clean_module_path(raw: str) -> str:
