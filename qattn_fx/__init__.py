@@ -12,7 +12,7 @@ measured sparsity); step schedules for quantization in general: :class:`DenseUnt
 :func:`trace_multihead_attention` (``nn.MultiheadAttention``'s attention as a site).
 """
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 from . import config  # noqa: E402
 from .backend import Backend, backend, install_pre_grad_pass, pre_grad_pass  # noqa: E402

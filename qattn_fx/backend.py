@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import __version__
+from .version import __version__
 from .deployment import Target
 from .fx import match, tracing
 from .fx.rewrite import TimestepSource, rewrite

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, recipes
+from . import recipes
+from .version import __version__
 from .hardware import Hardware, detect, supported_libraries
 from .policy import resolve
 from .site import Site
