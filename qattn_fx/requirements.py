@@ -59,7 +59,8 @@ class Requirements:
     (key-padding or additive, as a logit bias); ``lse``: it also returns the log-sum-exp of each query row (what
     ring attention merges partial results by; ``qattn::scaled_attention_lse``); ``qk_dtypes``: the recipe Q/K
     formats this target runs (``None``: every format the kernel implements), for kernels whose architectures differ
-    by format.
+    by format; ``skip_softmax``: it runs Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`);
+    ``block_sparse``: it visits only listed blocks (:mod:`qattn_fx.block_sparse`).
     """
 
     kernel: str | None
@@ -75,6 +76,7 @@ class Requirements:
     self_attention_only_equal_shapes: bool = False
     seq_multiple_of: int = 1
     skip_softmax: bool = False
+    block_sparse: bool = False
     qk_dtypes: tuple[str, ...] | None = None
     note: str = ""
 

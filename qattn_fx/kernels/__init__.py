@@ -72,13 +72,19 @@ class KernelInfo:
         """Its functions take ``skip_threshold=`` and ``skip_label=`` (Skip-Softmax, :mod:`qattn_fx.skip_softmax`)."""
         return any(r.skip_softmax for r in self.requirements)
 
+    @property
+    def block_sparse(self) -> bool:
+        """Its ``scaled`` function takes ``block_index=`` and ``block_count=`` (the blocks to visit,
+        :mod:`qattn_fx.block_sparse`)."""
+        return any(r.block_sparse for r in self.requirements)
+
 
 KERNELS: dict[str, KernelInfo] = {
     info.name: info
     for info in (
         KernelInfo("reference", "qattn_fx.kernels.reference", "scaled_attention", "block_scaled_attention",
                    dense_skip="dense_attention",
-                   requirements=(Requirements("reference", None, key_bias=True, lse=True, skip_softmax=True,
+                   requirements=(Requirements("reference", None, key_bias=True, lse=True, skip_softmax=True, block_sparse=True,
                                               dtypes=(torch.bfloat16, torch.float16, torch.float32)),),
                    description="exact numerics in torch (fp32), CPU and CUDA; the definition kernels are tested "
                                "against"),
@@ -131,7 +137,7 @@ def info(name: str) -> KernelInfo:
 
 def names_with(ability: str) -> str:
     """The kernels whose :class:`KernelInfo` has ``ability`` (``key_bias``, ``lse``, ``skip_softmax``,
-    ``quantizes_q``), comma-joined:
+    ``block_sparse``, ``quantizes_q``), comma-joined:
     the valid choices an error names when a kernel lacks it."""
     return ", ".join(n for n, i in KERNELS.items() if getattr(i, ability))
 

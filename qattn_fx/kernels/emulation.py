@@ -15,14 +15,14 @@ import math
 
 import torch
 
-from .. import formats, skip_softmax
+from .. import block_sparse, formats, skip_softmax
 from ._sage_common import LOG2_448, LOG2E
 
 FP8 = torch.float8_e4m3fn
 
 
 def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False,
-            key_bias=None, skip_threshold=None, skip_counts=None):
+            key_bias=None, skip_threshold=None, skip_counts=None, block_index=None, block_count=None):
     """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
 
     Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
@@ -37,7 +37,11 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     ``skip_threshold`` (λ, a float or 0-d tensor): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) on
     every tile of 64 rows and ``block_n`` (128) keys: ``max z - m < log2 λ`` for every row of the tile (``m``: the
     running max before it) leaves ``m``, ``l`` and ``acc`` unchanged for those rows. ``skip_counts``: a list that
-    receives the number of tiles skipped.
+    receives the number of tiles skipped (of the visited blocks' tiles).
+
+    ``block_index`` / ``block_count`` (:mod:`qattn_fx.block_sparse`): the key tiles of a 128-row query tile that
+    its lists leave out are not visited (``block_n`` divides 128: every ``block_n`` tile of a visited block is): they
+    leave ``m``, ``l`` and ``acc`` of its rows as they were, and a row that visits nothing gives 0.
     """
     b, hq, sq, _ = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -56,6 +60,13 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
     per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
     skipping = skip_threshold is not None
+    sparse = block_index is not None
+    if sparse:
+        if block_sparse.BLOCK_KEYS % block_n:
+            raise ValueError(f"block_n={block_n} is invalid for block-sparse calls; valid: divisors of "
+                             f"{block_sparse.BLOCK_KEYS} (the block's keys)")
+        visit_rows = block_sparse.row_mask(block_sparse.to_mask(block_sparse.Blocks(block_index, block_count)),
+                                           sq).to(q.device)  # (B, Hq, Sq, NK)
     if skipping:
         if block_n != skip_softmax.TILE_KEYS:
             raise ValueError(f"block_n={block_n} is invalid for Skip-Softmax; valid: {skip_softmax.TILE_KEYS} (the "
@@ -96,17 +107,23 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             alpha = torch.exp2(m - m_use)
         l_new = l * alpha + (p.to(FP8).float().sum(-1) if mmasum else p.sum(-1))
         acc_new = acc * alpha[..., None].double() + p.to(FP8).double() @ v8[..., n, :]
+        keep = visit_rows[..., s0 // block_sparse.BLOCK_KEYS] if sparse else None
         if skipping:  # every row of a 64-row tile below the threshold: the tile leaves m, l, acc as they were
             vote = torch.nn.functional.pad((tile_max - m) < log2_thr, (0, row_pad), value=True)
             tile_skip = vote.reshape(b, hq, n_rows, skip_softmax.TILE_ROWS).all(-1)
+            if sparse:  # only visited tiles are tested
+                tile_skip &= torch.nn.functional.pad(keep, (0, row_pad)).reshape(
+                    b, hq, n_rows, skip_softmax.TILE_ROWS).any(-1)
             skipped += int(tile_skip.sum())
-            keep = ~tile_skip.repeat_interleave(skip_softmax.TILE_ROWS, -1)[..., :sq]
+            tested = ~tile_skip.repeat_interleave(skip_softmax.TILE_ROWS, -1)[..., :sq]
+            keep = tested if keep is None else keep & tested
+        if keep is not None:
             l_new, m_new = torch.where(keep, l_new, l), torch.where(keep, m_new, m)
             acc_new = torch.where(keep[..., None], acc_new, acc)
         l, acc, m = l_new, acc_new, m_new
     vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
     out = acc / l[..., None].double() * vs
-    if key_bias is not None:
+    if key_bias is not None or sparse:
         out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)
     if skipping and skip_counts is not None:
         skip_counts.append(skipped)
@@ -116,23 +133,29 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
 
 
 def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, config, tail,
-                     return_lse=False, key_bias=None):
+                     return_lse=False, key_bias=None, block_index=None, block_count=None):
     """:func:`emulate` as gluon_sage launched it with ``config`` and tail split ``tail`` (``gluon_sage.last_config()``
     and ``last_tail_plan()``): the tail CTAs' rows are the LSE merge of the emulated pieces, each a tile loop over
-    its own keys (so P is rounded against the piece's running max)."""
+    its own keys (so P is rounded against the piece's running max; with block lists, over the listed key tiles in
+    its key range)."""
     from .gluon_sage import q_blocks, tail_split
 
     args = (q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
-    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True, key_bias=key_bias)
+    want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True, key_bias=key_bias,
+                             block_index=block_index, block_count=block_count)
+    visit = None if block_index is None else block_sparse.to_mask(block_sparse.Blocks(block_index, block_count))
     if tail is not None:
         pieces = []
         for lo in range(0, k.shape[2], tail.kv_split):
             hi = min(lo + tail.kv_split, k.shape[2])
             kss = k_scale[..., lo // k_block:(hi + k_block - 1) // k_block] if (k_scale is not None and
                                                                                  k_block > 0) else k_scale
+            blocks = (None, None) if visit is None else block_sparse.from_mask(
+                visit[..., lo // block_sparse.BLOCK_KEYS:-(-hi // block_sparse.BLOCK_KEYS)])
             pieces.append(emulate(q, q_scale, k[:, :, lo:hi], kss, v[:, :, lo:hi], v_scale, q_block, k_block,
                                   sm_scale, config.block_n, config.mmasum, return_lse=True,
-                                  key_bias=None if key_bias is None else key_bias[:, lo:hi]))
+                                  key_bias=None if key_bias is None else key_bias[:, lo:hi],
+                                  block_index=blocks[0], block_count=blocks[1]))
         if len(pieces) != tail.splits:
             raise ValueError(f"tail split {tail} has {tail.splits} pieces; the keys make {len(pieces)}")
         split, split_lse = tail_split.merge_reference(torch.stack([p[0] for p in pieces]),

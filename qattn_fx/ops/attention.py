@@ -1,7 +1,7 @@
 """Attention custom ops over quantized tensors. Opaque to the compiler; the ``kernel`` argument picks the kernel.
 
 ``qattn::scaled_attention(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel,
-key_bias=None, runtime_scale=None, skip_threshold=None, skip_label="")``
+key_bias=None, runtime_scale=None, skip_threshold=None, skip_label="", block_index=None, block_count=None)``
 
 * ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, any strides with a unit stride on D: int8 or float8_e4m3fn with fp32
   scales of shape ``(B|1, H|1, NB)``: per block of ``q_block`` / ``k_block`` tokens (``NB >= ceil(S/block)``;
@@ -27,6 +27,10 @@ key_bias=None, runtime_scale=None, skip_threshold=None, skip_label="")``
   A tensor, so a step schedule can change it without recompiling; ``skip_label`` names the site in measured
   sparsity (:func:`qattn_fx.skip_softmax.measure`). Only kernels whose :class:`~qattn_fx.kernels.KernelInfo` says
   ``skip_softmax`` take it.
+* ``block_index`` / ``block_count``: optional int32 ``(B, Hq, ceil(Sq/128), ceil(Skv/128))`` /
+  ``(B, Hq, ceil(Sq/128))``, the key tiles each 128-row query tile visits (:mod:`qattn_fx.block_sparse`; what
+  ``qattn::predict_blocks`` returns); the other blocks are skipped as if masked. Only kernels whose
+  :class:`~qattn_fx.kernels.KernelInfo` says ``block_sparse`` take them.
 * Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype``, stored BSHD (stride ``(Sq·Hq·Dv, Dv, Hq·Dv, 1)``).
 
 ``qattn::scaled_attention_lse(...)``, the same arguments, returns ``(out, lse)``: ``out`` as above and ``lse`` the
@@ -61,7 +65,7 @@ from typing import Optional
 
 import torch
 
-from .. import kernels
+from .. import block_sparse, kernels
 from ..kernels.op_inputs import (check_block_scaled_inputs, check_dense_inputs, check_key_bias, check_scaled_inputs,
                                  fail, v_dims)
 
@@ -76,9 +80,10 @@ def _scale_value(sm_scale: float, runtime_scale: Optional[torch.Tensor]) -> floa
 
 
 def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
-                 skip_threshold: Optional[torch.Tensor] = None, skip_label: str = ""):
-    """The kernel function; ``key_bias`` and ``skip_threshold`` are passed (as keywords) only to kernels that declare
-    they take them."""
+                 skip_threshold: Optional[torch.Tensor] = None, skip_label: str = "",
+                 blocks: Optional[block_sparse.Blocks] = None):
+    """The kernel function; ``key_bias``, ``skip_threshold`` and the block lists are passed (as keywords) only to
+    kernels that declare they take them."""
     fn = kernels.load(kernel, family)
     extra = {}
     if key_bias is not None:
@@ -94,6 +99,11 @@ def _kernel_call(kernel: str, family: str, key_bias: Optional[torch.Tensor],
             fail(f"skip_threshold must be a one-element float tensor; got {skip_threshold.dtype} of shape "
                   f"{tuple(skip_threshold.shape)}")
         extra.update(skip_threshold=skip_threshold, skip_label=skip_label)
+    if blocks is not None:
+        if not kernels.info(kernel).block_sparse:
+            fail(f"kernel {kernel!r} takes no block_index (block sparsity); kernels that do: "
+                 f"{kernels.names_with('block_sparse')}")
+        extra.update(block_index=blocks.index, block_count=blocks.count)
     return functools.partial(fn, **extra) if extra else fn
 
 
@@ -104,6 +114,7 @@ def _fake_out(q: torch.Tensor, sq: int, dv: int, out_dtype: torch.dtype) -> torc
 #: The arguments every attention op ends with (the module docstring), after its operands, and Skip-Softmax's.
 _CALL_ARGS = "float sm_scale, ScalarType out_dtype, str kernel, Tensor? key_bias=None, Tensor? runtime_scale=None"
 _SKIP_ARGS = 'Tensor? skip_threshold=None, str skip_label=""'
+_BLOCK_ARGS = "Tensor? block_index=None, Tensor? block_count=None"
 _SCALED_OPERANDS = ("Tensor q, Tensor? q_scale, Tensor k, Tensor? k_scale, Tensor v, Tensor v_scale, SymInt q_block, "
                     "SymInt k_block")
 _BLOCK_SCALED_OPERANDS = ("Tensor q, Tensor q_sf, Tensor? q_gs, Tensor k, Tensor k_sf, Tensor? k_gs, Tensor v, "
@@ -118,13 +129,16 @@ def _define(name: str, schema: str, fn, fake) -> torch.library.CustomOpDef:
 
 
 def _scaled(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel, key_bias=None,
-            runtime_scale=None, skip_threshold=None, skip_label="", *, return_lse=False):
+            runtime_scale=None, skip_threshold=None, skip_label="", block_index=None, block_count=None, *,
+            return_lse=False):
     """Both scaled ops: the output, or with ``return_lse`` ``(output, lse)``."""
     check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out_dtype, kernel, key_bias)
     if return_lse and not kernels.info(kernel).lse:
         fail(f"kernel {kernel!r} returns no LSE; kernels that do: "
              f"{kernels.names_with('lse')}")
-    fn = _kernel_call(kernel, "scaled", key_bias, skip_threshold, skip_label)
+    block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    blocks = None if block_index is None else block_sparse.Blocks(block_index, block_count)
+    fn = _kernel_call(kernel, "scaled", key_bias, skip_threshold, skip_label, blocks)
     args = (q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale), out_dtype)
     if not return_lse:
         return fn(*args)
@@ -133,7 +147,8 @@ def _scaled(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
 
 
 def _scaled_fake(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype, kernel, key_bias=None,
-                 runtime_scale=None, skip_threshold=None, skip_label="", *, return_lse=False):
+                 runtime_scale=None, skip_threshold=None, skip_label="", block_index=None, block_count=None, *,
+                 return_lse=False):
     out = _fake_out(q, q.shape[2], v.shape[3], out_dtype)
     if not return_lse:
         return out
@@ -166,7 +181,8 @@ def _skip_softmax_fake(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runt
     return _fake_out(q, q.shape[2], v.shape[3], out_dtype)
 
 
-scaled_attention = _define("scaled_attention", f"({_SCALED_OPERANDS}, {_CALL_ARGS}, {_SKIP_ARGS}) -> Tensor",
+scaled_attention = _define("scaled_attention",
+                           f"({_SCALED_OPERANDS}, {_CALL_ARGS}, {_SKIP_ARGS}, {_BLOCK_ARGS}) -> Tensor",
                            _scaled, _scaled_fake)
 scaled_attention_lse = _define("scaled_attention_lse", f"({_SCALED_OPERANDS}, {_CALL_ARGS}) -> (Tensor, Tensor)",
                                functools.partial(_scaled, return_lse=True),

@@ -1,0 +1,101 @@
+"""The block predictor's definition in torch (any device): pooled scores, a self-similarity guard, and a selection
+per query tile.
+
+For one call with ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` (any float dtype, any strides) and an optional
+``key_bias (B|1, Skv)`` (``-inf``: masked key):
+
+1. **Pool.** Per query tile of :data:`~qattn_fx.block_sparse.BLOCK_ROWS` rows, the mean of its rows ``q̄``; per key
+   tile of :data:`~qattn_fx.block_sparse.BLOCK_KEYS` keys, the mean of its *kept* keys ``k̄`` (a key tile whose
+   keys are all masked is *empty*). In fp32.
+2. **Score.** ``P̄ = softmax_j(q̄_i · k̄_j · sm_scale)`` over the non-empty key tiles (GQA: K heads repeated).
+3. **Guard.** A tile is *self-similar* when ``‖mean(x / ‖x‖)‖²`` over its tokens (the mean pairwise cosine of its
+   tokens, self-pairs included) is at least ``similarity``; the pooled score stands for a tile only then. A query
+   tile that is not self-similar visits every non-empty key tile; a key tile that is not is visited by every query
+   tile. ``similarity = 0`` turns the guard off.
+4. **Select**, per query tile: ``mode="cdf"``: the smallest set of key tiles, by descending ``P̄``, whose mass
+   reaches ``keep``; ``mode="top_k"``: the ``ceil(keep · N)`` largest of its ``N`` non-empty key tiles. Ties go to
+   the lower index. ``keep >= 1`` visits every non-empty key tile (how a step schedule runs a step dense without
+   recompiling: ``keep`` is a tensor).
+5. **Always kept**: the first ``sink_tiles`` key tiles (attention sinks) and, with ``diagonal``, the key tile
+   holding the query tile's middle row scaled to the keys (``⌊(128 i + 64) · Skv / Sq / 128⌋``: tile ``i`` when
+   ``Sq = Skv``). Empty key tiles are never visited (they would contribute nothing).
+
+Returns :class:`~qattn_fx.block_sparse.Blocks` (int32 lists, the format the attention kernels read).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import block_sparse
+
+#: Selection modes: the mass the kept key tiles cover, or the fraction of key tiles kept.
+MODES = ("cdf", "top_k")
+
+
+def _pool(x: torch.Tensor, tile: int, weight: torch.Tensor | None = None):
+    """Per tile of ``tile`` tokens along dim 2: the mean of the (kept) tokens, the self-similarity, and whether the
+    tile holds any kept token. ``x (B, H, S, D)`` float; ``weight (B|1, 1, S)`` 0/1 or None."""
+    b, h, s, d = x.shape
+    n = -(-s // tile)
+    xf = x.float()
+    w = torch.ones(1, 1, s, device=x.device) if weight is None else weight
+    pad = n * tile - s
+    xw = torch.nn.functional.pad(xf * w[..., None], (0, 0, 0, pad))
+    unit = torch.nn.functional.pad(xf * w[..., None] / xf.norm(dim=-1, keepdim=True).clamp_min(1e-20),
+                                   (0, 0, 0, pad))
+    wt = torch.nn.functional.pad(w.expand(-1, -1, s), (0, pad)).reshape(w.shape[0], 1, n, tile).sum(-1)
+    kept = wt > 0
+    denom = wt.clamp_min(1)[..., None]
+    mean = xw.reshape(b, h, n, tile, d).sum(3) / denom
+    sim = (unit.reshape(b, h, n, tile, d).sum(3) / denom).square().sum(-1)
+    return mean, sim, kept.expand(b, h, n)
+
+
+def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_scale: float, keep: float | torch.Tensor,
+            mode: str = "cdf", sink_tiles: int = 0, diagonal: bool = False,
+            similarity: float = 0.0) -> block_sparse.Blocks:
+    """The blocks to visit (the module docstring)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is invalid; valid: {', '.join(MODES)}")
+    b, hq, sq, _ = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    nq, nk = block_sparse.tiles(sq, skv)
+    keep = float(keep)
+    weight = None if key_bias is None else (key_bias.float() > -math.inf).float()[:, None, :]
+    q_mean, q_sim, _ = _pool(q, block_sparse.BLOCK_ROWS)
+    k_mean, k_sim, k_kept = _pool(k, block_sparse.BLOCK_KEYS, weight)
+    g = hq // hkv
+    k_mean, k_sim, k_kept = (t.repeat_interleave(g, 1) for t in (k_mean, k_sim, k_kept))
+    nonempty = k_kept[:, :, None, :].expand(b, hq, nq, nk)
+    if keep >= 1.0:
+        visit = nonempty.clone()
+    else:
+        scores = (q_mean @ k_mean.transpose(-1, -2)) * sm_scale
+        scores = scores.masked_fill(~nonempty, -math.inf)
+        probs = torch.softmax(scores, -1).nan_to_num(0.0)
+        # descending by probability, ties to the lower index (stable sort of the negated probabilities)
+        order = torch.sort(-probs, dim=-1, stable=True).indices
+        ranked = probs.gather(-1, order)
+        if mode == "cdf":
+            before = ranked.cumsum(-1) - ranked  # mass of the tiles ranked above
+            chosen = before < keep
+        else:
+            n_keep = torch.ceil(keep * nonempty.sum(-1, keepdim=True).float()).clamp_min(1)
+            chosen = torch.arange(nk, device=q.device) < n_keep
+        visit = torch.zeros_like(nonempty).scatter(-1, order, chosen) & nonempty
+        if similarity > 0:
+            visit |= (q_sim < similarity)[..., None] & nonempty
+            visit |= (k_sim < similarity)[:, :, None, :] & nonempty
+    if sink_tiles > 0:
+        visit[..., :sink_tiles] = True
+    if diagonal:
+        middle = torch.arange(nq, device=q.device) * block_sparse.BLOCK_ROWS + block_sparse.BLOCK_ROWS // 2
+        col = (torch.clamp(middle, max=sq - 1) * skv // sq) // block_sparse.BLOCK_KEYS
+        visit[:, :, torch.arange(nq, device=q.device), col] = True
+    return block_sparse.from_mask(visit & nonempty)
+
+
+__all__ = ["MODES", "predict"]
