@@ -5,7 +5,7 @@ metadata (``importlib.metadata``) and, for cuDNN, asks torch. A :class:`Hardware
 (tests, ``qattn-fx resolve --arch sm_100``) to resolve a spec for a machine you are not on:
 :meth:`Hardware.for_arch` is a bare machine (no libraries unless given), :meth:`Hardware.supported_install` one
 with the libraries a supported install of that architecture has (:func:`supported_libraries`: the version floors
-that :data:`qattn_fx.recipes.TABLE` names for the kernels of that architecture).
+that the kernels of that architecture declare in :data:`qattn_fx.kernels.KERNELS`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import re
 from dataclasses import dataclass, field
 
 import torch
+
+from .kernels import KERNELS
+from .requirements import parse_version
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,15 @@ class Hardware:
 
 def supported_libraries(arch: str) -> dict[str, str]:
     """The libraries a supported install of ``arch`` has: for every library that an implementation in
-    :data:`qattn_fx.recipes.TABLE` running on ``arch`` requires, the highest of their minimum versions (so every
+    :data:`qattn_fx.kernels.KERNELS` running on ``arch`` requires (the requirements the recipe table names), the highest of their minimum versions (so every
     kernel of qattn_fx for that architecture runs). ``{}`` for ``cpu`` and for architectures no kernel targets.
 
     ``supported_libraries("sm_90")`` → ``{"triton": "3.6.0", "cudnn": "9.1.0", "flashinfer-python": "0.6.0"}``.
     """
-    from .recipes import TABLE  # recipes imports nothing of this module; imported here to keep this one light
-
     floors: dict[str, str] = {}
-    for row in TABLE:
-        for req in row.implementations:
-            if req.kernel is None or req.library is None or req.archs is None or arch not in req.archs:
+    for entry in KERNELS.values():
+        for req in entry.requirements:
+            if req.library is None or req.archs is None or arch not in req.archs:
                 continue
             name, minimum = req.library
             if name not in floors or parse_version(minimum) > parse_version(floors[name]):
@@ -116,19 +117,3 @@ def _libraries(cuda: bool) -> dict[str, str]:
         if v:
             found["cudnn"] = f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
     return found
-
-
-def parse_version(text: str) -> tuple:
-    """A comparable key for versions like ``0.6.16rc1``, ``0.7.2.post1``, ``9.19.0``.
-
-    Release numbers compare numerically; a pre-release (``rc``/``a``/``b``) sorts before its release, a
-    ``post`` release after it.
-    """
-    match = re.match(r"^(\d+(?:\.\d+)*)(?:\.?(a|b|rc|post|dev)(\d*))?", text.strip())
-    if not match:
-        raise ValueError(f"version={text!r} is not a version number")
-    release = tuple(int(x) for x in match.group(1).split("."))
-    release = release + (0,) * (4 - len(release))
-    tag, num = match.group(2), int(match.group(3) or 0)
-    rank = {"dev": -4, "a": -3, "b": -2, "rc": -1, None: 0, "post": 1}[tag]
-    return release + (rank, num)

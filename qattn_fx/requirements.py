@@ -8,6 +8,7 @@ floors) from them instead of restating them. This module imports nothing of qatt
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -83,3 +84,19 @@ class Requirements:
     @property
     def capabilities(self) -> tuple[tuple[int, int], ...]:
         return capabilities(self.archs or ())
+
+
+def parse_version(text: str) -> tuple:
+    """A comparable key for versions like ``0.6.16rc1``, ``0.7.2.post1``, ``9.19.0``.
+
+    Release numbers compare numerically; a pre-release (``rc``/``a``/``b``) sorts before its release, a
+    ``post`` release after it.
+    """
+    match = re.match(r"^(\d+(?:\.\d+)*)(?:\.?(a|b|rc|post|dev)(\d*))?", text.strip())
+    if not match:
+        raise ValueError(f"version={text!r} is not a version number")
+    release = tuple(int(x) for x in match.group(1).split("."))
+    release = release + (0,) * (4 - len(release))
+    tag, num = match.group(2), int(match.group(3) or 0)
+    rank = {"dev": -4, "a": -3, "b": -2, "rc": -1, None: 0, "post": 1}[tag]
+    return release + (rank, num)

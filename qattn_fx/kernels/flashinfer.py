@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from ..hardware import parse_version
+from ..requirements import parse_version
 from . import requirements as _kernel_requirements
 from ._cuda_utils import (FifoCache, PerDevice, device_index, empty_bshd, log_once, refuse_during_capture,
                           refuse_empty_keys, require_16bit_output, require_capability, require_cuda)
