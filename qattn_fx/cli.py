@@ -210,7 +210,7 @@ def _resolve(args) -> int:
            "kernel": decision.kernel, "backend": decision.backend, "reason": decision.reason,
            "notes": list(decision.notes)}
     if decision.deployment:
-        out["deployment"] = decision.deployment
+        out["deployment"] = str(decision.deployment)
     print(json.dumps(out, indent=1))
     return 0
 

@@ -12,7 +12,7 @@ import torch
 from .cost_rule import cost_rule, is_auto
 from .hardware import Hardware
 from .serving import candidates, first_serving, why_not
-from .site import Site
+from .site import Deployment, DeploymentClause, Site
 from .spec import AttentionSpec
 
 
@@ -39,7 +39,7 @@ def _target_hardware(target: Target, use: AttentionSpec) -> tuple[Hardware, ...]
     return tuple(t if isinstance(t, Hardware) else Hardware.supported_install(t) for t in target)
 
 
-def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
+def deployment(site: Site, use: AttentionSpec, target: Target = None) -> Deployment:
     """What ``site`` would run, without emulation, on each deployment target: ``target`` (a :class:`Hardware`, an
     arch such as ``"sm_90"`` for a supported install of it, or a sequence of them) or, by default, the archs the
     recipe's backend is meant for (:func:`deployment_targets`, each with a supported install).
@@ -49,7 +49,8 @@ def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
     site (a CPU model) is judged as bf16, as GPUs run it, and the text starts with ``(as bf16)``.
     """
     if use.recipe is None:
-        return "no kernel in qattn_fx runs bf16 + skip-softmax (trtllm-gen's dense FMHA, sm_100, is not wired)"
+        return Deployment(note="no kernel in qattn_fx runs bf16 + skip-softmax (trtllm-gen's dense FMHA, sm_100, "
+                               "is not wired)")
     as_bf16 = site.dtype == torch.float32
     if as_bf16:
         site = dataclasses.replace(site, dtype=torch.bfloat16,
@@ -62,9 +63,9 @@ def deployment(site: Site, use: AttentionSpec, target: Target = None) -> str:
         if found is not None:
             kernel = found[1].kernel
             dense, said = cost_rule(kernel, site, hardware) if is_auto(use) else (False, None)
-            clauses.append(f"on {hardware.arch}: " + ("dense" if dense else kernel) + (f" ({said})" if said else ""))
+            clauses.append(DeploymentClause(hardware.arch, "dense" if dense else "kernel", None if dense else kernel,
+                                            said or ""))
             continue
-        outcome = "dense" if is_auto(use) else "error"
         why = why_not(reasons, grouped=True) or f"no {use.backend} kernel for {hardware.arch}"
-        clauses.append(f"on {hardware.arch}: {outcome} ({why})")
-    return ("(as bf16) " if as_bf16 else "") + "; ".join(clauses)
+        clauses.append(DeploymentClause(hardware.arch, "dense" if is_auto(use) else "error", detail=why))
+    return Deployment(tuple(clauses), as_bf16)

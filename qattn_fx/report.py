@@ -35,6 +35,7 @@ import torch
 
 from . import config
 from .fx.rewrite import SiteOutcome
+from .site import Deployment
 
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask", "mask_shape",
@@ -48,8 +49,6 @@ TABLE_COLUMNS = ("module", "layer", "role", "q/kv", "d", "recipe", "kernel", "re
 #: The default width of ``str(report)``.
 WIDTH = 120
 _MODULE_WIDTH = 40
-#: One clause of ``SiteRecord.deployment`` (``deployment.deployment``): ``on <arch>: <kernel | dense | error>``.
-_DEPLOYED = re.compile(r"(?:^|; |\) )on ([A-Za-z0-9_]+): ([A-Za-z0-9_]+)")
 #: A character of a symbolic size that is more than one symbol or int (an operator, a space, a parenthesis).
 _EXPRESSION = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -95,8 +94,8 @@ class SiteRecord:
     kernel: str | None
     reason: str
     notes: tuple[str, ...] = ()
-    #: Emulated sites: what the deployment target would run (``Decision.deployment``).
-    deployment: str | None = None
+    #: Emulated sites: what the deployment target would run (``Decision.deployment``; text in :meth:`to_dict`).
+    deployment: Deployment | None = None
     #: The rule (``rule 2 (layers=-1)``) or ``default`` that chose the attention spec.
     source: str = "default"
     #: ``Recipe.short_name`` of a quantized site.
@@ -178,6 +177,7 @@ class SiteRecord:
 
     def to_dict(self) -> dict:
         d = {name: getattr(self, name) for name in _COLUMNS}
+        d["deployment"] = None if self.deployment is None else str(self.deployment)
         d["notes"] = list(self.notes)
         return d
 
@@ -208,14 +208,14 @@ class Report:
     def deployed(self) -> dict[str, tuple[int, int]]:
         """For the emulated sites (those with a ``deployment``): per deployment arch, how many of them the spec would
         quantize there without emulation, and of how many (``{"sm_90": (0, 4), "sm_100": (4, 4)}``), from each
-        site's ``deployment`` clauses (``on sm_90: gluon_sage``, ``on sm_100: dense (...)``)."""
+        site's :class:`~qattn_fx.site.Deployment` clauses."""
         counts: dict[str, tuple[int, int]] = {}
         for s in self.sites:
             if not (s.rewritten and s.deployment):
                 continue
-            for arch, outcome in _DEPLOYED.findall(s.deployment):
-                done, of = counts.get(arch, (0, 0))
-                counts[arch] = (done + (outcome not in ("dense", "error")), of + 1)
+            for clause in s.deployment.clauses:
+                done, of = counts.get(clause.arch, (0, 0))
+                counts[clause.arch] = (done + clause.quantized, of + 1)
         return counts
 
     def summary(self) -> str:

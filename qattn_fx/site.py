@@ -93,11 +93,47 @@ class Site:
 
 
 @dataclass(frozen=True)
+class DeploymentClause:
+    """What a site would run on one deployment target: ``kernel`` (None where it stays dense or the explicit
+    backend fails there), ``outcome`` (``"kernel"``, ``"dense"`` or ``"error"``) and ``detail`` (the cost rule's
+    prediction or why not). ``str()``: ``on sm_90: gluon_sage``, ``on sm_100: dense (TRTLLM: head_dim 12 not in
+    128)``."""
+
+    arch: str
+    outcome: str
+    kernel: str | None = None
+    detail: str = ""
+
+    @property
+    def quantized(self) -> bool:
+        return self.outcome == "kernel"
+
+    def __str__(self) -> str:
+        return f"on {self.arch}: {self.kernel if self.quantized else self.outcome}" + (
+            f" ({self.detail})" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What an emulated site would run where its recipe is meant to deploy (:func:`qattn_fx.deployment.deployment`):
+    one :class:`DeploymentClause` per target; ``as_bf16``: a float32 site (a CPU model) judged as bf16, as GPUs
+    run it; ``note``: why no target applies (then ``clauses`` is empty). ``str()``: ``(as bf16) on sm_90:
+    gluon_sage; on sm_100: dense (...)``."""
+
+    clauses: tuple[DeploymentClause, ...] = ()
+    as_bf16: bool = False
+    note: str = ""
+
+    def __str__(self) -> str:
+        return ("(as bf16) " if self.as_bf16 else "") + ("; ".join(map(str, self.clauses)) or self.note)
+
+
+@dataclass(frozen=True)
 class Decision:
     """The outcome for one site. ``reason`` is one human line; ``source`` names the rule or the default.
 
     ``deployment`` (emulated sites only): what the site would run on the hardware it is meant for, e.g.
-    ``on sm_90: gluon_sage; on sm_100: dense (TRTLLM: head_dim 12 not in 128)`` (:func:`deployment`).
+    ``on sm_90: gluon_sage; on sm_100: dense (TRTLLM: head_dim 12 not in 128)`` as text (:class:`Deployment`).
     """
 
     quantized: bool
@@ -107,7 +143,7 @@ class Decision:
     backend: str | None = None
     source: str = "default"
     notes: tuple[str, ...] = field(default=())
-    deployment: str | None = None
+    deployment: Deployment | None = None
     #: Skip-Softmax on top of the recipe (quantized sites only; :mod:`qattn_fx.skip_softmax`).
     skip_softmax: SkipSoftmax | None = None
     #: The cost rule's prediction where it expects the site's kernel to be slower than dense (:func:`cost_rule`),

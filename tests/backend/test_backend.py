@@ -740,13 +740,20 @@ def test_bad_arguments_name_what_is_accepted(kwargs, error, message):
 def test_summary_says_what_the_deployment_would_quantize():
     from qattn_fx.report import Report, SiteRecord
 
+    from qattn_fx.site import Deployment, DeploymentClause as On
+
     def record(deployment, rewritten=True):
         return SiteRecord(0, "o", "", None, "self", [1, 2, 8, 64], [1, 2, 8, 64], "float32", rewritten, None,
                           "reference", "quantized (emulated)", deployment=deployment)
 
-    dense_90 = "(as bf16) on sm_90: dense (TRITON: head_dim 12 not in 64/128); on sm_100: dense (TRTLLM: needs x)"
-    served = "(as bf16) on sm_90: gluon_sage; on sm_100: flashinfer_trtllm_sage"
-    mixed = "on sm_90: gluon_sage (predicted 1.5x); on sm_100: error (TRTLLM: head_dim 64 not in 128)"
+    dense_90 = Deployment((On("sm_90", "dense", detail="TRITON: head_dim 12 not in 64/128"),
+                           On("sm_100", "dense", detail="TRTLLM: needs x")), as_bf16=True)
+    served = Deployment((On("sm_90", "kernel", "gluon_sage"), On("sm_100", "kernel", "flashinfer_trtllm_sage")), True)
+    mixed = Deployment((On("sm_90", "kernel", "gluon_sage", "predicted 1.5x"),
+                        On("sm_100", "error", detail="TRTLLM: head_dim 64 not in 128")))
+    assert str(dense_90) == ("(as bf16) on sm_90: dense (TRITON: head_dim 12 not in 64/128); on sm_100: dense "
+                             "(TRTLLM: needs x)")
+    assert str(mixed) == "on sm_90: gluon_sage (predicted 1.5x); on sm_100: error (TRTLLM: head_dim 64 not in 128)"
     assert Report([record(dense_90)] * 4).summary() == (
         "qattn_fx: 4/4 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 4, on sm_100 0 of "
         "4), 0 dense")

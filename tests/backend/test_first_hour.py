@@ -248,7 +248,7 @@ def test_emulated_trtllm_on_head_dim_12_says_it_will_not_deploy():
     with torch.no_grad():
         report = qattn_fx.explain(model, **inputs, spec=TRTLLM_INT8, emulate=True)
     assert {s.kernel for s in report.sites} == {"reference"}
-    assert {s.deployment for s in report.sites} == {"(as bf16) on sm_100: error (TRTLLM: head_dim 12 not in 128)"}
+    assert {str(s.deployment) for s in report.sites} == {"(as bf16) on sm_100: error (TRTLLM: head_dim 12 not in 128)"}
     assert "on sm_100: error (TRTLLM: head_dim 12 not in 128)" in str(report).replace("\n" + " " * 73, " ")
     assert report.to_dict()["sites"][0]["deployment"].endswith("head_dim 12 not in 128)")
 
@@ -256,13 +256,13 @@ def test_emulated_trtllm_on_head_dim_12_says_it_will_not_deploy():
 def test_deployment_targets_come_from_the_recipe_backend_or_target():
     site = Site(q_shape=(1, 24, 32760, 128), k_shape=(1, 24, 32760, 128), v_shape=(1, 24, 32760, 128))
     cpu = Hardware.for_arch("cpu")
-    assert resolve(site, cpu, TRTLLM_INT8, emulate=True).deployment == "on sm_100: flashinfer_trtllm_sage"
+    assert str(resolve(site, cpu, TRTLLM_INT8, emulate=True).deployment) == "on sm_100: flashinfer_trtllm_sage"
     cudnn = Spec(default=AttentionSpec("CUDNN", Recipe("fp8", "fp8")))
-    assert resolve(site, cpu, cudnn, emulate=True).deployment == "on sm_100: cudnn_fp8; on sm_90: cudnn_fp8"
-    assert resolve(site, cpu, Spec(), emulate=True).deployment == \
+    assert str(resolve(site, cpu, cudnn, emulate=True).deployment) == "on sm_100: cudnn_fp8; on sm_90: cudnn_fp8"
+    assert str(resolve(site, cpu, Spec(), emulate=True).deployment) == \
         "on sm_90: gluon_sage; on sm_100: flashinfer_trtllm_sage"
     old = Hardware.for_arch("sm_90", {"triton": "3.5.0"})
-    assert resolve(site, cpu, Spec(), emulate=True, target=old).deployment == "on sm_90: triton_sage"
+    assert str(resolve(site, cpu, Spec(), emulate=True, target=old).deployment) == "on sm_90: triton_sage"
     assert resolve(site, cpu, Spec(), emulate=False).deployment is None
     with pytest.raises(ValueError, match="target= names where an emulated compile"):
         qattn_fx.backend(target="sm_90")

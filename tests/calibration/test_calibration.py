@@ -249,7 +249,7 @@ def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule
         assert result.quantized == quantized, [(s.site, s.reason) for s in result.sites]
         with torch.no_grad():  # what auto runs on sm_90 at these sites: the deployment note of an emulated site
             report = qattn_fx.explain(model, *calls[0][0], **calls[0][1], emulate=True, target="sm_90")
-        assert [s.deployment.startswith("(as bf16) on sm_90: gluon_sage") for s in report.sites] == [
+        assert [str(s.deployment).startswith("(as bf16) on sm_90: gluon_sage") for s in report.sites] == [
             s.choice != "dense" for s in result.sites], [s.deployment for s in report.sites]
         for row in result.table:
             assert row.deploy == "gluon_sage on sm_90" and row.speed_upper_bound

@@ -187,10 +187,10 @@ def test_without_cost_data_auto_behaves_as_without_the_rule():
 def test_deployment_notes_follow_the_rule():
     cross = resolve(site(sq=32760, skv=512), CPU, emulate=True, target="sm_90")
     assert cross.quantized and cross.kernel == "reference"  # emulation runs every site
-    assert cross.deployment == f"on sm_90: dense ({_reason('gluon_sage', 32760, 512, 40)[7:]})"
-    assert resolve(site(h=12), CPU, emulate=True, target="sm_90").deployment == "on sm_90: gluon_sage"
+    assert str(cross.deployment) == f"on sm_90: dense ({_reason('gluon_sage', 32760, 512, 40)[7:]})"
+    assert str(resolve(site(h=12), CPU, emulate=True, target="sm_90").deployment) == "on sm_90: gluon_sage"
     explicit = Spec(default=AttentionSpec("TRITON", SAGE_INT8))
-    assert resolve(site(sq=32760, skv=512), CPU, explicit, emulate=True).deployment == "on sm_90: gluon_sage"
+    assert str(resolve(site(sq=32760, skv=512), CPU, explicit, emulate=True).deployment) == "on sm_90: gluon_sage"
 
 
 def test_symbolic_lengths_get_no_prediction_and_a_static_key_length_bounds_it():
@@ -232,8 +232,8 @@ def test_symbolic_lengths_add_no_recompile_and_decide_the_same_at_every_length()
     self_attn, cross = backend.report.sites
     assert isinstance(self_attn.q_shape[2], str) and cross.kv_shape[2] == 512
     assert self_attn.rewritten and cross.rewritten  # emulated: both run on the reference kernel
-    assert self_attn.deployment == "(as bf16) on sm_90: gluon_sage (no prediction: symbolic lengths)"
-    assert cross.deployment == ("(as bf16) on sm_90: dense (gluon_sage predicted at most 0.66x of cuDNN bf16 at Sq "
+    assert str(self_attn.deployment) == "(as bf16) on sm_90: gluon_sage (no prediction: symbolic lengths)"
+    assert str(cross.deployment) == ("(as bf16) on sm_90: dense (gluon_sage predicted at most 0.66x of cuDNN bf16 at Sq "
                                 "symbolic, Skv 512 (cost data: H200 2026-12-02))")
 
 
