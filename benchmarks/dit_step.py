@@ -830,12 +830,21 @@ def spec_of(row: Row, steps: int = 0) -> Spec:
     return block_sparse_spec(spec, row.block_keep, dense_until_timestep(row.block_dense_steps, steps))
 
 
-def backend_of(row: Row, steps: int = 0):
-    """What ``row`` compiles with (``steps``: the denoising loop's, for a dense prefix of block-sparse rows)."""
+def timestep_scale(case: Case) -> float:
+    """What divides ``case``'s timestep input to the normalized ``t`` (sigma): 1000 for Wan, HunyuanVideo, LTX-Video
+    and CogVideoX (``1000 · sigma``), 1 for Flux and Qwen-Image (sigma itself)."""
+    return float(case.timestep(1.0).float().amax())
+
+
+def backend_of(row: Row, steps: int = 0, scale: float = 1000.0):
+    """What ``row`` compiles with (``steps``: the denoising loop's, for a dense prefix of block-sparse rows;
+    ``scale``: :func:`timestep_scale`, which that prefix's schedule reads the timestep with)."""
     if row.attention == "dense":
         return "inductor"
     if row.attention == "no_attention":
         return no_attention_backend
+    if row.block_dense_steps:
+        return qattn_fx.backend(spec_of(row, steps), timestep_scale=scale)
     return qattn_fx.backend(spec_of(row, steps))
 
 
@@ -863,8 +872,8 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 prepare(case, spec_row, args)
                 reference = (None, None) if spec_row.attention == "no_attention" else (dense_out, dense_final)
-                row, out = run_variant(spec_row.name, case, backend_of(spec_row, args.steps), reference[0], args,
-                                       reference[1])
+                backend = backend_of(spec_row, args.steps, timestep_scale(case))
+                row, out = run_variant(spec_row.name, case, backend, reference[0], args, reference[1])
                 final = row.pop("final")
                 if i == 0:
                     dense_out, dense_final = out, final

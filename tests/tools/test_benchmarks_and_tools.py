@@ -436,6 +436,9 @@ def test_dit_step_block_sparse_rows_and_dense_steps():
     d = dit_step.dense_until_timestep(2, 8)
     assert [1 - i / 8 > d for i in range(8)] == [True, True] + [False] * 6
     assert dit_step.dense_until_timestep(0, 8) is None and dit_step.dense_until_timestep(8, 8) > 0
+    # the schedule reads t = timestep / scale: Wan passes 1000 · sigma, Flux sigma itself
+    assert dit_step.timestep_scale(dit_step.build_wan(device="cpu", **TINY_DIT["wan"])) == 1000.0
+    assert dit_step.timestep_scale(dit_step.build_flux(device="cpu", **TINY_DIT["flux"])) == 1.0
     for bad in (["--block-keep", "1"], ["--block-keep", "0"], ["--block-keep", "x"],
                 ["--block-keep", "0.5", "--block-dense-steps", "2"],  # no --steps
                 ["--block-keep", "0.5", "--steps", "4", "--block-dense-steps", "5"],
