@@ -242,7 +242,7 @@ def measure_shape(name: str, dims: Shape, a: argparse.Namespace, s: Settings) ->
             common.log(f"  {kernel}: dense failed ({type(exc).__name__}: {exc})")
             continue
         acc = common.accuracy(plain, ref, acc_rows)
-        plain_rows = plain.float() if acc_rows is None else plain.float().index_select(2, acc_rows)
+        plain_rows = (plain if acc_rows is None else plain.index_select(2, acc_rows)).float()
         rows.append({**base, "kernel": kernel, "ms_dense": dense_ms, "speedup_cudnn": cudnn_ms / dense_ms,
                      "cos": acc["cos"], "rel_l1": acc["rel_l1"], "note": "dense (no lists)" + (
                          f"; {note}" if note else "")})
