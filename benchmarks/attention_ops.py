@@ -60,6 +60,10 @@ between them (a one-round run has measured a total 0.6 % *below* its kernel alon
 
 ``--outliers`` replaces the Gaussian inputs by DiT-like channel outliers: a per-(head, channel) bias shared by all
 tokens, ×10 on K and ×3 on Q (the pattern SageAttention reports for DiT activations), to compare accuracy.
+``--skip-softmax`` runs :mod:`benchmarks.skip_softmax` (speed vs sparsity of the tile test) and ``--block-sparse``
+:mod:`benchmarks.block_sparse` (block-sparse kernels dense, with block lists and with the predictor); each takes
+its own arguments (``--skip-softmax --help``).
+
 ``--max-seconds`` (default 330) stops starting new measurements once exceeded, so a run inside a 6-minute device
 window still prints its table.
 """
@@ -428,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import skip_softmax  # noqa: PLC0415
 
         return skip_softmax.run([x for x in argv if x != "--skip-softmax"])
+    if "--block-sparse" in argv:  # block sparsity: speed vs sparsity, predictor cost (benchmarks/block_sparse.py)
+        from . import block_sparse  # noqa: PLC0415
+
+        return block_sparse.run([x for x in argv if x != "--block-sparse"])
     p = argparse.ArgumentParser(prog="python -m benchmarks.attention_ops",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

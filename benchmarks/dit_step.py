@@ -50,6 +50,15 @@ Variants: compiled dense (torch SDPA, cuDNN on Hopper), "no attention" (every SD
 without attention, giving attention's share; ``--skip-no-attention`` leaves it out), qattn_fx's default spec (backend
 ``auto``: what ``qattn_fx.backend()`` does, including its cost rule), and qattn_fx with each kernel that runs here.
 
+Block sparsity (:mod:`qattn_fx.block_sparse`): ``--block-keep F`` (comma-separated fractions in (0, 1)) adds,
+after each qattn variant's row, the same variant with ``block_sparse: {"top_k": F, "similarity": 0, "sink_tiles": 0,
+"diagonal": false}`` in every attention spec it holds (``... +bs0.5``): a fixed fraction F of the key tiles per
+query tile, so that the speed of a sparsity is measured on random weights (whose attention maps a ``cdf`` predictor
+would not thin the way a trained model's are). ``--block-dense-steps N`` (or ``P%`` of ``--steps``) runs the first
+N denoising steps dense through ``disabled_until_timestep`` (the schedule is data: the ``recompiles`` column must
+stay 0; the name says ``+bs0.5 dense2/8``). Each such row also reports the block sparsity its predictor chose on the
+first call (timestep 0.5).
+
 The whole stack (:mod:`qattn_fx.stack`): ``--linears fp8`` adds, after those rows, the same model with TorchAO's FP8
 linears (dynamic activation and weight, per-row scales), compiled dense and under each variant (``... + fp8
 linears``); ``--cache fbc`` adds each row's variant again with diffusers' First Block Cache on (``... + fbc``,
@@ -86,7 +95,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import qattn_fx
-from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec, stack
+from qattn_fx import AttentionSpec, Match, Recipe, Rule, Spec, block_sparse, stack
 from qattn_fx.backend import inductor_config_patches
 from qattn_fx.fx import match
 
@@ -591,6 +600,47 @@ def profile_call(step: Callable, case: Case, top: int = 12) -> dict:
             "top": [(e.key[:100], e.device_time_total / 1e3, e.count) for e in kernels[:top]]}
 
 
+def parse_dense_steps(text: str, steps: int) -> int:
+    """``--block-dense-steps``: ``N`` steps, or ``P%`` of ``steps`` (rounded), checked against ``steps``."""
+    text = str(text).strip()
+    try:
+        n = round(float(text[:-1]) / 100.0 * steps) if text.endswith("%") else int(text)
+    except ValueError:
+        raise ValueError(f"--block-dense-steps={text!r} is invalid; valid: N (steps) or P% (of --steps)") from None
+    if n < 0 or (n and not steps) or n > steps:
+        raise ValueError(f"--block-dense-steps={text!r} is invalid with --steps {steps}; valid: 0 <= N <= --steps "
+                         "(a dense prefix needs a denoising loop: --steps)")
+    return n
+
+
+def dense_until_timestep(dense_steps: int, steps: int) -> float | None:
+    """The ``disabled_until_timestep`` D under which :func:`denoise`'s first ``dense_steps`` of ``steps`` run dense:
+    step i has the normalized timestep ``t = 1 - i / steps`` (sigma; Wan's ``1000 · sigma`` / 1000) and a step is
+    dense while ``t > D``, so D lies half a step below the last dense step's t. None: no dense step."""
+    if not dense_steps:
+        return None
+    return 1.0 - (dense_steps - 0.5) / steps
+
+
+def block_sparse_spec(spec: Spec, keep: float, disabled_until: float | None = None) -> Spec:
+    """``spec`` with ``block_sparse: {"top_k": keep, "similarity": 0, "sink_tiles": 0, "diagonal": false}`` (and
+    ``disabled_until_timestep``) in its default and in every rule's attention spec (``"dense"`` uses stay dense).
+    ``ValueError`` where the spec or its backend does not take the key."""
+    setting: dict = {"top_k": keep, "similarity": 0.0, "sink_tiles": 0, "diagonal": False}
+    if disabled_until is not None:
+        setting["disabled_until_timestep"] = disabled_until
+    data = spec.to_dict()
+    for use in [data["default"], *(rule["use"] for rule in data["rules"])]:
+        if isinstance(use, dict):
+            use["block_sparse"] = dict(setting)
+    return Spec.from_dict(data)
+
+
+def block_suffix(keep: float, dense_steps: int = 0, steps: int = 0) -> str:
+    """A variant name's block-sparse suffix: `` +bs0.5``, `` +bs0.5 dense2/8``."""
+    return f" +bs{keep:g}" + (f" dense{dense_steps}/{steps}" if dense_steps else "")
+
+
 def run_variant(name: str, case: Case, backend, dense_out, args,
                 dense_final: torch.Tensor | None = None) -> tuple[dict, torch.Tensor]:
     """Compile ``case.model`` with ``backend`` as ``args.compile`` / ``args.mode`` say, run it once (the compile),
@@ -604,11 +654,12 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
     step = in_cache_context(compile_model(case.model, backend, args.compile, args.mode), case.model, recomputed)
     print(f"{name}: compiling ({args.compile}, mode {args.mode}) ...", flush=True)
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), block_sparse.measure() as blocks:  # the predictor's choice on the first call (it syncs)
         torch.compiler.cudagraph_mark_step_begin()
         out = step(**case.inputs)[0].clone()  # cloned: a CUDA-graph output is overwritten by the next replay
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
+    with torch.no_grad():
         graphs = graphs_compiled()
         timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls"
         print(f"{name}: compiled {graphs} graph(s) in {compile_s:.0f} s; timing {args.warmup} + {timed}", flush=True)
@@ -628,6 +679,9 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
            "compile_s": compile_s, "graphs": graphs, "recompiles": recompiles}
     if profiled:
         row["profile"] = profiled
+    if blocks.sites:  # block-sparse sites ran: the fraction of blocks their predictor skipped on the first call
+        row["block_sparsity"] = blocks.overall()
+        row["block_sparsity_sites"] = blocks.sparsity()
     if dense_out is not None:
         a, b = out.float().flatten(), dense_out.float().flatten()
         row["cos_vs_dense"] = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
@@ -689,8 +743,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also run every row with a step cache: fbc (diffusers' First Block Cache; needs --steps)")
     parser.add_argument("--cache-threshold", type=float, default=0.05,
                         help="First Block Cache's threshold (default 0.05, diffusers' default)")
+    parser.add_argument("--block-keep", default="",
+                        help="comma-separated keep fractions in (0, 1): after each qattn variant, the same with "
+                             "block_sparse top_k F (no guard, sinks or diagonal), named '... +bsF'")
+    parser.add_argument("--block-dense-steps", default="0",
+                        help="with --block-keep and --steps: the first N steps dense (N, or P%% of --steps, e.g. "
+                             "25%%) through disabled_until_timestep; no recompile")
     parser.add_argument("--out", default="bench_out/dit_step.json")
     args = parser.parse_args(argv)
+    try:
+        args.block_keep = [float(x) for x in args.block_keep.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--block-keep={args.block_keep!r} is invalid; valid: comma-separated fractions in (0, 1)")
+    if any(not 0.0 < x < 1.0 for x in args.block_keep):
+        parser.error(f"--block-keep={args.block_keep} is invalid; valid: fractions in (0, 1) (1 keeps every block)")
+    try:
+        args.block_dense_steps = parse_dense_steps(args.block_dense_steps, args.steps)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.block_dense_steps and not args.block_keep:
+        parser.error("--block-dense-steps needs --block-keep (the block-sparse rows it schedules)")
     if args.cache != "none" and args.steps < 2:
         parser.error(f"--cache {args.cache} needs --steps N with N >= 2: a cache reuses work between denoising steps")
     for name in ("steps", "iters", "warmup"):
@@ -710,6 +782,9 @@ class Row:
     attention: str
     linears: str = "bf16"
     cache: str = "none"
+    #: ``block_sparse`` top_k fraction added to the variant's spec (None: none) and the dense steps before it.
+    block_keep: float | None = None
+    block_dense_steps: int = 0
 
 
 def plan(args: argparse.Namespace) -> list[Row]:
@@ -726,7 +801,10 @@ def plan(args: argparse.Namespace) -> list[Row]:
                 f" + {cache} {args.cache_threshold:g}" if cache != "none" else "")
             if suffix:
                 rows.append(Row("compiled dense" + suffix, "dense", linears, cache))
-            rows += [Row(name + suffix, name, linears, cache) for name in attention]
+            for name in attention:
+                rows.append(Row(name + suffix, name, linears, cache))
+                rows += [Row(name + block_suffix(keep, args.block_dense_steps, args.steps) + suffix, name, linears,
+                             cache, keep, args.block_dense_steps) for keep in args.block_keep]
     return rows
 
 
@@ -744,13 +822,30 @@ def prepare(case: Case, row: Row, args: argparse.Namespace) -> None:
         case.model.disable_cache()
 
 
-def backend_of(row: Row):
-    """What ``row`` compiles with."""
+def spec_of(row: Row, steps: int = 0) -> Spec:
+    """The spec of a qattn ``row``: its variant's, with ``block_sparse`` where the row sets a keep fraction."""
+    spec = VARIANTS[row.attention]
+    if row.block_keep is None:
+        return spec
+    return block_sparse_spec(spec, row.block_keep, dense_until_timestep(row.block_dense_steps, steps))
+
+
+def timestep_scale(case: Case) -> float:
+    """What divides ``case``'s timestep input to the normalized ``t`` (sigma): 1000 for Wan, HunyuanVideo, LTX-Video
+    and CogVideoX (``1000 · sigma``), 1 for Flux and Qwen-Image (sigma itself)."""
+    return float(case.timestep(1.0).float().amax())
+
+
+def backend_of(row: Row, steps: int = 0, scale: float = 1000.0):
+    """What ``row`` compiles with (``steps``: the denoising loop's, for a dense prefix of block-sparse rows;
+    ``scale``: :func:`timestep_scale`, which that prefix's schedule reads the timestep with)."""
     if row.attention == "dense":
         return "inductor"
     if row.attention == "no_attention":
         return no_attention_backend
-    return qattn_fx.backend(VARIANTS[row.attention])
+    if row.block_dense_steps:
+        return qattn_fx.backend(spec_of(row, steps), timestep_scale=scale)
+    return qattn_fx.backend(spec_of(row, steps))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -777,7 +872,8 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 prepare(case, spec_row, args)
                 reference = (None, None) if spec_row.attention == "no_attention" else (dense_out, dense_final)
-                row, out = run_variant(spec_row.name, case, backend_of(spec_row), reference[0], args, reference[1])
+                backend = backend_of(spec_row, args.steps, timestep_scale(case))
+                row, out = run_variant(spec_row.name, case, backend, reference[0], args, reference[1])
                 final = row.pop("final")
                 if i == 0:
                     dense_out, dense_final = out, final
@@ -786,6 +882,8 @@ def main(argv: list[str] | None = None) -> None:
                     raise
                 row = {"variant": spec_row.name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             row.update(linears=spec_row.linears, cache=spec_row.cache)
+            if spec_row.block_keep is not None:
+                row.update(block_keep=spec_row.block_keep, block_dense_steps=spec_row.block_dense_steps)
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -810,6 +908,10 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         if "cache_recomputed_steps" in r:
             print(f"{r['variant']}: the cache recomputed {r['cache_recomputed_steps']} of {args.steps} steps")
+    for r in rows:
+        if "block_sparsity" in r:
+            print(f"{r['variant']}: the predictor skipped {r['block_sparsity']:.3f} of the blocks on the first call "
+                  f"(timestep 0.5); {r['recompiles']} recompiles over the timed steps")
     for r in rows:
         if "sites" in r:
             print(f"{r['variant']}: {r['sites']}")

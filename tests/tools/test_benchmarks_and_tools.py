@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 
@@ -400,3 +401,89 @@ def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
     assert torch.nn.functional.cosine_similarity(stacked.flatten().float(), dense.flatten().float(), dim=0) > 0.99
     dit_step.prepare(case, dit_step.Row("x", "dense", "int8wo", "none"), args)
     assert not case.model.is_cache_enabled
+
+
+def _block_sparse_spec_or_skip(keep: float = 0.5, disabled_until: float | None = None):
+    """The dit_step +bs spec, or a skip while the spec has no ``block_sparse`` key (issue #44's spec key)."""
+    from benchmarks import dit_step
+
+    try:
+        return dit_step.block_sparse_spec(qattn_fx.Spec(), keep, disabled_until)
+    except ValueError as e:
+        if "block_sparse" not in str(e):
+            raise
+        pytest.skip(f"the attention spec has no block_sparse key on this branch yet ({e})")
+
+
+def test_dit_step_block_sparse_rows_and_dense_steps():
+    """--block-keep adds a '+bsF' row after each qattn variant; --block-dense-steps N (or P% of --steps) puts the
+    schedule's threshold half a step below the last dense step's timestep."""
+    from benchmarks import dit_step
+
+    args = dit_step.parse_args(["--block-keep", "0.5,0.25", "--steps", "8", "--block-dense-steps", "25%", "--only",
+                                "auto", "--skip-no-attention"])
+    assert (args.block_keep, args.block_dense_steps) == ([0.5, 0.25], 2)
+    auto = "qattn auto (default spec)"
+    assert [(r.name, r.attention, r.block_keep, r.block_dense_steps) for r in dit_step.plan(args)] == [
+        ("compiled dense (torch SDPA)", "dense", None, 0), (auto, auto, None, 0),
+        (auto + " +bs0.5 dense2/8", auto, 0.5, 2), (auto + " +bs0.25 dense2/8", auto, 0.25, 2)]
+    plain = dit_step.parse_args(["--block-keep", "0.5", "--only", "gluon_sage int8"])
+    assert [r.name for r in dit_step.plan(plain)][-2:] == ["qattn gluon_sage int8 1/16/1",
+                                                           "qattn gluon_sage int8 1/16/1 +bs0.5"]
+    assert dit_step.parse_args([]).block_keep == [] and dit_step.parse_args([]).block_dense_steps == 0
+    assert dit_step.parse_dense_steps("3", 8) == 3 and dit_step.parse_dense_steps("25%", 20) == 5
+    # step i runs at t = 1 - i/steps and is dense while t > D: with 2 of 8 dense, t = 1, 0.875 dense, 0.75 sparse
+    d = dit_step.dense_until_timestep(2, 8)
+    assert [1 - i / 8 > d for i in range(8)] == [True, True] + [False] * 6
+    assert dit_step.dense_until_timestep(0, 8) is None and dit_step.dense_until_timestep(8, 8) > 0
+    # the schedule reads t = timestep / scale: Wan passes 1000 · sigma, Flux sigma itself
+    assert dit_step.timestep_scale(dit_step.build_wan(device="cpu", **TINY_DIT["wan"])) == 1000.0
+    assert dit_step.timestep_scale(dit_step.build_flux(device="cpu", **TINY_DIT["flux"])) == 1.0
+    for bad in (["--block-keep", "1"], ["--block-keep", "0"], ["--block-keep", "x"],
+                ["--block-keep", "0.5", "--block-dense-steps", "2"],  # no --steps
+                ["--block-keep", "0.5", "--steps", "4", "--block-dense-steps", "5"],
+                ["--block-keep", "0.5", "--steps", "4", "--block-dense-steps", "x%"],
+                ["--steps", "4", "--block-dense-steps", "1"]):  # no --block-keep
+        with pytest.raises(SystemExit):
+            dit_step.parse_args(bad)
+
+
+def test_dit_step_block_sparse_spec_sets_every_attention_spec():
+    from benchmarks import dit_step
+
+    _block_sparse_spec_or_skip()
+    row = dit_step.Row("x", "qattn gluon_sage, cross dense", block_keep=0.25, block_dense_steps=2)
+    data = dit_step.spec_of(row, steps=8).to_dict()
+    setting = data["default"]["block_sparse"]  # (to_dict may leave out values at their defaults)
+    assert setting["top_k"] == 0.25 and setting.get("similarity", 0) == 0 and setting.get("sink_tiles", 0) == 0
+    assert not setting.get("diagonal", False) and setting["disabled_until_timestep"] == pytest.approx(0.8125)
+    assert data["rules"][0]["use"] == "dense"
+    assert dit_step.spec_of(dit_step.Row("y", "qattn auto (default spec)")) == qattn_fx.Spec()
+
+
+def test_dit_step_block_sparse_loop_with_dense_steps_compiles_once():
+    """A +bs0.5 variant with its first step dense (emulated, on a tiny Wan): one graph for the whole loop, the
+    predictor's lists skipping blocks on the sparse steps only."""
+    from benchmarks import dit_step
+    from qattn_fx import block_sparse
+
+    spec = _block_sparse_spec_or_skip(0.5, dit_step.dense_until_timestep(1, 3))
+    case = dit_step.build_wan(device="cpu", **TINY_DIT["wan"])  # 480p, 1 frame: 1560 tokens, 13 key tiles
+    torch._dynamo.reset()
+    counters.clear()
+    backend = qattn_fx.backend(spec, emulate=True, compiler="eager")
+    step = torch.compile(case.model, backend=backend)
+    skipped = []
+
+    @contextlib.contextmanager
+    def measured():
+        with block_sparse.measure() as m:
+            yield
+        skipped.append(m.overall())
+
+    with torch.no_grad():
+        step(**case.inputs)
+        graphs = dit_step.graphs_compiled()
+        dit_step.denoise(step, case, 3, measured)
+    assert dit_step.graphs_compiled() == graphs
+    assert skipped[0] == 0.0 and all(s > 0.2 for s in skipped[1:]), skipped
