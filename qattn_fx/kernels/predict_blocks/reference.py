@@ -13,9 +13,10 @@ For one call with ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` (any float dtype,
    tile that is not self-similar visits every non-empty key tile; a key tile that is not is visited by every query
    tile. ``similarity = 0`` turns the guard off.
 4. **Select**, per query tile: ``mode="cdf"``: the smallest set of key tiles, by descending ``P̄``, whose mass
-   reaches ``keep``; ``mode="top_k"``: the ``ceil(keep · N)`` largest of its ``N`` non-empty key tiles. Ties go to
-   the lower index. ``keep >= 1`` visits every non-empty key tile (how a step schedule runs a step dense without
-   recompiling: ``keep`` is a tensor).
+   reaches ``keep``; ``mode="top_k"``: the ``ceil(keep · N)`` largest of its ``N`` non-empty key tiles (at least
+   one; the product less a relative 1e-9, so that ``0.15 · 100`` gives 15 although binary 0.15 times 100 rounds
+   above 15). Ties go to the lower index. ``keep >= 1`` visits every non-empty key tile (how a step schedule runs a
+   step dense without recompiling: ``keep`` is a tensor).
 5. **Always kept**: the first ``sink_tiles`` key tiles (attention sinks) and, with ``diagonal``, the key tile
    holding the query tile's middle row scaled to the keys (``⌊(128 i + 64) · Skv / Sq / 128⌋``: tile ``i`` when
    ``Sq = Skv``). Empty key tiles are never visited (they would contribute nothing).
@@ -31,6 +32,10 @@ from typing import NamedTuple
 import torch
 
 from ... import block_sparse
+
+#: ``top_k`` takes ``ceil(keep · N)`` of the product less this fraction of N: the rounding of a decimal ``keep``
+#: (0.15 is 0.1499999999999999944 in binary, and 0.15 · 100 rounds to 15.000000000000002) does not add a tile.
+_CEIL_SLACK = 1e-9
 
 #: Selection modes: the mass the kept key tiles cover, or the fraction of key tiles kept.
 MODES = ("cdf", "top_k")
@@ -114,7 +119,8 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
             before = ranked.cumsum(-1) - ranked  # mass of the tiles ranked above
             chosen = before < keep
         else:
-            n_keep = torch.ceil(keep * nonempty.sum(-1, keepdim=True).float()).clamp_min(1)
+            n = nonempty.sum(-1, keepdim=True).double()
+            n_keep = torch.ceil(n * keep - n * _CEIL_SLACK).clamp_min(1)  # 0.15 · 100 = 15, not 16
             chosen = torch.arange(nk, device=device) < n_keep
         visit = torch.zeros_like(nonempty).scatter(-1, order, chosen) & nonempty
         if similarity > 0:
