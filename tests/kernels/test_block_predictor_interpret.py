@@ -120,3 +120,19 @@ def test_zero_tiles_launch_nothing():
     pooled = fused.pool(q, k, None)
     assert pooled.q_mean.shape == (1, 2, 0, 32) and pooled.k_mean.shape == (1, 2, 1, 32)
     assert block_sparse.tiles(0, 5) == (0, 1)
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 9), (8, 0)])
+def test_compiles_offline_without_spills(capability):
+    """The compiled (not interpreted) kernel for a Wan-sized call: ptxas accepts it, nothing spills, and the
+    divisions and square roots are the correctly rounded ones (the interpreter's numpy ops are)."""
+    from qattn_fx.kernels._offline import ptxas_report
+
+    q = torch.empty(1, 32760, 12, 128, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    for bias in (None, torch.zeros(1, 32760, device="meta")):
+        compiled = fused.compile_for(capability, q, block_sparse.BLOCK_KEYS, bias)
+        report = ptxas_report(compiled, capability)
+        assert report["ptxas_ok"] and report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+        ptx = compiled.asm["ptx"]
+        assert "div.rn.f32" in ptx and "sqrt.rn.f32" in ptx
+        assert "div.full" not in ptx and "sqrt.approx" not in ptx

@@ -42,9 +42,9 @@ def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, H, S, D, N,
         x = tl.where(kept[:, None], x, 0.0)
         norm = tl.sqrt_rn(_sum(x * x, 1))
         total += _sum(x, 0)
-        unit_total += _sum(tl.div_rn(x, tl.maximum(norm, 1e-20)[:, None]), 0)
+        unit_total += _sum(tl.div_rn(x, tl.broadcast_to(tl.maximum(norm, 1e-20)[:, None], (ROWS, BLOCK_D))), 0)
         kept_rows += kept.to(tl.float32)
-    count = tl.maximum(_sum(kept_rows, 0), 1.0)
+    count = tl.broadcast_to(tl.maximum(_sum(kept_rows, 0), 1.0), (BLOCK_D,))  # div_rn does not broadcast
     mean = tl.div_rn(total, count)
     unit_mean = tl.div_rn(unit_total, count)
     out = pid.to(tl.int64)

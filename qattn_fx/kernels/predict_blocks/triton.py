@@ -33,6 +33,8 @@ _KERNEL_SOURCE = Path(__file__).with_name("_pool_kernel.py")
 _MODULES: dict[bool, object] = {}
 #: Tokens a program reads per step of its tile.
 ROWS = 32
+#: Warps per program.
+NUM_WARPS = 4
 
 
 def available() -> bool:
@@ -61,6 +63,19 @@ def _kernels(interpret: bool):
     return module
 
 
+def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: torch.Tensor, sim: torch.Tensor):
+    """``(grid, args, meta)`` of one :func:`._pool_kernel._pool_tiles` launch over ``x``'s tiles."""
+    b, h, s, d = x.shape
+    n = -(-s // tile)
+    if bias is None:
+        bias_args = (x, 0, 0)  # never read (HAS_BIAS false)
+    else:
+        bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
+    args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2]]
+    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=triton.next_power_of_2(d), HAS_BIAS=bias is not None)
+    return (b * h * n,), args, meta
+
+
 def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, s, d = x.shape
     n = -(-s // tile)
@@ -68,14 +83,31 @@ def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None) -> tuple[torch.
     sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
     if mean.numel() == 0:
         return mean, sim
-    if bias is None:
-        bias_args = (x, 0, 0)  # never read (HAS_BIAS false)
-    else:
-        bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
-    _kernels(interpreter_active())._pool_tiles[(b * h * n,)](
-        x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2],
-        TILE=tile, ROWS=ROWS, BLOCK_D=triton.next_power_of_2(d), HAS_BIAS=bias is not None, num_warps=4)
+    grid, args, meta = _launch_args(x, tile, bias, mean, sim)
+    _kernels(interpreter_active())._pool_tiles[grid](*args, **meta, num_warps=NUM_WARPS)
     return mean, sim
+
+
+def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bias: torch.Tensor | None = None):
+    """Compile (not run) the pooling kernel a CUDA launch over ``x``'s tiles of ``tile`` tokens would use, for
+    ``capability`` (inputs may be on the ``meta`` device; needs Triton's bundled ptxas, not a GPU). Returns Triton's
+    compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+
+    from .._offline import launch_signature  # noqa: PLC0415
+
+    b, h, s, d = x.shape
+    n = -(-s // tile)
+    mean = torch.empty(b, h, n, d, dtype=torch.float32, device=x.device)
+    sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
+    bias = None if key_bias is None else key_bias.float()
+    kernel = _kernels(False)._pool_tiles
+    _, args, meta = _launch_args(x, tile, bias, mean, sim)
+    signature, constexprs, attrs = launch_signature(kernel, args, meta)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
+                          options={"num_warps": NUM_WARPS})
 
 
 def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
@@ -89,4 +121,4 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     return Pooled(q_mean, q_sim, k_mean, k_sim, kept)
 
 
-__all__ = ["ROWS", "available", "interpreter_active", "pool"]
+__all__ = ["NUM_WARPS", "ROWS", "available", "compile_for", "interpreter_active", "pool"]
