@@ -120,6 +120,29 @@ def test_fused_pooling_allocates_only_its_outputs():
     assert extra < outputs + (4 << 20)
 
 
+def test_op_replays_in_a_cuda_graph():
+    """The op issues no host synchronization outside :func:`block_sparse.measure` (keep a CPU tensor): it captures
+    in a CUDA graph and its replays follow new Q/K data."""
+    s = dict(b=1, hq=4, hkv=4, sq=4096, skv=4096, d=128)
+    q, k = make(s["b"], s["hq"], s["sq"], s["d"], seed=10), make(s["b"], s["hkv"], s["skv"], s["d"], seed=11)
+    q, k = q.clone(), k.clone()
+    key_bias = padding(1, s["skv"])
+    op(q, k, key_bias, 0.5)  # compile and warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        op(q, k, key_bias, 0.5)
+        with torch.cuda.graph(graph, stream=stream):
+            index, count = op(q, k, key_bias, 0.5)
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (12, 13):
+        q.copy_(make(s["b"], s["hq"], s["sq"], s["d"], seed=seed))
+        graph.replay()
+        want = op(q, k, key_bias, 0.5)
+        assert torch.equal(index, want[0]) and torch.equal(count, want[1]), seed
+
+
 def test_op_on_cuda_without_triton_names_the_requirement(monkeypatch):
     monkeypatch.setattr(fused, "triton", None)
     monkeypatch.setattr(fused, "_TRITON_ERROR", ImportError("No module named 'triton'"))

@@ -119,6 +119,17 @@ def test_keep_one_visits_every_nonempty_tile(mode):
     assert reference.predict(q, k, None, 0.5, torch.tensor([1.0]), mode).sparsity() == 0.0
 
 
+def test_dense_steps_pool_nothing_and_match_the_reference(monkeypatch):
+    """keep >= 1 through the dispatcher: the reference's lists without pooling Q or K."""
+    q, k = qk(seed=16)
+    key_bias = padding_bias(2, k.shape[2])
+    want = [reference.predict(q, k, key_bias, 0.5, 1.0, mode, 2, True, 0.5) for mode in ("cdf", "top_k")]
+    monkeypatch.setattr(predict_blocks, "pool", lambda *a: pytest.fail("pooled on a dense step"))
+    for mode, w in zip(("cdf", "top_k"), want):
+        got = predict_blocks.predict(q, k, key_bias, 0.5, torch.tensor([1.0]), mode, 2, True, 0.5)
+        assert torch.equal(got.index, w.index) and torch.equal(got.count, w.count)
+
+
 @pytest.mark.parametrize("sq,skv", [(700, 900), (900, 300), (129, 1000), (1000, 129)])
 def test_sinks_and_diagonal_are_always_visited(sq, skv):
     q, k = qk(sq=sq, skv=skv, seed=6)

@@ -109,8 +109,9 @@ def test_without_triton_the_triton_pooling_names_the_requirement(monkeypatch):
     monkeypatch.setattr(fused, "triton", None)
     monkeypatch.setattr(fused, "_TRITON_ERROR", ImportError("No module named 'triton'"))
     q = torch.zeros(1, 1, 128, 32)
-    with pytest.raises(RuntimeError, match="predict_blocks on CUDA needs triton .*install triton"):
-        predict_blocks.predict(q, q, None, 0.5, 0.5, pooling="triton")
+    for keep in (0.5, 1.0):  # dense steps too: the first call shows it
+        with pytest.raises(RuntimeError, match="predict_blocks on CUDA needs triton .*install triton"):
+            predict_blocks.predict(q, q, None, 0.5, keep, pooling="triton")
     assert predict_blocks.predict(q, q, None, 0.5, 0.5).count.tolist() == [[[1]]]  # CPU: torch pooling
 
 

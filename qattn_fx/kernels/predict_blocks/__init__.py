@@ -15,23 +15,37 @@ from .reference import MODES, Pooled, pool, select
 POOLINGS = ("torch", "triton")
 
 
+def _unpooled(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
+    """What :func:`select` reads when ``keep >= 1``: the non-empty key tiles; the means and similarities are
+    zero-stride placeholders of the right shapes (nothing is read from Q or K)."""
+    b, hq, sq, _ = q.shape
+    nq, nk = block_sparse.tiles(sq, k.shape[2])
+    zero = torch.zeros((), device=q.device)
+    kept = reference.tile_counts(reference.kept_keys(key_bias, k.shape[2], k.device), block_sparse.BLOCK_KEYS) > 0
+    return Pooled(zero.expand(b, hq, nq, 1), zero.expand(b, hq, nq), zero.expand(b, k.shape[1], nk, 1),
+                  zero.expand(b, k.shape[1], nk), kept)
+
+
 def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_scale: float,
             keep: float | torch.Tensor, mode: str = "cdf", sink_tiles: int = 0, diagonal: bool = False,
             similarity: float = 0.0, *, pooling: str | None = None) -> block_sparse.Blocks:
     """The blocks to visit (:mod:`.reference`'s rule). ``pooling``: ``"triton"`` (the default on CUDA: a
     ``RuntimeError`` naming triton when it does not import; there is no fallback) or ``"torch"`` (the default
-    elsewhere)."""
+    elsewhere). With ``keep >= 1`` nothing is pooled (every non-empty key tile is visited)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is invalid; valid: {', '.join(MODES)}")
     pooling = pooling or ("triton" if q.is_cuda else "torch")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling={pooling!r} is invalid; valid: {', '.join(POOLINGS)}")
     if pooling == "triton":
         from . import triton as fused  # noqa: PLC0415  (imports triton)
 
-        pooled = fused.pool(q, k, key_bias)
-    elif pooling == "torch":
-        pooled = pool(q, k, key_bias)
+        fused.require()  # also on dense steps: a missing triton shows on the first call
+        pool_fn = fused.pool
     else:
-        raise ValueError(f"pooling={pooling!r} is invalid; valid: {', '.join(POOLINGS)}")
+        pool_fn = pool
+    # keep >= 1: every non-empty key tile, nothing to pool
+    pooled = _unpooled(q, k, key_bias) if float(keep) >= 1.0 else pool_fn(q, k, key_bias)
     return select(pooled, q.shape[2], k.shape[2], sm_scale, keep, mode, sink_tiles, diagonal, similarity)
 
 

@@ -42,6 +42,12 @@ def available() -> bool:
     return triton is not None
 
 
+def require() -> None:
+    """``RuntimeError`` naming the requirement unless triton imports."""
+    if triton is None:
+        _kernels(False)
+
+
 def interpreter_active() -> bool:
     """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
     return triton is not None and bool(triton.knobs.runtime.interpret)
@@ -112,8 +118,7 @@ def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bia
 
 def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
     """Step 1 of the predictor in Triton (the module docstring)."""
-    if triton is None:
-        _kernels(False)  # raises, naming the requirement
+    require()
     bias = None if key_bias is None else key_bias.float()
     q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS, None)
     k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, bias)
@@ -121,4 +126,4 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     return Pooled(q_mean, q_sim, k_mean, k_sim, kept)
 
 
-__all__ = ["NUM_WARPS", "ROWS", "available", "compile_for", "interpreter_active", "pool"]
+__all__ = ["NUM_WARPS", "ROWS", "available", "compile_for", "interpreter_active", "pool", "require"]
