@@ -7,6 +7,8 @@
 * :func:`reference_rows` / :func:`fp32_attention_rows`: an fp32 attention reference for a (sub)set of query rows,
   computed in query chunks so the score matrix never exceeds a memory bound.
 * :func:`accuracy`: cosine similarity and relative L1 of an output against that reference on the same rows.
+* :func:`local_qkv` / :func:`grid_qkv`: structured inputs whose attention is local along the token order / in a
+  video's (frames, height, width) grid, with attention-sink keys.
 * :func:`quantized_inputs`: a kernel's op-level arguments (quantized Q/K/V and scales) for one shape and recipe, as
   the compiled graph feeds them (what the tuner and the profiling tools time); qattn_fx is imported when called.
 * :func:`format_table`, :func:`write_json`, :func:`plot_speed_accuracy`: one side-by-side table, JSON, optional PNG.
@@ -201,6 +203,38 @@ def local_qkv(b: int, h: int, sq: int, skv: int, d: int, *, sharpness: float = 4
         q = q + sharpness * u
         k[:, :sink] += sharpness * u
     v = torch.randn(b, skv, h, d, generator=g, device=device)
+    return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
+
+
+def grid_qkv(b: int, h: int, grid: tuple[int, int, int], d: int, *, windows=((1.0, 2.0, 2.0),),
+             sharpness: float = 4.0, noise: float = 1.0, sink: int = 0, seed: int = 0,
+             device: str = "cuda") -> tuple:
+    """Structured attention inputs for block sparsity: **local** attention in a video's ``(frames, height, width)``
+    token grid (tokens in raster order, ``S = F·H·W``), with a window per head. As :func:`local_qkv` but with random
+    Fourier features of the 3-D position: head ``i``'s frequencies are ~ ``N(0, diag(1/σ²))`` for its window
+    ``σ = windows[i % len(windows)]`` (grid cells along frames, height, width), so ``φ·φ`` is a Gaussian kernel of
+    the grid distance and a query's logits peak at its own position (about ``sharpness²`` above the bulk) and fall
+    off over the window (a spatial, a temporal or a wide head). ``sink``: the first ``sink`` keys are an attention
+    sink shared by every query, at the local peak's height. bf16 ``(B, H, S, D)`` views of ``(B, S, H, D)``
+    buffers (Q, K and V: N(0, 1))."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    f, hh, ww = grid
+    sigma = torch.tensor([windows[i % len(windows)] for i in range(h)], dtype=torch.float32, device=device)
+    omega = torch.randn(h, d // 2, 3, generator=g, device=device) / sigma[:, None, :]  # (H, D/2, 3)
+    phase = 2 * math.pi * torch.rand(h, d // 2, generator=g, device=device)
+    pos = torch.stack(torch.meshgrid(torch.arange(f), torch.arange(hh), torch.arange(ww), indexing="ij"), -1)
+    pos = pos.reshape(-1, 3).float().to(device)  # (S, 3), raster order
+    angle = torch.einsum("sc,hkc->shk", pos, omega) + phase  # (S, H, D/2)
+    feats = torch.cat([angle.cos(), angle.sin()], -1)[None] * (2.0 / d) ** 0.5 * d ** 0.25
+    s = pos.shape[0]
+    q = sharpness * feats + noise * torch.randn(b, s, h, d, generator=g, device=device)
+    k = sharpness * feats + noise * torch.randn(b, s, h, d, generator=g, device=device)
+    if sink:
+        u = torch.randn(1, 1, h, d, generator=g, device=device)
+        u = u / u.norm(dim=-1, keepdim=True) * d ** 0.25  # u·u / sqrt(d) = 1
+        q = q + sharpness * u
+        k[:, :sink] += sharpness * u
+    v = torch.randn(b, s, h, d, generator=g, device=device)
     return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
 
 

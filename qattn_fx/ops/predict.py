@@ -11,6 +11,8 @@ label="") -> (block_index, block_count)``
   ``diagonal``: key tiles always visited; ``similarity``: the self-similarity guard (0: off).
 * Returns int32 ``block_index (B, Hq, ceil(Sq/128), ceil(Skv/128))`` and ``block_count (B, Hq, ceil(Sq/128))``,
   contiguous, on q's device.
+* Runs :func:`qattn_fx.kernels.predict_blocks.predict`: the fused Triton pooling on CUDA (triton required there:
+  no fallback), the torch reference on CPU; both share the selection, so equal pooled values give equal lists.
 * ``label`` names the site: inside :func:`qattn_fx.block_sparse.measure` each call's skipped blocks are recorded
   under it.
 """

@@ -13,9 +13,10 @@ For one call with ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` (any float dtype,
    tile that is not self-similar visits every non-empty key tile; a key tile that is not is visited by every query
    tile. ``similarity = 0`` turns the guard off.
 4. **Select**, per query tile: ``mode="cdf"``: the smallest set of key tiles, by descending ``P̄``, whose mass
-   reaches ``keep``; ``mode="top_k"``: the ``ceil(keep · N)`` largest of its ``N`` non-empty key tiles. Ties go to
-   the lower index. ``keep >= 1`` visits every non-empty key tile (how a step schedule runs a step dense without
-   recompiling: ``keep`` is a tensor).
+   reaches ``keep``; ``mode="top_k"``: the ``ceil(keep · N)`` largest of its ``N`` non-empty key tiles (at least
+   one; the product less a relative 1e-9, so that ``0.15 · 100`` gives 15 although binary 0.15 times 100 rounds
+   above 15). Ties go to the lower index. ``keep >= 1`` visits every non-empty key tile (how a step schedule runs a
+   step dense without recompiling: ``keep`` is a tensor).
 5. **Always kept**: the first ``sink_tiles`` key tiles (attention sinks) and, with ``diagonal``, the key tile
    holding the query tile's middle row scaled to the keys (``⌊(128 i + 64) · Skv / Sq / 128⌋``: tile ``i`` when
    ``Sq = Skv``). Empty key tiles are never visited (they would contribute nothing).
@@ -26,54 +27,89 @@ Returns :class:`~qattn_fx.block_sparse.Blocks` (int32 lists, the format the atte
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from ... import block_sparse
 
+#: ``top_k`` takes ``ceil(keep · N)`` of the product less this fraction of N: the rounding of a decimal ``keep``
+#: (0.15 is 0.1499999999999999944 in binary, and 0.15 · 100 rounds to 15.000000000000002) does not add a tile.
+_CEIL_SLACK = 1e-9
+
 #: Selection modes: the mass the kept key tiles cover, or the fraction of key tiles kept.
 MODES = ("cdf", "top_k")
 
 
+class Pooled(NamedTuple):
+    """Step 1's output, all fp32 on the inputs' device: ``q_mean (B, Hq, NQ, D)``, ``q_sim (B, Hq, NQ)``,
+    ``k_mean (B, Hkv, NK, D)``, ``k_sim (B, Hkv, NK)``, ``k_kept`` bool ``(B|1, NK)`` (the key tile holds a kept
+    key; ``B|1`` as ``key_bias``, 1 without one). Empty key tiles have mean 0 and similarity 0."""
+
+    q_mean: torch.Tensor
+    q_sim: torch.Tensor
+    k_mean: torch.Tensor
+    k_sim: torch.Tensor
+    k_kept: torch.Tensor
+
+
+def kept_keys(key_bias: torch.Tensor | None, skv: int, device) -> torch.Tensor:
+    """0/1 fp32 ``(B|1, Skv)``: the keys ``key_bias`` keeps (all of them without one)."""
+    if key_bias is None:
+        return torch.ones(1, skv, device=device)
+    return (key_bias.float() > -math.inf).float()
+
+
+def tile_counts(weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """Kept tokens per tile: fp32 ``(B|1, N)`` from the 0/1 ``weight (B|1, S)``."""
+    s = weight.shape[-1]
+    n = -(-s // tile)
+    return torch.nn.functional.pad(weight, (0, n * tile - s)).reshape(weight.shape[0], n, tile).sum(-1)
+
+
 def _pool(x: torch.Tensor, tile: int, weight: torch.Tensor | None = None):
-    """Per tile of ``tile`` tokens along dim 2: the mean of the (kept) tokens, the self-similarity, and whether the
-    tile holds any kept token. ``x (B, H, S, D)`` float; ``weight (B|1, 1, S)`` 0/1 or None."""
+    """Per tile of ``tile`` tokens along dim 2: the mean of the (kept) tokens and the self-similarity. ``x (B, H, S,
+    D)`` float; ``weight (B|1, S)`` 0/1 or None. Tokens of weight 0 take no part (whatever their data)."""
     b, h, s, d = x.shape
     n = -(-s // tile)
     xf = x.float()
-    w = torch.ones(1, 1, s, device=x.device) if weight is None else weight
+    w = torch.ones(1, s, device=x.device) if weight is None else weight
+    kept = (w > 0)[:, None, :, None]
     pad = n * tile - s
-    xw = torch.nn.functional.pad(xf * w[..., None], (0, 0, 0, pad))
-    unit = torch.nn.functional.pad(xf * w[..., None] / xf.norm(dim=-1, keepdim=True).clamp_min(1e-20),
+    xw = torch.nn.functional.pad(torch.where(kept, xf, 0.0), (0, 0, 0, pad))
+    unit = torch.nn.functional.pad(torch.where(kept, xf / xf.norm(dim=-1, keepdim=True).clamp_min(1e-20), 0.0),
                                    (0, 0, 0, pad))
-    wt = torch.nn.functional.pad(w.expand(-1, -1, s), (0, pad)).reshape(w.shape[0], 1, n, tile).sum(-1)
-    kept = wt > 0
-    denom = wt.clamp_min(1)[..., None]
+    denom = tile_counts(w, tile).clamp_min(1)[:, None, :, None]
     mean = xw.reshape(b, h, n, tile, d).sum(3) / denom
     sim = (unit.reshape(b, h, n, tile, d).sum(3) / denom).square().sum(-1)
-    return mean, sim, kept.expand(b, h, n)
+    return mean, sim
 
 
-def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_scale: float, keep: float | torch.Tensor,
-            mode: str = "cdf", sink_tiles: int = 0, diagonal: bool = False,
-            similarity: float = 0.0) -> block_sparse.Blocks:
-    """The blocks to visit (the module docstring)."""
+def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
+    """Step 1 in torch (the module docstring)."""
+    weight = kept_keys(key_bias, k.shape[2], k.device)
+    q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS)
+    k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, None if key_bias is None else weight)
+    return Pooled(q_mean, q_sim, k_mean, k_sim, tile_counts(weight, block_sparse.BLOCK_KEYS) > 0)
+
+
+def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | torch.Tensor, mode: str = "cdf",
+           sink_tiles: int = 0, diagonal: bool = False, similarity: float = 0.0) -> block_sparse.Blocks:
+    """Steps 2-5 from the pooled tiles of a call of ``sq`` queries and ``skv`` keys (any implementation of step 1
+    feeds it, so equal pooled values give equal lists)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is invalid; valid: {', '.join(MODES)}")
-    b, hq, sq, _ = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    nq, nk = block_sparse.tiles(sq, skv)
+    b, hq, nq, _ = pooled.q_mean.shape
+    hkv, nk = pooled.k_mean.shape[1], pooled.k_mean.shape[2]
+    device = pooled.q_mean.device
     keep = float(keep)
-    weight = None if key_bias is None else (key_bias.float() > -math.inf).float()[:, None, :]
-    q_mean, q_sim, _ = _pool(q, block_sparse.BLOCK_ROWS)
-    k_mean, k_sim, k_kept = _pool(k, block_sparse.BLOCK_KEYS, weight)
     g = hq // hkv
-    k_mean, k_sim, k_kept = (t.repeat_interleave(g, 1) for t in (k_mean, k_sim, k_kept))
-    nonempty = k_kept[:, :, None, :].expand(b, hq, nq, nk)
+    k_mean, k_sim = (t.repeat_interleave(g, 1) for t in (pooled.k_mean, pooled.k_sim))
+    nonempty = pooled.k_kept[:, None, None, :].expand(b, hq, nq, nk)
     if keep >= 1.0:
         visit = nonempty.clone()
     else:
-        scores = (q_mean @ k_mean.transpose(-1, -2)) * sm_scale
+        scores = (pooled.q_mean @ k_mean.transpose(-1, -2)) * sm_scale
         scores = scores.masked_fill(~nonempty, -math.inf)
         probs = torch.softmax(scores, -1).nan_to_num(0.0)
         # descending by probability, ties to the lower index (stable sort of the negated probabilities)
@@ -83,19 +119,30 @@ def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_
             before = ranked.cumsum(-1) - ranked  # mass of the tiles ranked above
             chosen = before < keep
         else:
-            n_keep = torch.ceil(keep * nonempty.sum(-1, keepdim=True).float()).clamp_min(1)
-            chosen = torch.arange(nk, device=q.device) < n_keep
+            n = nonempty.sum(-1, keepdim=True).double()
+            n_keep = torch.ceil(n * keep - n * _CEIL_SLACK).clamp_min(1)  # 0.15 · 100 = 15, not 16
+            chosen = torch.arange(nk, device=device) < n_keep
         visit = torch.zeros_like(nonempty).scatter(-1, order, chosen) & nonempty
         if similarity > 0:
-            visit |= (q_sim < similarity)[..., None] & nonempty
+            visit |= (pooled.q_sim < similarity)[..., None] & nonempty
             visit |= (k_sim < similarity)[:, :, None, :] & nonempty
     if sink_tiles > 0:
         visit[..., :sink_tiles] = True
     if diagonal:
-        middle = torch.arange(nq, device=q.device) * block_sparse.BLOCK_ROWS + block_sparse.BLOCK_ROWS // 2
+        middle = torch.arange(nq, device=device) * block_sparse.BLOCK_ROWS + block_sparse.BLOCK_ROWS // 2
         col = (torch.clamp(middle, max=sq - 1) * skv // sq) // block_sparse.BLOCK_KEYS
-        visit[:, :, torch.arange(nq, device=q.device), col] = True
+        visit[:, :, torch.arange(nq, device=device), col] = True
     return block_sparse.from_mask(visit & nonempty)
 
 
-__all__ = ["MODES", "predict"]
+def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_scale: float, keep: float | torch.Tensor,
+            mode: str = "cdf", sink_tiles: int = 0, diagonal: bool = False,
+            similarity: float = 0.0) -> block_sparse.Blocks:
+    """The blocks to visit (the module docstring), pooled in torch."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is invalid; valid: {', '.join(MODES)}")
+    return select(pool(q, k, key_bias), q.shape[2], k.shape[2], sm_scale, keep, mode, sink_tiles, diagonal,
+                  similarity)
+
+
+__all__ = ["MODES", "Pooled", "kept_keys", "pool", "predict", "select", "tile_counts"]

@@ -1,0 +1,129 @@
+"""The predictor's pooling (step 1 of :mod:`.reference`) as one Triton kernel that reads Q and K once.
+
+:func:`pool` launches :func:`._pool_kernel._pool_tiles` twice, once over Q's tiles of
+:data:`~qattn_fx.block_sparse.BLOCK_ROWS` rows and once over K's tiles of :data:`~qattn_fx.block_sparse.BLOCK_KEYS`
+keys (kept keys only, by ``key_bias``): one program per (batch, head, tile) reads its tile once (bf16/fp16/fp32, any
+strides) and writes the tile's fp32 mean ``(D,)`` and self-similarity (a scalar). The scores and the selection then
+run in torch on those small tensors (:func:`.reference.select`, the same code the reference runs), so equal pooled
+values give equal lists; the pooled values differ from torch's only by fp32 summation order (sums over a tile in
+another order; divisions and square roots correctly rounded in both).
+
+Inputs as :func:`.reference.pool`: ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, ``key_bias (B|1, Skv)`` or None,
+on one CUDA device (or CPU tensors under ``TRITON_INTERPRET=1``). Returns :class:`.reference.Pooled`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from ... import block_sparse
+from .reference import Pooled, kept_keys, tile_counts
+
+try:
+    import triton
+except ImportError as error:  # pragma: no cover - depends on the install
+    triton, _TRITON_ERROR = None, error
+else:
+    _TRITON_ERROR = None
+
+_KERNEL_SOURCE = Path(__file__).with_name("_pool_kernel.py")
+_MODULES: dict[bool, object] = {}
+#: Tokens a program reads per step of its tile.
+ROWS = 32
+#: Warps per program.
+NUM_WARPS = 4
+
+
+def available() -> bool:
+    """Whether triton imports."""
+    return triton is not None
+
+
+def require() -> None:
+    """``RuntimeError`` naming the requirement unless triton imports."""
+    if triton is None:
+        _kernels(False)
+
+
+def interpreter_active() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
+    return triton is not None and bool(triton.knobs.runtime.interpret)
+
+
+def _kernels(interpret: bool):
+    if triton is None:
+        raise RuntimeError("qattn::predict_blocks on CUDA needs triton (the fused pooling kernel, "
+                           f"qattn_fx.kernels.predict_blocks.triton); install triton: {_TRITON_ERROR}")
+    module = _MODULES.get(interpret)
+    if module is None:
+        name = f"{__package__}._pool_{'interpreted' if interpret else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(name, _KERNEL_SOURCE)
+        module = importlib.util.module_from_spec(spec)
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpret
+            spec.loader.exec_module(module)
+        _MODULES[interpret] = module
+    return module
+
+
+def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: torch.Tensor, sim: torch.Tensor):
+    """``(grid, args, meta)`` of one :func:`._pool_kernel._pool_tiles` launch over ``x``'s tiles."""
+    b, h, s, d = x.shape
+    n = -(-s // tile)
+    if bias is None:
+        bias_args = (x, 0, 0)  # never read (HAS_BIAS false)
+    else:
+        bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
+    args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2]]
+    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=triton.next_power_of_2(d), HAS_BIAS=bias is not None)
+    return (b * h * n,), args, meta
+
+
+def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h, s, d = x.shape
+    n = -(-s // tile)
+    mean = torch.empty(b, h, n, d, dtype=torch.float32, device=x.device)
+    sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
+    if mean.numel() == 0:
+        return mean, sim
+    grid, args, meta = _launch_args(x, tile, bias, mean, sim)
+    _kernels(interpreter_active())._pool_tiles[grid](*args, **meta, num_warps=NUM_WARPS)
+    return mean, sim
+
+
+def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bias: torch.Tensor | None = None):
+    """Compile (not run) the pooling kernel a CUDA launch over ``x``'s tiles of ``tile`` tokens would use, for
+    ``capability`` (inputs may be on the ``meta`` device; needs Triton's bundled ptxas, not a GPU). Returns Triton's
+    compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+
+    from .._offline import launch_signature  # noqa: PLC0415
+
+    b, h, s, d = x.shape
+    n = -(-s // tile)
+    mean = torch.empty(b, h, n, d, dtype=torch.float32, device=x.device)
+    sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
+    bias = None if key_bias is None else key_bias.float()
+    kernel = _kernels(False)._pool_tiles
+    _, args, meta = _launch_args(x, tile, bias, mean, sim)
+    signature, constexprs, attrs = launch_signature(kernel, args, meta)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
+                          options={"num_warps": NUM_WARPS})
+
+
+def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
+    """Step 1 of the predictor in Triton (the module docstring)."""
+    require()
+    bias = None if key_bias is None else key_bias.float()
+    q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS, None)
+    k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, bias)
+    kept = tile_counts(kept_keys(key_bias, k.shape[2], k.device), block_sparse.BLOCK_KEYS) > 0
+    return Pooled(q_mean, q_sim, k_mean, k_sim, kept)
+
+
+__all__ = ["NUM_WARPS", "ROWS", "available", "compile_for", "interpreter_active", "pool", "require"]
