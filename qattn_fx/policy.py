@@ -151,6 +151,11 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
         return Decision(False, f"dense: {why}", source=source, notes=notes)
     _skip_calibrated(use, source)
     _block_calibrated(use, source)
+    if site.lse and use.block_sparse is not None and not is_auto(use):  # auto keeps it dense, saying why (unmet)
+        raise ValueError(
+            f"{source} asks for {use.describe()} but site {site.name!r} ({site.module or 'no module'}) also returns "
+            "its log-sum-exp (ring attention merges partial results by it), which block sparsity does not serve; "
+            "give the site a rule without block_sparse (match its module), or use backend='auto' to keep it dense")
     skip, blocks = use.skip_softmax, use.block_sparse
     if emulate or use.backend == REFERENCE:
         how = "emulated" if emulate else "backend REFERENCE"

@@ -108,8 +108,8 @@ class AttentionSpec:
                              "skip_softmax has no block lists); valid: a recipe of the scaled family (int8/fp8/bf16 "
                              "Q/K, fp8 V), e.g. {qk_dtype: bf16, v_dtype: fp8}")
         if self.recipe.family != "scaled":
-            raise ValueError(f"{path} is not accepted for {path_at(where, 'recipe')} {self.recipe.name!r}; valid: "
-                             "recipes of the scaled family (int8/fp8/bf16 Q/K, fp8 V)")
+            raise ValueError(f"{path} is not accepted with recipe {self.recipe.name!r} ({self.recipe.family} family); "
+                             "valid: recipes of the scaled family (int8/fp8/bf16 Q/K, fp8 V)")
         valid = recipes.block_sparse_backends()
         if backend not in valid:
             raise ValueError(f"{path} is not accepted for backend={backend!r}; valid: {', '.join(valid)} (backends "
