@@ -45,8 +45,8 @@ class AttentionSpec:
     emulation; it composes with ``skip_softmax`` (which tests the visited blocks).
     ``kernel`` pins one implementation of the recipe (e.g. ``triton_sage`` where ``auto`` would take
     ``gluon_sage``); like an explicit backend it never falls back: a site it cannot serve raises.
-    ``recipe``, ``skip_softmax`` and ``block_sparse`` may be given as mappings. ``where`` (keyword only, not a field): the spec's
-    place in a spec (``spec.rules[0].use``), for error messages.
+    ``recipe``, ``skip_softmax`` and ``block_sparse`` may be given as mappings. ``where`` (keyword only, not a
+    field): the spec's place in a spec (``spec.rules[0].use``), for error messages.
     """
 
     backend: str = AUTO
