@@ -5,8 +5,9 @@ implementation cannot serve it (:func:`unmet`), and the first of a spec's candid
 
 from __future__ import annotations
 
-from . import kernels, recipes
+from . import recipes
 from .hardware import Hardware
+from .kernels import names_with
 from .ops.canonical import KEY_MASKS, unservable
 from .recipes import Requirements
 from .site import Site
@@ -95,7 +96,7 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
     if use.skip_softmax is not None and not req.skip_softmax:
         return "no skip-softmax"
     if use.block_sparse is not None and not req.block_sparse:
-        return f"no block sparsity (kernels with it: {kernels.names_with('block_sparse')})"
+        return f"no block sparsity (kernels with it: {names_with('block_sparse')})"
     return None
 
 
