@@ -157,8 +157,9 @@ def test_rules_compose_first_and_last_layers_dense_blocks():
 
 @pytest.mark.parametrize("data, message", [
     ({"default": {"backend": "CUDNN", "recipe": {"qk_dtype": "fp8", "v_dtype": "fp8"}, "block_sparse": {"cdf": 0.9}}},
-     "spec.default.block_sparse is not accepted for backend='CUDNN'; valid: auto, REFERENCE (backends with a kernel "
-     "that visits block lists: reference)"),
+     f"spec.default.block_sparse is not accepted for backend='CUDNN'; valid: "
+     f"{', '.join(recipes.block_sparse_backends())} (backends with a kernel that visits block lists: "
+     f"{recipes.kernels.names_with('block_sparse')})"),
     ({"default": {"backend": "CUDNN", "recipe": {"qk_dtype": "mxfp8", "v_dtype": "mxfp8"},
                   "block_sparse": {"cdf": 0.9}}},
      "spec.default.block_sparse is not accepted with recipe 'mxfp8 Q/K, mxfp8 V, smooth K' (block_scaled family); "
@@ -239,7 +240,8 @@ def test_auto_picks_a_kernel_with_the_ability_or_keeps_the_site_dense():
     if served:  # a Hopper kernel with block lists: auto takes it, with the lists
         assert d.quantized and d.block_sparse == bs and recipes.kernels.info(d.kernel).block_sparse
     else:  # none: dense, saying why, rather than quantized without the sparsity asked for
-        assert not d.quantized and "no block sparsity (kernels with it: reference)" in d.reason
+        with_lists = recipes.kernels.names_with("block_sparse")
+        assert not d.quantized and f"no block sparsity (kernels with it: {with_lists})" in d.reason
 
 
 @pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
