@@ -22,7 +22,7 @@ from .fx.tracing import trace_multihead_attention
 from .hardware import Hardware, detect
 from .ops import quantized_attention
 from .policy import Decision, Site, resolve
-from .recipes import Recipe, SkipSoftmax
+from .recipes import BlockSparse, Recipe, SkipSoftmax
 from .report import Report
 from .schedule import DenseUntil
 from .spec import DENSE, AttentionSpec, Match, Rule, Spec
@@ -34,6 +34,7 @@ __all__ = [
     "calibrate",
     "config",
     "Backend",
+    "BlockSparse",
     "Report",
     "backend",
     "calibrate_skip_softmax",

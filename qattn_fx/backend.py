@@ -230,6 +230,15 @@ class Backend:
             write_sparsity(dump, self.report, measurement)
         return self.report
 
+    def record_block_sparsity(self, measurement) -> Report:
+        """Put measured block sparsity (a :func:`qattn_fx.block_sparse.measure` block around calls of the compiled
+        model) into ``self.report`` and, with a debug directory, ``block_sparsity.json``; returns the report."""
+        self.report.record_block_sparsity(measurement)
+        dump = debug_dir(self.debug_dir)
+        if dump is not None:
+            write_sparsity(dump, self.report, measurement, blocks=True)
+        return self.report
+
     def context(self, gm: fx.GraphModule | None = None) -> dict:
         hw = self.hardware or _hardware_of(gm)
         return {

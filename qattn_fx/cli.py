@@ -209,6 +209,8 @@ def _resolve(args) -> int:
            "quantized": decision.quantized, "recipe": decision.recipe.to_dict() if decision.recipe else None,
            "kernel": decision.kernel, "backend": decision.backend, "reason": decision.reason,
            "notes": list(decision.notes)}
+    if decision.block_sparse is not None:
+        out["block_sparse"] = decision.block_sparse.to_dict()
     if decision.deployment:
         out["deployment"] = str(decision.deployment)
     print(json.dumps(out, indent=1))

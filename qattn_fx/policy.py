@@ -114,6 +114,17 @@ def _skip_calibrated(use: AttentionSpec, source: str) -> None:
             "returns (a threshold per site), or give skip_softmax.threshold (λ) or threshold_scale_factor")
 
 
+def _block_calibrated(use: AttentionSpec, source: str) -> None:
+    """``block_sparse.target_sparsity`` is served through a calibration only (that turns it into a ``cdf`` or
+    ``top_k`` per site)."""
+    blocks = use.block_sparse
+    if blocks is not None and blocks.target_sparsity is not None:
+        raise ValueError(
+            f"{source} asks for block_sparse.target_sparsity={blocks.target_sparsity:g}, which needs a calibration "
+            "that turns it into a cdf or top_k per site (none runs it yet); give block_sparse.cdf (the predicted "
+            "attention mass to keep, e.g. 0.9) or block_sparse.top_k (the fraction of key tiles to keep)")
+
+
 def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = None, *,
             emulate: bool = False, target: Target = None, apply_cost_rule: bool = True) -> Decision:
     """Decide how ``site`` runs on ``hardware`` (default: this machine) under ``spec`` (default: :class:`Spec`).
@@ -139,7 +150,13 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
                              f"({site.module or 'no module'}) cannot run it: {why}")
         return Decision(False, f"dense: {why}", source=source, notes=notes)
     _skip_calibrated(use, source)
-    skip = use.skip_softmax
+    _block_calibrated(use, source)
+    if site.lse and use.block_sparse is not None and not is_auto(use):  # auto keeps it dense, saying why (unmet)
+        raise ValueError(
+            f"{source} asks for {use.describe()} but site {site.name!r} ({site.module or 'no module'}) also returns "
+            "its log-sum-exp (ring attention merges partial results by it), which block sparsity does not serve; "
+            "give the site a rule without block_sparse (match its module), or use backend='auto' to keep it dense")
+    skip, blocks = use.skip_softmax, use.block_sparse
     if emulate or use.backend == REFERENCE:
         how = "emulated" if emulate else "backend REFERENCE"
         why = unmet(recipes.REFERENCE_REQUIREMENTS, site, hardware, use)
@@ -147,7 +164,7 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
             return Decision(False, f"dense: reference: {why}", recipe, None, None, source, notes)
         deploy = deployment(site, use, target) if emulate and use.backend != REFERENCE else None
         return Decision(True, f"quantized ({how}): {use.describe_recipe()} on reference ({hardware.arch})", recipe,
-                        "reference", REFERENCE, source, notes, deploy, skip)
+                        "reference", REFERENCE, source, notes, deploy, skip, block_sparse=blocks)
     found, reasons = first_serving(candidates(use), site, hardware, use)
     if found is not None:
         row, req = found
@@ -161,7 +178,7 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
             said = f"{PREDICTED_SLOWER}{why}; auto would keep it dense" if predicted else None
         return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"
                         + (f"; {said}" if said else ""), recipe, req.kernel, row.backend, source, notes,
-                        skip_softmax=skip, predicted_slower=slower)
+                        skip_softmax=skip, predicted_slower=slower, block_sparse=blocks)
     summary = why_not(reasons, grouped=False) if recipe is not None else NO_DENSE_SKIP_KERNEL
     what = use.describe()
     if is_auto(use):

@@ -21,6 +21,7 @@ from typing import Iterable, Literal
 import torch
 
 from . import kernels
+from .block_sparse_spec import BlockSparse  # noqa: F401  (re-exported: the spec key beside SkipSoftmax)
 from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)
 from .validate import (check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, from_fields, path_at,
                        show, unique)
@@ -267,6 +268,13 @@ def skip_softmax_backends() -> tuple[str, ...]:
             REFERENCE)
 
 
+def block_sparse_backends() -> tuple[str, ...]:
+    """Backends with a row whose implementations visit only listed blocks (``Requirements.block_sparse``), then
+    ``auto`` and ``REFERENCE`` (the reference kernel runs block lists for every recipe of the scaled family)."""
+    return (*dict.fromkeys(r.backend for r in TABLE if any(i.block_sparse for i in r.implementations)), AUTO,
+            REFERENCE)
+
+
 def rows_for(backend: str) -> tuple[Row, ...]:
     if backend in (AUTO, REFERENCE):
         return TABLE
@@ -429,6 +437,7 @@ __all__ = [
     "HeadDims",
     "BlockChoices",
     "SkipSoftmax",
+    "BlockSparse",
     "TABLE",
     "BACKENDS",
     "ALL_BACKENDS",

@@ -2,8 +2,10 @@
 
 ``Report.to_dict()`` → ``{"sites": [{"site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask",
 "mask_shape", "rewritten", "recipe", "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity",
-"predicted_slower", "graph", "notes"}, ...], "notes": [...]}`` (``skip_softmax``: the site's Skip-Softmax setting,
-``sparsity``: the fraction of tiles it skipped, once measured: :meth:`Report.record_sparsity`; ``mask``: the kind of
+"block_sparse", "block_sparsity", "predicted_slower", "graph", "notes"}, ...], "notes": [...]}`` (``skip_softmax``:
+the site's Skip-Softmax setting, ``sparsity``: the fraction of tiles it skipped, once measured:
+:meth:`Report.record_sparsity`; ``block_sparse``: its block-sparsity setting, ``block_sparsity``: the fraction of
+blocks its predictor skipped, once measured: :meth:`Report.record_block_sparsity`; ``mask``: the kind of
 ``attn_mask`` as the pass read it, ``none``, ``key_padding`` / ``key_bias`` (per key), ``bool`` / ``float`` (per
 query or head))
 (report-wide notes: rules of the spec that decided no site); ``report.markdown()`` has the same full detail.
@@ -15,7 +17,8 @@ what its deployment target would run), wrapped; ``report.table(columns, width=)`
 Debug dumps (``debug_dir=``, else ``qattn_fx.config.debug_dir`` / ``$QATTN_FX_DEBUG``), per compiled graph ``N``:
 ``graph_N_before.py`` and ``graph_N_after.py`` (readable code with shapes, strides and devices, the signature one
 argument a line), ``graph_N_sites.md`` / ``.json``, and ``spec.json`` (the spec as resolved, the hardware,
-versions); ``Backend.record_sparsity`` adds ``sparsity.json`` (measured Skip-Softmax sparsity per site). The same
+versions); ``Backend.record_sparsity`` adds ``sparsity.json`` (measured Skip-Softmax sparsity per site),
+``Backend.record_block_sparsity`` ``block_sparsity.json`` (blocks skipped per block-sparse site). The same
 payloads are emitted as structured trace artifacts (``TORCH_TRACE=dir`` + ``tlparse``) named
 ``qattn_fx_before_rewrite``, ``qattn_fx_after_rewrite``, ``qattn_fx_sites``.
 """
@@ -40,7 +43,7 @@ from .site import Deployment
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask", "mask_shape",
             "rewritten", "recipe", "kernel", "reason", "deployment", "source", "skip_softmax", "sparsity",
-            "predicted_slower")
+            "block_sparse", "block_sparsity", "predicted_slower")
 #: The columns of ``str(report)`` (``graph`` is put first when the report spans several graphs). ``q/kv``: the
 #: query and key lengths; ``d``: head_dim; ``recipe``: its short name; ``reason``: for a quantized site the rule
 #: (or default) that chose it plus the deployment note of an emulated site, for a dense one why. Any field of
@@ -113,6 +116,11 @@ class SiteRecord:
     #: The kind of its ``attn_mask`` as the pass read it (``Site.mask``) and that mask's shape.
     mask: str = "none"
     mask_shape: list | None = None
+    #: The site's block-sparsity setting (``BlockSparse.describe()``), if any, and its short name (the table's).
+    block_sparse: str | None = None
+    block_short: str | None = None
+    #: The fraction of blocks its predictor skipped, once measured (:meth:`Report.record_block_sparsity`).
+    block_sparsity: float | None = None
 
     @classmethod
     def from_outcome(cls, graph: int, outcome: SiteOutcome) -> "SiteRecord":
@@ -141,6 +149,8 @@ class SiteRecord:
             predicted_slower=decision.predicted_slower,
             mask=site.mask,
             mask_shape=None if site.mask_shape is None else _shape(site.mask_shape),
+            block_sparse=decision.block_sparse.describe() if decision.quantized and decision.block_sparse else None,
+            block_short=decision.block_sparse.short_name if decision.quantized and decision.block_sparse else None,
         )
 
     @property
@@ -154,6 +164,8 @@ class SiteRecord:
         if not self.rewritten:
             return self.reason
         skipped = f"; skipped {100 * self.sparsity:.1f}% of tiles" if self.sparsity is not None else ""
+        if self.block_sparsity is not None:
+            skipped += f"; skipped {100 * self.block_sparsity:.1f}% of blocks"
         return self.source + skipped + (f"; {self.deployment}" if self.deployment else "")
 
     def cell(self, column: str) -> str:
@@ -168,7 +180,8 @@ class SiteRecord:
         if column == "mask":
             return "-" if self.mask == "none" else self.mask
         if column == "recipe":
-            return _cell(self.recipe_short) + (f", {self.skip_short}" if self.skip_short else "")
+            return _cell(self.recipe_short) + "".join(f", {short}" for short in (self.skip_short, self.block_short)
+                                                      if short)
         if column == "reason":
             return self.compact_reason()
         if column not in _COLUMNS:
@@ -203,6 +216,15 @@ class Report:
         measured = measurement.sparsity()
         self.sites[:] = [dataclasses.replace(s, sparsity=measured[s.label_prefix])
                          if s.skip_softmax and s.label_prefix in measured else s for s in self.sites]
+        return self
+
+    def record_block_sparsity(self, measurement) -> "Report":
+        """Put the block sparsity of a :func:`qattn_fx.block_sparse.measure` block (calls of the compiled model
+        inside it) into the block-sparse sites it measured (by their label, the inserted nodes' prefix); returns
+        ``self``."""
+        measured = measurement.sparsity()
+        self.sites[:] = [dataclasses.replace(s, block_sparsity=measured[s.label_prefix])
+                         if s.block_sparse and s.label_prefix in measured else s for s in self.sites]
         return self
 
     def deployed(self) -> dict[str, tuple[int, int]]:
@@ -379,12 +401,15 @@ def write_dump(directory: Path, graph: int, before: str, after: str, sites: Repo
     (directory / "spec.json").write_text(json.dumps(context, indent=1, default=str))
 
 
-def write_sparsity(directory: Path, report: Report, measurement) -> None:
-    """``sparsity.json``: per measured site label, its module, the Skip-Softmax setting and the tiles skipped."""
+def write_sparsity(directory: Path, report: Report, measurement, *, blocks: bool = False) -> None:
+    """``sparsity.json``: per measured site label, its module, the Skip-Softmax setting and the tiles skipped; with
+    ``blocks``, ``block_sparsity.json``: the block-sparsity setting and the blocks skipped (``tiles``: all blocks,
+    ``calls``: predictor calls)."""
     directory.mkdir(parents=True, exist_ok=True)
     modules = {s.label_prefix: s for s in report.sites if s.label_prefix}
+    key = "block_sparse" if blocks else "skip_softmax"
     payload = {label: {"module": modules[label].module if label in modules else None,
-                       "skip_softmax": modules[label].skip_softmax if label in modules else None,
+                       key: getattr(modules[label], key) if label in modules else None,
                        "skipped": m.skipped, "tiles": m.tiles, "calls": m.calls, "sparsity": m.sparsity}
                for label, m in measurement.sites.items()}
-    (directory / "sparsity.json").write_text(json.dumps(payload, indent=1))
+    (directory / ("block_sparsity.json" if blocks else "sparsity.json")).write_text(json.dumps(payload, indent=1))

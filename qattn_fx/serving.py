@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import recipes
 from .hardware import Hardware
+from .kernels import names_with
 from .ops.canonical import KEY_MASKS, unservable
 from .recipes import Requirements
 from .site import Site
@@ -78,6 +79,8 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
         return "returns no LSE (the call's log-sum-exp, which ring attention merges by)"
     if site.lse and use.skip_softmax is not None:
         return "no skip-softmax with LSE (the call's log-sum-exp, which ring attention merges by)"
+    if site.lse and use.block_sparse is not None:
+        return "no block sparsity with LSE (the call's log-sum-exp, which ring attention merges by)"
     if site.lse and use.recipe is not None and use.recipe.family != "scaled":
         return (f"no LSE op for {use.recipe.qk_dtype} Q/K, {use.recipe.v_dtype} V (LSE calls are served for "
                 "int8/fp8/bf16 Q/K with fp8 V)")
@@ -92,6 +95,8 @@ def unmet(req: Requirements, site: Site, hardware: Hardware, use: AttentionSpec)
         return f"sequence lengths must be multiples of {m}"
     if use.skip_softmax is not None and not req.skip_softmax:
         return "no skip-softmax"
+    if use.block_sparse is not None and not req.block_sparse:
+        return f"no block sparsity (kernels with it: {names_with('block_sparse')})"
     return None
 
 

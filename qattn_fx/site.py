@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .ops.canonical import MASK_KINDS
-from .recipes import Recipe, SkipSoftmax
+from .recipes import BlockSparse, Recipe, SkipSoftmax
 from .validate import check_choice
 
 
@@ -150,3 +150,6 @@ class Decision:
     #: e.g. ``gluon_sage predicted 0.94x of cuDNN bf16 at Sq 3872, Skv 3872 (cost data: H200 2026-12-02)``: set on
     #: a site ``auto`` keeps dense for it and on a site an explicit backend or a pinned kernel runs anyway.
     predicted_slower: str | None = None
+    #: Block sparsity on top of the recipe (quantized sites only; :mod:`qattn_fx.block_sparse`): the blocks the
+    #: site visits are predicted in the graph before the attention op. Set only where the spec asked for it.
+    block_sparse: BlockSparse | None = None

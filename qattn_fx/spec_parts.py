@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any, Literal, Union
 
-from . import recipes
-from .recipes import ALL_BACKENDS, AUTO, REFERENCE, Recipe, SkipSoftmax
+from . import kernels, recipes
+from .recipes import ALL_BACKENDS, AUTO, REFERENCE, BlockSparse, Recipe, SkipSoftmax
 from .validate import (check_choice, check_int, check_items, check_str, from_fields, invalid, path_at, reject_unknown,
                        show)
 
@@ -39,16 +39,21 @@ class AttentionSpec:
     ``skip_softmax`` (:class:`~qattn_fx.recipes.SkipSoftmax`, :mod:`qattn_fx.skip_softmax`) runs on top of the
     recipe where a kernel of the backend implements it (TRITON: gluon_sage on sm_90; TRTLLM, TRTLLM_ATTN:
     trtllm-gen on sm_100) and in emulation.
+    ``block_sparse`` (:class:`~qattn_fx.recipes.BlockSparse`, :mod:`qattn_fx.block_sparse`): visit only the blocks
+    of 128 query rows x 128 keys a predictor picks before Q·Kᵀ, on top of a recipe of the ``scaled`` family
+    (int8/fp8/bf16 Q/K, fp8 V), where a kernel of the backend implements it (``Requirements.block_sparse``) and in
+    emulation; it composes with ``skip_softmax`` (which tests the visited blocks).
     ``kernel`` pins one implementation of the recipe (e.g. ``triton_sage`` where ``auto`` would take
     ``gluon_sage``); like an explicit backend it never falls back: a site it cannot serve raises.
-    ``recipe`` and ``skip_softmax`` may be given as mappings. ``where`` (keyword only, not a field): the spec's
-    place in a spec (``spec.rules[0].use``), for error messages.
+    ``recipe``, ``skip_softmax`` and ``block_sparse`` may be given as mappings. ``where`` (keyword only, not a
+    field): the spec's place in a spec (``spec.rules[0].use``), for error messages.
     """
 
     backend: str = AUTO
     recipe: Recipe | None = DEFAULT_RECIPE
     skip_softmax: SkipSoftmax | None = None
     kernel: str | None = None
+    block_sparse: BlockSparse | None = None
     _: KW_ONLY
     where: InitVar[str] = ""
 
@@ -63,6 +68,11 @@ class AttentionSpec:
                                SkipSoftmax.from_dict(self.skip_softmax, where=path_at(where, "skip_softmax")))
         elif self.skip_softmax is not None and not isinstance(self.skip_softmax, SkipSoftmax):
             raise invalid(path_at(where, "skip_softmax"), self.skip_softmax, "a skip_softmax mapping, or null")
+        if isinstance(self.block_sparse, dict):
+            object.__setattr__(self, "block_sparse",
+                               BlockSparse.from_dict(self.block_sparse, where=path_at(where, "block_sparse")))
+        elif self.block_sparse is not None and not isinstance(self.block_sparse, BlockSparse):
+            raise invalid(path_at(where, "block_sparse"), self.block_sparse, "a block_sparse mapping, or null")
         if self.recipe is None:
             if self.skip_softmax is None:
                 raise ValueError(f"{path_at(where, 'recipe')}=None is invalid without skip_softmax; valid: a recipe, or "
@@ -78,6 +88,8 @@ class AttentionSpec:
             if backend not in valid:
                 raise ValueError(f"{path_at(where, 'skip_softmax')} is not accepted for backend={backend!r}; "
                                  f"valid: {', '.join(valid)}")
+        if self.block_sparse is not None:
+            self._check_block_sparse(backend, where)
 
         if self.kernel is not None:
             kernels, path = self.kernels(), path_at(where, "kernel")
@@ -87,10 +99,31 @@ class AttentionSpec:
                                  f"{backend!r}; valid: {', '.join(kernels) or 'none'} (the kernels of this backend "
                                  "and recipe)")
 
+    def _check_block_sparse(self, backend: str, where: str) -> None:
+        """``block_sparse`` needs a recipe of the scaled family and a backend with a kernel that visits block
+        lists (or ``auto`` / ``REFERENCE``)."""
+        path = path_at(where, "block_sparse")
+        if self.recipe is None:
+            raise ValueError(f"{path} is invalid with {path_at(where, 'recipe')}=None (bf16 attention with "
+                             "skip_softmax has no block lists); valid: a recipe of the scaled family (int8/fp8/bf16 "
+                             "Q/K, fp8 V), e.g. {qk_dtype: bf16, v_dtype: fp8}")
+        if self.recipe.family != "scaled":
+            raise ValueError(f"{path} is not accepted with recipe {self.recipe.name!r} ({self.recipe.family} family); "
+                             "valid: recipes of the scaled family (int8/fp8/bf16 Q/K, fp8 V)")
+        valid = recipes.block_sparse_backends()
+        if backend not in valid:
+            raise ValueError(f"{path} is not accepted for backend={backend!r}; valid: {', '.join(valid)} (backends "
+                             f"with a kernel that visits block lists: {kernels_with_block_sparsity()})")
+
+    def sparsity(self) -> str:
+        """The sparsity settings after a recipe's name: ``, skip-softmax λ=0.01, block-sparse cdf 0.9, ...``."""
+        return (f", {self.skip_softmax.describe()}" if self.skip_softmax else "") + (
+            f", {self.block_sparse.describe()}" if self.block_sparse else "")
+
     def describe_recipe(self) -> str:
-        """The recipe's name, with the skip-softmax setting: ``int8 Q/K 1/16, ..., skip-softmax λ=0.01``."""
+        """The recipe's name, with the sparsity settings: ``int8 Q/K 1/16, ..., skip-softmax λ=0.01``."""
         what = self.recipe.name if self.recipe else "bf16"
-        return what + (f", {self.skip_softmax.describe()}" if self.skip_softmax else "")
+        return what + self.sparsity()
 
     def kernels(self) -> tuple[str, ...]:
         """The kernels implementing this backend and recipe (what ``kernel`` may name; whether one runs
@@ -105,23 +138,30 @@ class AttentionSpec:
 
     def describe(self) -> str:
         what = self.recipe.name if self.recipe else "bf16"
-        extra = f", {self.skip_softmax.describe()}" if self.skip_softmax else ""
         kernel = f" (kernel {self.kernel})" if self.kernel else ""
-        return f"{what}{extra} via {self.backend}{kernel}"
+        return f"{what}{self.sparsity()} via {self.backend}{kernel}"
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"backend": self.backend, "recipe": self.recipe.to_dict() if self.recipe else None}
         if self.skip_softmax is not None:
             out["skip_softmax"] = self.skip_softmax.to_dict()
+        if self.block_sparse is not None:
+            out["block_sparse"] = self.block_sparse.to_dict()
         if self.kernel is not None:
             out["kernel"] = self.kernel
         return out
 
     @classmethod
     def from_dict(cls, data: dict, *, where: str = "attention spec") -> "AttentionSpec":
-        reject_unknown(data, {"backend", "recipe", "skip_softmax", "kernel"}, where)
+        reject_unknown(data, {"backend", "recipe", "skip_softmax", "block_sparse", "kernel"}, where)
         return cls(backend=data.get("backend", AUTO), recipe=data.get("recipe", DEFAULT_RECIPE),
-                   skip_softmax=data.get("skip_softmax"), kernel=data.get("kernel"), where=where)
+                   skip_softmax=data.get("skip_softmax"), kernel=data.get("kernel"),
+                   block_sparse=data.get("block_sparse"), where=where)
+
+
+def kernels_with_block_sparsity() -> str:
+    """The kernels that visit block lists (``KernelInfo.block_sparse``), comma-joined."""
+    return kernels.names_with("block_sparse")
 
 
 Use = Union[AttentionSpec, Literal["dense"]]

@@ -202,22 +202,31 @@ class TimestepSource:
         return None
 
 
+def _gate(decision: Decision) -> str | None:
+    """The spec key of the site's first timestep gate (``skip_softmax.disabled_until_timestep=0.5``), or None."""
+    for key, setting in (("skip_softmax", decision.skip_softmax), ("block_sparse", decision.block_sparse)):
+        if setting is not None and setting.gated:
+            return f"{key}.disabled_until_timestep={setting.disabled_until_timestep:g}"
+    return None
+
+
 def _timestep_node(call: match.SdpaCall, decision: Decision, root: fx.GraphModule, source: TimestepSource):
-    """The timestep graph input a gated site reads (None when the site's skip-softmax is not gated)."""
-    skip = decision.skip_softmax
-    if skip is None or not skip.gated:
+    """The timestep graph input a gated site reads (None when neither its skip-softmax nor its block sparsity is
+    gated)."""
+    gate = _gate(decision)
+    if gate is None:
         return None
     node = source.find(root.graph)
     inputs = [str(n.target) for n in root.graph.nodes if n.op == "placeholder"]
     if node is None:
         shown = ", ".join(i for i in inputs if "parameters" not in i and "buffers" not in i) or "none"
         raise ValueError(
-            f"skip_softmax.disabled_until_timestep={skip.disabled_until_timestep:g} at {call.node.name} needs the "
-            f"denoising timestep in the compiled graph, but no graph input is the model's {source.argument!r} "
+            f"{gate} at {call.node.name} needs the denoising timestep in the compiled graph, but no graph input is "
+            f"the model's {source.argument!r} "
             f"argument (inputs: {shown}; an argument the forward never reads is none); compile the transformer whose "
             "forward takes and uses it (not its blocks alone), or name the argument with backend(..., timestep=...)")
     if call.graph is not root.graph:
-        raise ValueError(f"skip_softmax.disabled_until_timestep at {call.node.name}: the site is in a nested "
+        raise ValueError(f"{gate.split('=')[0]} at {call.node.name}: the site is in a nested "
                          "subgraph, which cannot read the timestep input; compile without the wrapper that nests it")
     return node
 
@@ -239,7 +248,8 @@ def rewrite_site(call: match.SdpaCall, decision: Decision, prefix: str, timestep
                                   out_dtype=q.dtype, head_dim=head_dim, attn_mask=mask,
                                   enable_gqa=bool(call.args["enable_gqa"]), return_lse=call.lse, emit=emit,
                                   skip_softmax=decision.skip_softmax, timestep=timestep,
-                                  timestep_scale=timestep_scale, skip_label=prefix, query_mask=rows)
+                                  timestep_scale=timestep_scale, skip_label=prefix, query_mask=rows,
+                                  block_sparse=decision.block_sparse)
         if call.lse:
             _replace_lse_outputs(call, *out, emit)
         else:

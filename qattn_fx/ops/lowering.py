@@ -14,8 +14,9 @@ from typing import Any, Callable, Protocol
 import torch
 
 from .. import kernels
-from ..recipes import Recipe, SkipSoftmax
+from ..recipes import BlockSparse, Recipe, SkipSoftmax
 from . import attention as _attention  # noqa: F401  (registers qattn::*_attention)
+from . import predict as _predict  # noqa: F401  (registers qattn::predict_blocks, qattn::block_keep)
 from .. import formats
 from . import canonical
 from . import quantize as _quantize  # noqa: F401  (registers qattn::quantize_*)
@@ -190,6 +191,42 @@ def _skip_threshold(emit: Emitter, k: Any, skip: SkipSoftmax | None, timestep: A
     return emit(ops.skip_threshold.default, args, "skip_threshold")
 
 
+def _check_block_sparse(blocks: BlockSparse | None, recipe: Recipe | None, kernel: str,
+                        entry: kernels.KernelInfo, return_lse: bool, timestep: Any) -> None:
+    """Raise ``ValueError`` unless the call can run ``blocks`` (see :func:`quantized_attention`)."""
+    if blocks is None:
+        return
+    if recipe is None or recipe.family != "scaled":
+        raise ValueError("block_sparse needs a recipe of the scaled family (int8/fp8/bf16 Q/K, fp8 V); got "
+                         + (recipe.name if recipe is not None else "recipe=None"))
+    if return_lse:
+        raise ValueError("return_lse=True with block_sparse is not served (ring attention merges LSEs of whole "
+                         "key chunks); give one of them")
+    if not entry.block_sparse:
+        raise ValueError(f"kernel {kernel!r} takes no block lists (block_sparse); kernels that do: "
+                         f"{kernels.names_with('block_sparse')}")
+    if blocks.keep is None:
+        raise ValueError(f"block_sparse.target_sparsity={blocks.target_sparsity:g} needs a calibration that turns it "
+                         "into a cdf or top_k per site; valid here: cdf, top_k")
+    if blocks.gated and timestep is None:
+        raise ValueError(f"block_sparse.disabled_until_timestep={blocks.disabled_until_timestep:g} needs the "
+                         "denoising timestep (timestep=): the model's timestep tensor, or its graph input")
+
+
+def _predict_blocks(emit: Emitter, q: Any, k: Any, key_bias: Any, sm_scale: float, runtime_scale: Any,
+                    blocks: BlockSparse | None, timestep: Any, timestep_scale: float, label: str) -> tuple:
+    """The ``qattn::block_keep`` and ``qattn::predict_blocks`` nodes of a site (from its canonical, unquantized Q
+    and K): ``(block_index, block_count)``, or ``()`` without block sparsity."""
+    if blocks is None:
+        return ()
+    keep_args = (k, float(blocks.keep), timestep if blocks.gated else None,
+                 float(blocks.disabled_until_timestep or 0.0), float(timestep_scale))
+    keep = emit(ops.block_keep.default, keep_args, "block_keep")
+    args = (q, k, key_bias, float(sm_scale), runtime_scale, keep, blocks.mode, int(blocks.sink_tiles),
+            bool(blocks.diagonal), float(blocks.similarity), label)
+    return _unpack(emit, emit(ops.predict_blocks.default, args, "predict_blocks"), ("block_index", "block_count"))
+
+
 def quantized_attention(
     q: Any,
     k: Any,
@@ -209,6 +246,7 @@ def quantized_attention(
     timestep_scale: float = 1000.0,
     skip_label: str = "",
     query_mask: Any = None,
+    block_sparse: BlockSparse | None = None,
 ) -> Any:
     """Non-causal attention of ``q``, ``k``, ``v`` under ``recipe`` on ``kernel``, as ``F.scaled_dot_product_attention``
     computes it (same shapes, broadcasting, masks).
@@ -235,6 +273,12 @@ def quantized_attention(
     ``query_mask``: the kept queries, boolean, broadcastable to ``(B, 1, Sq, 1)`` of the canonical form (4-D calls),
     for a mask that masks queries too (:class:`qattn_fx.fx.masks.MaskRead`, whose caller sets their output rows to
     0): masked queries' Q rows are zeroed before a Q scale that spans several tokens reads them.
+    ``block_sparse`` (:class:`~qattn_fx.recipes.BlockSparse` with ``cdf`` or ``top_k``; recipes of the ``scaled``
+    family on kernels whose ``KernelInfo.block_sparse``): a ``qattn::predict_blocks`` node picks the blocks to visit
+    from the canonical, unquantized Q and K (and the key bias of a mask; GQA: K's own heads) before any quantize
+    node, and the attention op visits only those; its ``keep`` is a ``qattn::block_keep`` node (1, every block,
+    while the normalized ``timestep`` is above ``disabled_until_timestep``); ``skip_label`` also names the site in
+    measured block sparsity (:func:`qattn_fx.block_sparse.measure`).
     """
     q_shape = _shape(q)
     if head_dim is None:
@@ -259,6 +303,7 @@ def quantized_attention(
             raise ValueError("return_lse=True with skip_softmax is not served (the LSE op runs no tile test); "
                              "give one of them")
         _check_lse(recipe, kernel, entry, plan)
+    _check_block_sparse(block_sparse, recipe, kernel, entry, return_lse, timestep)
     if mask_shape is not None:
         kind = canonical.mask_kind(mask_shape, value_of(attn_mask).dtype == torch.bool, len(q_shape))
         if kind not in canonical.KEY_MASKS:
@@ -273,6 +318,8 @@ def quantized_attention(
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
     k_call = k
     skip = _skip_threshold(emit, k, skip_softmax, timestep, timestep_scale)
+    blocks = _predict_blocks(emit, q, k, key_bias, sm_scale, runtime_scale, block_sparse, timestep, timestep_scale,
+                             skip_label)
     if recipe is None:
         args = (q, k, v, float(sm_scale), out_dtype, kernel, key_bias, runtime_scale, skip, skip_label)
         return _from_canonical(emit, emit(ops.skip_softmax_attention.default, args, "attention"), q_call, plan)
@@ -292,8 +339,8 @@ def quantized_attention(
     if key_bias is not None:
         v = emit(ops.mask_keys.default, (v, key_bias), "v_masked")
     v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
-    extra = (() if key_bias is None and runtime_scale is None and skip is None else (key_bias, runtime_scale)) + (
-        () if skip is None else (skip, skip_label))
+    extra = (() if key_bias is None and runtime_scale is None and skip is None and not blocks else
+             (key_bias, runtime_scale)) + (() if skip is None and not blocks else (skip, skip_label)) + blocks
     if return_lse:
         args = (q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe.q_block_size, recipe.k_block_size,
                 float(sm_scale), out_dtype, kernel, *extra)

@@ -15,6 +15,10 @@ label="") -> (block_index, block_count)``
   no fallback), the torch reference on CPU; both share the selection, so equal pooled values give equal lists.
 * ``label`` names the site: inside :func:`qattn_fx.block_sparse.measure` each call's skipped blocks are recorded
   under it.
+
+``qattn::block_keep(k, keep, timestep, until, timestep_scale) -> Tensor``: the ``keep`` a block-sparse site passes
+the predictor, fp32 ``(1,)`` on k's device; with a ``timestep``, 1 (every block) while ``timestep /
+timestep_scale > until`` (``block_sparse.disabled_until_timestep``), so a step schedule is data, not a recompile.
 """
 
 from __future__ import annotations
@@ -67,3 +71,25 @@ def _(q, k, key_bias, sm_scale, runtime_scale, keep, mode, sink_tiles, diagonal,
 
 
 predict_blocks = torch.ops.qattn.predict_blocks
+
+
+@torch.library.custom_op("qattn::block_keep", mutates_args=())
+def block_keep_op(k: torch.Tensor, keep: float, timestep: Optional[torch.Tensor], until: float,
+                  timestep_scale: float) -> torch.Tensor:
+    """A block-sparse site's ``keep`` for one call, as data (a schedule changes it without recompiling): ``keep``
+    as an fp32 ``(1,)`` tensor on ``k``'s device; with a ``timestep`` (the model's own, any shape: its max is
+    taken), 1 (every block visited) while ``t = timestep / timestep_scale`` is above ``until``
+    (``block_sparse.disabled_until_timestep``: dense on the early, noisy steps)."""
+    value = torch.full((1,), float(keep), dtype=torch.float32, device=k.device)
+    if timestep is None:
+        return value
+    t = timestep.to(device=k.device, dtype=torch.float32).reshape(-1).amax() / timestep_scale
+    return torch.where(t > until, torch.ones_like(value), value)
+
+
+@block_keep_op.register_fake
+def _(k, keep, timestep, until, timestep_scale):
+    return k.new_empty((1,), dtype=torch.float32)
+
+
+block_keep = torch.ops.qattn.block_keep

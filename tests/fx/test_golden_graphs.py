@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import qattn_fx
-from qattn_fx import AttentionSpec, Recipe, Spec
+from qattn_fx import AttentionSpec, BlockSparse, Recipe, Spec
 from qattn_fx.fx.printer import format_graph
 
 
@@ -91,6 +91,17 @@ class MaskedCrossAttention(torch.nn.Module):
 
 def spec_for(recipe: Recipe, backend: str) -> Spec:
     return Spec(default=AttentionSpec(backend=backend, recipe=recipe))
+
+
+def emulated_graph(spec: Spec, block: Callable[[], torch.nn.Module], inputs: Callable[[], tuple]) -> str:
+    """The rewritten graph of ``block()`` called on ``inputs()`` (fp32, emulated on the reference kernel)."""
+    torch.manual_seed(0)
+    backend = qattn_fx.backend(spec, emulate=True, compiler="eager")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(block().eval(), backend=backend, fullgraph=True, dynamic=False)(*inputs())
+    assert len(backend.graph_modules) == 1
+    return format_graph(backend.graph_modules[0])
 
 
 class TestGoldenGraphs(expecttest.TestCase):
@@ -289,6 +300,81 @@ v7 = .transpose(v6, 1, 2)  # f32[1,8,2,32]
 v8 = .reshape(v7, 1, 8, 64)  # f32[1,8,64]
 v9 = linear(v8, in3, in4)  # f32[1,8,64]
 return (v9,)""")
+
+    def test_block_sparse_predicts_from_the_unquantized_q_and_k(self):
+        """block_keep (the keep as data) and predict_blocks (from the canonical q and k, before any quantize node)
+        feed the attention op's block lists."""
+        spec = Spec(default=AttentionSpec(recipe=Recipe("int8", "fp8", 1, 16, 1), block_sparse=BlockSparse(cdf=0.9)))
+        self.assertExpectedInline(rewritten_graph(spec), """\
+in0: f32[1,8,64]
+in1: f32[192,64]
+in2: f32[192]
+in3: f32[64,64]
+in4: f32[64]
+v0 = linear(in0, in1, in2)  # f32[1,8,192]
+v1 = .view(v0, 1, 8, 3, 2, 32)  # f32[1,8,3,2,32]
+v2 = .permute(v1, 2, 0, 3, 1, 4)  # f32[3,1,2,8,32]
+v3 = getitem(v2, 0)  # f32[1,2,8,32]
+v4 = getitem(v2, 1)  # f32[1,2,8,32]
+v5 = getitem(v2, 2)  # f32[1,2,8,32]
+blocks_0_block_keep = qattn.block_keep(v4, 0.9, None, 0, 1000)  # f32[1]
+blocks_0_predict_blocks = qattn.predict_blocks(v3, v4, None, 0.176777, None, blocks_0_block_keep, 'cdf', 1, True, 0.6, 'blocks_0')  # (int32[1,2,1,1], int32[1,2,1])
+blocks_0_block_index = getitem(blocks_0_predict_blocks, 0)  # int32[1,2,1,1]
+blocks_0_block_count = getitem(blocks_0_predict_blocks, 1)  # int32[1,2,1]
+blocks_0_k_smooth = qattn.smooth_k(v4)  # f32[1,2,8,32]
+blocks_0_q_quant = qattn.quantize_per_block(v3, 1, torch.int8)  # (i8[1,2,8,32], f32[1,2,8])
+blocks_0_q_data = getitem(blocks_0_q_quant, 0)  # i8[1,2,8,32]
+blocks_0_q_scale = getitem(blocks_0_q_quant, 1)  # f32[1,2,8]
+blocks_0_k_quant = qattn.quantize_per_block(blocks_0_k_smooth, 16, torch.int8)  # (i8[1,2,8,32], f32[1,2,4])
+blocks_0_k_data = getitem(blocks_0_k_quant, 0)  # i8[1,2,8,32]
+blocks_0_k_scale = getitem(blocks_0_k_quant, 1)  # f32[1,2,4]
+blocks_0_v_quant = qattn.quantize_per_channel(v5, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,8,32], f32[1,2,32])
+blocks_0_v_data = getitem(blocks_0_v_quant, 0)  # f8e4m3[1,2,8,32]
+blocks_0_v_scale = getitem(blocks_0_v_quant, 1)  # f32[1,2,32]
+blocks_0_attention = qattn.scaled_attention(blocks_0_q_data, blocks_0_q_scale, blocks_0_k_data, blocks_0_k_scale, blocks_0_v_data, blocks_0_v_scale, 1, 16, 0.176777, torch.float32, 'reference', None, None, None, 'blocks_0', blocks_0_block_index, blocks_0_block_count)  # f32[1,2,8,32]
+v6 = .transpose(blocks_0_attention, 1, 2)  # f32[1,8,2,32]
+v7 = .reshape(v6, 1, 8, 64)  # f32[1,8,64]
+v8 = linear(v7, in3, in4)  # f32[1,8,64]
+return (v8,)""")
+
+    def test_block_sparse_on_a_masked_site_gives_the_predictor_the_key_bias(self):
+        inputs = lambda: (torch.randn(1, 8, 256), torch.randn(1, 32, 256), torch.ones(1, 32))  # noqa: E731
+        spec = Spec(default=AttentionSpec(recipe=Recipe("bf16", "fp8", 0, 0, 1),
+                                          block_sparse=BlockSparse(top_k=0.5, sink_tiles=0, similarity=0.0)))
+        self.assertExpectedInline(emulated_graph(spec, MaskedCrossAttention, inputs), """\
+in0: f32[1,8,256]
+in1: f32[1,32]
+in2: f32[256,256]
+in3: f32[256]
+in4: f32[512,256]
+in5: f32[512]
+in6: f32[1,32,256]
+v0 = .to(in1, torch.float32)  # f32[1,32]
+v1 = sub(1, v0)  # f32[1,32]
+v2 = mul(v1, -10000)  # f32[1,32]
+v3 = .unsqueeze(v2, 1)  # f32[1,1,32]
+v4 = .repeat_interleave(v3, 2, dim=0)  # f32[2,1,32]
+v5 = .view(v4, 1, 2, -1, 32)  # f32[1,2,1,32]
+v6 = linear(in0, in2, in3)  # f32[1,8,256]
+v7 = .view(v6, 1, 8, 2, -1)  # f32[1,8,2,128]
+v8 = .transpose(v7, 1, 2)  # f32[1,2,8,128]
+v9 = linear(in6, in4, in5)  # f32[1,32,512]
+v10 = .view(v9, 1, 32, 2, 2, -1)  # f32[1,32,2,2,128]
+v11 = .permute(v10, 2, 0, 3, 1, 4)  # f32[2,1,2,32,128]
+v12 = getitem(v11, 0)  # f32[1,2,32,128]
+v13 = getitem(v11, 1)  # f32[1,2,32,128]
+sdpa_mask_per_key = unsqueeze(v3, 1)  # f32[1,1,1,32]
+sdpa_key_bias = qattn.key_bias(sdpa_mask_per_key, v12)  # f32[1,32]
+sdpa_block_keep = qattn.block_keep(v12, 0.5, None, 0, 1000)  # f32[1]
+sdpa_predict_blocks = qattn.predict_blocks(v8, v12, sdpa_key_bias, 0.0883883, None, sdpa_block_keep, 'top_k', 0, True, 0, 'sdpa')  # (int32[1,2,1,1], int32[1,2,1])
+sdpa_block_index = getitem(sdpa_predict_blocks, 0)  # int32[1,2,1,1]
+sdpa_block_count = getitem(sdpa_predict_blocks, 1)  # int32[1,2,1]
+sdpa_v_masked = qattn.mask_keys(v13, sdpa_key_bias)  # f32[1,2,32,128]
+sdpa_v_quant = qattn.quantize_per_channel(sdpa_v_masked, torch.float8_e4m3fn, False)  # (f8e4m3[1,2,32,128], f32[1,2,128])
+sdpa_v_data = getitem(sdpa_v_quant, 0)  # f8e4m3[1,2,32,128]
+sdpa_v_scale = getitem(sdpa_v_quant, 1)  # f32[1,2,128]
+sdpa_attention = qattn.scaled_attention(v8, None, v12, None, sdpa_v_data, sdpa_v_scale, 0, 0, 0.0883883, torch.float32, 'reference', sdpa_key_bias, None, None, 'sdpa', sdpa_block_index, sdpa_block_count)  # f32[1,2,8,128]
+return (sdpa_attention,)""")
 
 
 if __name__ == "__main__":

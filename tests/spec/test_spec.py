@@ -454,7 +454,7 @@ def test_vllm_errors(data, message):
     [
         ({"default": "dense", "rule": []}, "unknown key(s) ['rule'] in spec; valid: ['default', 'rules']"),
         ({"default": {"backend": "auto", "recipes": {}}},
-         "unknown key(s) ['recipes'] in spec.default; valid: ['backend', 'kernel', 'recipe', 'skip_softmax']"),
+         "unknown key(s) ['recipes'] in spec.default; valid: ['backend', 'block_sparse', 'kernel', 'recipe', 'skip_softmax']"),
         ({"default": {"backend": "auto", "recipe": {"qk_dtype": "int8", "kblock": 4}}},
          f"unknown key(s) ['kblock'] in spec.default.recipe; valid: {RECIPE_KEYS}"),
         ({"default": {"backend": "TRTLLM_ATTN", "recipe": None, "skip_softmax": {"thresh": 1}}},
@@ -467,7 +467,7 @@ def test_vllm_errors(data, message):
         ({"rules": [{"match": {}, "use": {"backend": "auto", "recipe": {"qk_dtype": "int8", "foo": 1, "bar": 2}}}]},
          f"unknown key(s) ['bar', 'foo'] in spec.rules[0].use.recipe; valid: {RECIPE_KEYS}"),
         ({"rules": [{"match": {}, "use": {"backend": "auto", "skipsoftmax": {}}}]},
-         "unknown key(s) ['skipsoftmax'] in spec.rules[0].use; valid: ['backend', 'kernel', 'recipe', 'skip_softmax']"),
+         "unknown key(s) ['skipsoftmax'] in spec.rules[0].use; valid: ['backend', 'block_sparse', 'kernel', 'recipe', 'skip_softmax']"),
         ({"rules": [{"match": {"role": "cross"}}]}, "spec.rules[0] needs 'use' (\"dense\" or an attention spec)"),
         ({"rules": [{"match": {}, "use": "sparse"}]},
          "spec.rules[0].use='sparse' is invalid; valid: \"dense\" or an attention spec mapping"),

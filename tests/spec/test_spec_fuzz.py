@@ -77,6 +77,15 @@ skip_softmax_dicts = st.one_of(
                           optional={"disabled_until_timestep": unit_numbers}),
 )
 
+block_sparse_dicts = st.builds(
+    lambda control, extra: {**control, **extra},
+    st.one_of(st.fixed_dictionaries({"cdf": st.floats(0.01, 1.0)}),
+              st.fixed_dictionaries({"top_k": st.floats(0.01, 1.0)}),
+              st.fixed_dictionaries({"target_sparsity": st.floats(0.0, 0.99)})),
+    st.fixed_dictionaries({}, optional={"sink_tiles": st.integers(0, 4), "diagonal": st.booleans(),
+                                        "similarity": unit_numbers, "disabled_until_timestep": unit_numbers}),
+)
+
 
 @st.composite
 def attention_spec_dicts(draw):
@@ -89,6 +98,8 @@ def attention_spec_dicts(draw):
         del data["backend"]
     if backend in ("TRTLLM_ATTN", "auto") and draw(st.booleans()):
         data["skip_softmax"] = draw(skip_softmax_dicts)
+    if backend in recipes.block_sparse_backends() and Recipe(**recipe).family == "scaled" and draw(st.booleans()):
+        data["block_sparse"] = draw(block_sparse_dicts)
     kernels = AttentionSpec(backend, Recipe(**recipe)).kernels()
     if kernels and draw(st.booleans()):
         data["kernel"] = draw(st.sampled_from(kernels))
