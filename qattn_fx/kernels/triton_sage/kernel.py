@@ -271,14 +271,19 @@ def _listed_start(bi_ptr, it, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _kv_at(k_head, v_head, start_n, stride_ks, stride_vs, PV_FP16: tl.constexpr):
-    """K and V bases of the tile at key ``start_n`` (64-bit offsets: a listed tile can lie anywhere in the head)."""
-    at = start_n.to(tl.int64)
-    if PV_FP16:  # D-major V: keys stride_vs apart
-        v_base = v_head + at * stride_vs
-    else:  # sequence-major V: keys adjacent
-        v_base = v_head + at
-    return k_head + at * stride_ks, v_base
+def _k_at(k_head, start_n, stride_ks):
+    """The K base of the tile at key ``start_n`` (a 64-bit offset: a listed tile can lie anywhere in the head)."""
+    return k_head + start_n.to(tl.int64) * stride_ks
+
+
+@triton.jit
+def _v_at(v_head, start_n, stride_vs, PV_FP16: tl.constexpr):
+    """The V base of the tile at key ``start_n``: keys ``stride_vs`` apart (D-major, ``PV_FP16``) or adjacent."""
+    if PV_FP16:
+        v_base = v_head + start_n.to(tl.int64) * stride_vs
+    else:
+        v_base = v_head + start_n.to(tl.int64)
+    return v_base
 
 
 @triton.jit
@@ -288,9 +293,9 @@ def _sparse_plain_step(acc, l_i, m_i, q, rs, start_n, k_head, k_offs, stride_ks,
                        INTERPRET: tl.constexpr, MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
     """:func:`_plain_step` on the tile at key ``start_n`` (its bases computed, not carried). Returns ``(acc, l,
     m)``."""
-    k_base, v_base = _kv_at(k_head, v_head, start_n, stride_ks, stride_vs, PV_FP16)
     acc, l_i, m_i, _, _ = _plain_step(
-        acc, l_i, m_i, q, rs, start_n, k_base, k_offs, 0, v_base, v_offs, 0, ks_ptr, stride_ksn, kb_ptr, SEQ_KV,
+        acc, l_i, m_i, q, rs, start_n, _k_at(k_head, start_n, stride_ks), k_offs, 0,
+        _v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, 0, ks_ptr, stride_ksn, kb_ptr, SEQ_KV,
         QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, MASK_KV, HAS_BIAS)
     return acc, l_i, m_i
 
@@ -305,10 +310,8 @@ def _sparse_pipe_step(acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, 
     Returns ``(acc, l, m, S_next)``."""
     ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
     kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
-    k_next, _ = _kv_at(k_head, v_head, next_n, stride_ks, stride_vs, PV_FP16)
-    s_next = _qk_tile(q, k_next, k_offs, next_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-    _, v_base = _kv_at(k_head, v_head, start_n, stride_ks, stride_vs, PV_FP16)
-    v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+    s_next = _qk_tile(q, _k_at(k_head, next_n, stride_ks), k_offs, next_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+    v = _load_v(_v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
     acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
                                 BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
     return acc, l_i, m_i, s_next
@@ -337,32 +340,37 @@ def _sparse_tiles(acc, l_i, m_i, q, rs, bi_ptr, count, k_head, k_offs, stride_ks
     # most sub-tiles a list can name, and iterations past the walk do nothing.
     if PIPE == 1:
         n_total = n_full + has_tail.to(tl.int32)
-        if n_total > 0:
-            start_n = _listed_start(bi_ptr, 0, BLOCK_N)
-            k_base, _ = _kv_at(k_head, v_head, start_n, stride_ks, stride_vs, PV_FP16)
-            s = _qk_tile(q, k_base, k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-            for it in range(0, INTERP_LOOP_END if INTERPRET else n_total - 1):
-                if INTERPRET:
-                    if it < n_total - 1:
-                        next_n = _listed_start(bi_ptr, it + 1, BLOCK_N)
-                        acc, l_i, m_i, s = _sparse_pipe_step(
-                            acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, stride_ks, v_head, v_offs,
-                            stride_vs, ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16,
-                            PV_SPLIT, INTERPRET, HAS_BIAS)
-                        start_n = next_n
-                else:
+        # The walk's first sub-tile (none: a start past the keys, so its Q·Kᵀ loads nothing), its Q·Kᵀ issued
+        start_n = tl.load(bi_ptr, mask=n_total > 0, other=n_keys) * C_BLOCK_KEYS
+        s = _qk_tile(q, _k_at(k_head, start_n, stride_ks), k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+        for it in range(0, INTERP_LOOP_END if INTERPRET else n_total - 1):
+            if INTERPRET:
+                if it < n_total - 1:
                     next_n = _listed_start(bi_ptr, it + 1, BLOCK_N)
                     acc, l_i, m_i, s = _sparse_pipe_step(
                         acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, stride_ks, v_head, v_offs,
                         stride_vs, ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT,
                         INTERPRET, HAS_BIAS)
                     start_n = next_n
-            _, v_base = _kv_at(k_head, v_head, start_n, stride_ks, stride_vs, PV_FP16)  # the last sub-tile, masked
-            v = _load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, True)
-            ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, True)
-            kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, True, HAS_BIAS)
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
-                                        BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+            else:
+                next_n = _listed_start(bi_ptr, it + 1, BLOCK_N)
+                acc, l_i, m_i, s = _sparse_pipe_step(
+                    acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, stride_ks, v_head, v_offs, stride_vs,
+                    ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET,
+                    HAS_BIAS)
+                start_n = next_n
+        # The last sub-tile, masked. An empty walk runs it too, without a branch (one around it keeps the loop's
+        # registers apart and spills): on keys past SEQ_KV (nothing loaded; K scales: the first ones, finite, as an
+        # unmasked scale load past the end would not be) from m = 0 instead of -inf, so P = 0 and alpha = 1 leave
+        # acc and l at 0 (not NaN); m then goes back to -inf.
+        empty = n_total == 0
+        m_i = tl.where(empty, 0.0, m_i)
+        v = _load_v(_v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, True)
+        ks = _load_ks(ks_ptr, stride_ksn, tl.where(empty, 0, start_n), SEQ_KV, K_BLOCK, BLOCK_N, True)
+        kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, True, HAS_BIAS)
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                    BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+        m_i = tl.where(empty, float("-inf"), m_i)
     else:
         for it in range(0, INTERP_LOOP_END if INTERPRET else n_full):
             if INTERPRET:
