@@ -276,12 +276,16 @@ def test_skipped_key_tiles_are_masked_keys(config):
 @pytest.mark.parametrize("config", [None, *ALL_CONFIGS])
 def test_visiting_nothing_gives_zeros(config):
     """Every count 0 (K scales per 64 and 128 keys: one per sub-tile for some configs, read unmasked): zeros and
-    LSE -inf, with and without a key bias."""
+    LSE -inf, with and without a key bias, also for all-zero query rows and keys (scales 0)."""
     cfg = config_here(config)
     nq, nk = block_sparse.tiles(1000, 4685)
     lists = block_sparse.from_mask(torch.zeros(1, 2, nq, nk, dtype=torch.bool, device=DEV))
+    q, k, v = support.make_qkv(b=1, hq=2, hkv=2, sq=1000, skv=4685, d=128, device=DEV)
+    q, k = q.clone(), k.clone()
+    q[:, :, :40] = 0
+    k[:, :, :128] = 0
     for k_block in (64, 128):
-        args = make_args("int8", (1, k_block), hq=2, hkv=2, sq=1000, skv=4685)
+        args = quantize(q, k, v, "int8", 1, k_block, smooth=False)
         for bias in (None, torch.zeros(1, 4685, device=DEV)):
             out, lse = run(args, lists, cfg, bias)
             assert torch.equal(out, torch.zeros_like(out)) and (lse == -math.inf).all(), (k_block, bias is None)

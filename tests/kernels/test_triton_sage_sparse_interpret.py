@@ -183,12 +183,20 @@ def test_d_major_v_and_head_scopes(config):
     assert_lse_matches(lse, emu_lse)
 
 
-@pytest.mark.parametrize("qk,blocks,config", [("fp8", (1, 16), "64,64,4,1"), ("int8", (16, 64), "32,64,4,1,pipe"),
-                                              ("int8", (1, 1), "64,32,4,1,pipe"), ("bf16", (0, 0), "64,64,4,1,pipe")])
+@pytest.mark.parametrize("qk,blocks,config", [("fp8", (1, 16), "64,64,4,1"), ("int8", (1, 64), "32,64,4,1,pipe"),
+                                              ("int8", (1, 1), "64,32,4,1,pipe"), ("fp8", (1, 16), "64,64,4,1,pipe"),
+                                              ("bf16", (0, 0), "64,64,4,1,pipe")])
 def test_visiting_nothing_gives_zeros(qk, blocks, config):
     """Every count 0: output 0 and LSE -inf everywhere, no NaN (with and without a key bias; the pipelined walk
-    finishes an empty walk on a masked tile, whatever the K scales' layout)."""
-    args = quantize(*make_qkv(b=1, hq=2, hkv=1, sq=130, skv=200), qk, *blocks)
+    finishes an empty walk on a masked tile, whatever the K scales' layout, even where a row's or the first keys'
+    scale is 0: all-zero query rows and keys)."""
+    q, k, v = make_qkv(b=1, hq=2, hkv=1, sq=130, skv=200)
+    q, k = q.clone(), k.clone()
+    q[:, :, :40] = 0
+    k[:, :, :64] = 0
+    args = quantize(q, k, v, qk, *blocks, smooth=False)
+    if qk != "bf16":
+        assert (args[1] == 0).any() and (args[3] == 0).any()
     nq, nk = block_sparse.tiles(130, 200)
     lists = poisoned(block_sparse.from_mask(torch.zeros(1, 2, nq, nk, dtype=torch.bool)))
     for bias in (None, torch.zeros(1, 200)):

@@ -57,7 +57,8 @@ per sub-tile (64-bit) instead of advanced. With ``pipe`` the next sub-tile of th
 (its list entry read one step ahead). With a key bias every visited sub-tile adds it (the dense kernel skips it
 outside the bias's nonzero span). Lists of every block reproduce the dense kernel's bits; under the interpreter a
 walk's loop runs to the most sub-tiles a list can name, iterations past the walk doing nothing. An empty walk under
-``pipe`` still issues one masked Q·Kᵀ and finishes on a fully masked sub-tile (no loads), which leaves the output 0.
+``pipe`` still issues one masked Q·Kᵀ and runs the final step on a fully masked sub-tile (no K/V loads), whose
+result it discards (branch-free: a branch there costs registers in the loop); the output is 0.
 
 Differences from the reference are fp32 rounding and the P rounding point: the reference rounds
 ``exp(s - global_max) · 448`` while a flash kernel rounds against the running max of the tiles seen so far

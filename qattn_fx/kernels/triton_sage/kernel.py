@@ -360,16 +360,17 @@ def _sparse_tiles(acc, l_i, m_i, q, rs, bi_ptr, count, k_head, k_offs, stride_ks
                     HAS_BIAS)
                 start_n = next_n
         # The last sub-tile, masked. An empty walk runs it too, without a branch (one around it keeps the loop's
-        # registers apart and spills): on keys past SEQ_KV (nothing loaded; K scales: the first ones, finite, as an
-        # unmasked scale load past the end would not be) from m = 0 instead of -inf, so P = 0 and alpha = 1 leave
-        # acc and l at 0 (not NaN); m then goes back to -inf.
+        # registers apart and spills), on keys past SEQ_KV (nothing loaded; its K scales are the first ones, as
+        # an unmasked scale load past the end must not run), and discards it: its state goes back to the initial
+        # 0, 0, -inf (that step's arithmetic on m = -inf is NaN).
         empty = n_total == 0
-        m_i = tl.where(empty, 0.0, m_i)
         v = _load_v(_v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, True)
         ks = _load_ks(ks_ptr, stride_ksn, tl.where(empty, 0, start_n), SEQ_KV, K_BLOCK, BLOCK_N, True)
         kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, True, HAS_BIAS)
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
                                     BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+        acc = tl.where(empty, 0.0, acc)
+        l_i = tl.where(empty, 0.0, l_i)
         m_i = tl.where(empty, float("-inf"), m_i)
     else:
         for it in range(0, INTERP_LOOP_END if INTERPRET else n_full):
