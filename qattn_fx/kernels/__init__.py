@@ -90,7 +90,7 @@ KERNELS: dict[str, KernelInfo] = {
                                "against"),
         KernelInfo("triton_sage", "qattn_fx.kernels.triton_sage", "scaled_attention", v_seq_major=True,
                    requirements=(Requirements("triton_sage", ADA_HOPPER, HeadDims(allowed=(64, 128)),
-                                              ("triton", "3.0.0"), key_bias=True, lse=True),),
+                                              ("triton", "3.0.0"), key_bias=True, lse=True, block_sparse=True),),
                    description="qattn_fx Triton SageAttention (INT8/FP8 Q·Kᵀ per-block, FP8 P·V), sm_89/sm_90"),
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
                    quantizes_q=(1,),

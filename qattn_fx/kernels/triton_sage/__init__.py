@@ -13,8 +13,14 @@ Implements ``qattn::scaled_attention`` with exactly the numerics of
   (``stride(-1) == 1``, accepted; P·V then runs as an exact fp16 MMA, slower). ``v_scale (B|1, Hkv|1, Dv|1)``.
 * ``key_bias`` (optional): fp32 ``(B|1, Skv)``, unit stride on keys, added to the logits in natural-log units
   (``-inf`` masks a key; how key-padding masks run). A row whose keys are all masked gives 0.
+* ``block_index`` / ``block_count`` (optional, :mod:`qattn_fx.block_sparse`): int32 ``(B, Hq, ceil(Sq/128),
+  ceil(Skv/128))`` / ``(B, Hq, ceil(Sq/128))``, contiguous, on Q's device: per (batch, query head) and 128-row
+  query tile, the ascending key tiles of 128 keys it visits (the first ``count`` entries; those past it are never
+  read). A block not visited is exactly a block whose logits are ``-inf``; a query tile that visits nothing gives 0
+  and LSE ``-inf``.
 * ``V`` may hold more rows than K (``Sv >= Skv``: the quantize node pads sequence-major V to 16 tokens); only the
-  first ``Skv`` are read. Calls of more than 65,535 (batch, head) pairs run in batch chunks (the grid limit).
+  first ``Skv`` are read. Calls of more than 65,535 (batch, head) pairs run in batch chunks (the grid limit; the
+  block lists are chunked with them).
 * GQA (``Hq = g · Hkv``), ``Sq != Skv``, lengths that are not multiples of any tile, head_dim 64 or 128.
 * Returns ``(B, Hq, Sq, Dv)`` in ``out_dtype`` stored BSHD (``torch.empty(B, Sq, Hq, Dv).transpose(1, 2)``);
   :func:`attention` can also return the natural-log LSE ``(B, Hq, Sq)`` fp32.
@@ -41,6 +47,18 @@ Algorithm (one program = ``BLOCK_M`` query rows of one (batch, head)):
    ``acc = acc · alpha + dot(P8, V8)``. (Triton folds ``acc + dot(a, b)`` into ``dot(a, b, acc)`` only when the
    dot's ``max_num_imprecise_acc`` is 0: on sm_90 FP8 dots default to 2^30, on sm_89 we pass ``BLOCK_N``.)
 5. Epilogue: ``O = acc · v_scale / l``, stored in ``out_dtype``; ``lse = ln2 · (m + log2(l) - log2(448))``.
+
+Block-sparse calls (lists given; the ``SPARSE`` constexpr, so the dense kernel's code is unchanged): ``BLOCK_M``
+and ``BLOCK_N`` divide 128 (configs that do not are refused, or pruned from autotuning), so a program's rows lie in
+one query tile and a key tile is ``128 / BLOCK_N`` whole sub-tiles. The program reads its tile's count and walks
+the listed key tiles' sub-tiles in list order, steps 2-4 on each (no loads, Q·Kᵀ or P·V for the others); sub-tiles
+past ``Skv`` are left out and the last key tile's partial one is masked as the dense tail is. K/V bases are computed
+per sub-tile (64-bit) instead of advanced. With ``pipe`` the next sub-tile of the walk has its Q·Kᵀ issued early
+(its list entry read one step ahead). With a key bias every visited sub-tile adds it (the dense kernel skips it
+outside the bias's nonzero span). Lists of every block reproduce the dense kernel's bits; under the interpreter a
+walk's loop runs to the most sub-tiles a list can name, iterations past the walk doing nothing. An empty walk under
+``pipe`` still issues one masked Q·Kᵀ and runs the final step on a fully masked sub-tile (no K/V loads), whose
+result it discards (branch-free: a branch there costs registers in the loop); the output is 0.
 
 Differences from the reference are fp32 rounding and the P rounding point: the reference rounds
 ``exp(s - global_max) · 448`` while a flash kernel rounds against the running max of the tiles seen so far
@@ -75,9 +93,9 @@ from .._offline import ptxas_report
 from .config import (BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, FORCED, KernelConfig, forced_config, set_config,
                      use_config)
 from .launch import (CAPABILITIES, HEAD_DIMS, attention, best_config, check_device, compile_for, interpreter_active,
-                     kernel_module, prune_configs, scaled_attention, tuned_candidates)
+                     kernel_module, prune_configs, scaled_attention, sparse_config_error, tuned_candidates)
 
 __all__ = ["BLOCK_N_BY_CAPABILITY", "CAPABILITIES", "CONFIGS", "FORCED", "HEAD_DIMS", "INTERPRET_CONFIG",
            "KernelConfig", "attention", "best_config", "check_device", "compile_for", "forced_config",
            "interpreter_active", "kernel_module", "prune_configs", "ptxas_report", "scaled_attention", "set_config",
-           "tuned_candidates", "use_config"]
+           "sparse_config_error", "tuned_candidates", "use_config"]

@@ -9,7 +9,13 @@ compile still gets compiled functions. Constants come from :mod:`qattn_fx.kernel
 import triton
 import triton.language as tl
 
+from ... import block_sparse
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_LN2, C_LOG2_448, C_LOG2E
+
+#: Keys per block of the block-sparse lists (:data:`qattn_fx.block_sparse.BLOCK_KEYS`; query rows per block are
+#: the same number, :data:`~qattn_fx.block_sparse.BLOCK_ROWS`).
+C_BLOCK_KEYS = tl.constexpr(block_sparse.BLOCK_KEYS)
+C_BLOCK_ROWS = tl.constexpr(block_sparse.BLOCK_ROWS)
 
 
 @triton.jit
@@ -250,9 +256,145 @@ def _plain_step(acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v
     return acc, l_i, m_i, k_base + k_step, v_base + v_step
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# Block-sparse walk (SPARSE): a program visits the BLOCK_N sub-tiles of the key tiles its query tile's list names
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _listed_start(bi_ptr, it, BLOCK_N: tl.constexpr):
+    """First key of sub-tile ``it`` of a program's walk: list entry ``it // SUB`` (``SUB = 128 / BLOCK_N`` sub-tiles
+    per listed key tile), its ``it % SUB``-th BLOCK_N keys."""
+    SUB: tl.constexpr = C_BLOCK_KEYS // BLOCK_N
+    it = tl.cast(it, tl.int32)  # a tensor also under the interpreter, whose loop counters are ints
+    return tl.load(bi_ptr + it // SUB) * C_BLOCK_KEYS + (it % SUB) * BLOCK_N
+
+
+@triton.jit
+def _k_at(k_head, start_n, stride_ks):
+    """The K base of the tile at key ``start_n`` (a 64-bit offset: a listed tile can lie anywhere in the head)."""
+    return k_head + start_n.to(tl.int64) * stride_ks
+
+
+@triton.jit
+def _v_at(v_head, start_n, stride_vs, PV_FP16: tl.constexpr):
+    """The V base of the tile at key ``start_n``: keys ``stride_vs`` apart (D-major, ``PV_FP16``) or adjacent."""
+    if PV_FP16:
+        v_base = v_head + start_n.to(tl.int64) * stride_vs
+    else:
+        v_base = v_head + start_n.to(tl.int64)
+    return v_base
+
+
+@triton.jit
+def _sparse_plain_step(acc, l_i, m_i, q, rs, start_n, k_head, k_offs, stride_ks, v_head, v_offs, stride_vs, ks_ptr,
+                       stride_ksn, kb_ptr, SEQ_KV, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
+                       BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr,
+                       INTERPRET: tl.constexpr, MASK_KV: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """:func:`_plain_step` on the tile at key ``start_n`` (its bases computed, not carried). Returns ``(acc, l,
+    m)``."""
+    acc, l_i, m_i, _, _ = _plain_step(
+        acc, l_i, m_i, q, rs, start_n, _k_at(k_head, start_n, stride_ks), k_offs, 0,
+        _v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, 0, ks_ptr, stride_ksn, kb_ptr, SEQ_KV,
+        QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, MASK_KV, HAS_BIAS)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _sparse_pipe_step(acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, stride_ks, v_head, v_offs, stride_vs,
+                      ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
+                      BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr,
+                      INTERPRET: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """:func:`_pipe_step` on the full tile at ``start_n`` (``S`` given) whose successor in the walk starts at
+    ``next_n``: that tile's Q·Kᵀ (masked: it may be the tail) is issued before this tile's softmax and P·V.
+    Returns ``(acc, l, m, S_next)``."""
+    ks = _load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK, BLOCK_N, False)
+    kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, False, HAS_BIAS)
+    s_next = _qk_tile(q, _k_at(k_head, next_n, stride_ks), k_offs, next_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+    v = _load_v(_v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, False)
+    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, HAS_BIAS)
+    return acc, l_i, m_i, s_next
+
+
+@triton.jit
+def _sparse_tiles(acc, l_i, m_i, q, rs, bi_ptr, count, k_head, k_offs, stride_ks, v_head, v_offs, stride_vs,
+                  ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND: tl.constexpr, K_BLOCK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PV_FP16: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, INTERP_LOOP_END: tl.constexpr, PIPE: tl.constexpr):
+    """The tile loop over the key tiles a query tile's list names (``bi_ptr``: its ``count`` ascending entries;
+    entries past the count are never read). Each listed tile is walked as its ``128 / BLOCK_N`` sub-tiles of
+    BLOCK_N keys, those past ``SEQ_KV`` left out: sub-tiles ``[0, n_full)`` of the walk are full (unmasked); the
+    last key tile, partial when ``SEQ_KV`` is not a multiple of BLOCK_N and listed, adds one masked tail sub-tile
+    (``n_total = n_full + 1``). ``HAS_BIAS``: every visited tile adds the key bias. ``PIPE``: the walk's next
+    sub-tile's Q·Kᵀ is issued before this one's softmax, the last sub-tile finished after the loop (masked). A
+    list of nothing leaves ``acc``, ``l`` and ``m`` at their initial 0, 0, ``-inf``. Returns ``(acc, l, m)``."""
+    SUB: tl.constexpr = C_BLOCK_KEYS // BLOCK_N
+    n_keys = (SEQ_KV + C_BLOCK_KEYS - 1) // C_BLOCK_KEYS  # key tiles of the head
+    end = (SEQ_KV // BLOCK_N) * BLOCK_N  # the full sub-tiles end here; [end, SEQ_KV) is the tail
+    last = tl.load(bi_ptr + (count - 1), mask=count > 0, other=-1)  # the ascending list's last entry
+    has_last = last == n_keys - 1
+    n_full = count * SUB - tl.where(has_last, SUB - (end - (n_keys - 1) * C_BLOCK_KEYS) // BLOCK_N, 0)
+    has_tail = has_last & (end < SEQ_KV)
+    # Under the interpreter loop bounds are constexprs (numpy scalars cannot bound range()): the host passes the
+    # most sub-tiles a list can name, and iterations past the walk do nothing.
+    if PIPE == 1:
+        n_total = n_full + has_tail.to(tl.int32)
+        # The walk's first sub-tile (none: a start past the keys, so its Q·Kᵀ loads nothing), its Q·Kᵀ issued
+        start_n = tl.load(bi_ptr, mask=n_total > 0, other=n_keys) * C_BLOCK_KEYS
+        s = _qk_tile(q, _k_at(k_head, start_n, stride_ks), k_offs, start_n, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+        for it in range(0, INTERP_LOOP_END if INTERPRET else n_total - 1):
+            if INTERPRET:
+                if it < n_total - 1:
+                    next_n = _listed_start(bi_ptr, it + 1, BLOCK_N)
+                    acc, l_i, m_i, s = _sparse_pipe_step(
+                        acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, stride_ks, v_head, v_offs,
+                        stride_vs, ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT,
+                        INTERPRET, HAS_BIAS)
+                    start_n = next_n
+            else:
+                next_n = _listed_start(bi_ptr, it + 1, BLOCK_N)
+                acc, l_i, m_i, s = _sparse_pipe_step(
+                    acc, l_i, m_i, s, q, rs, start_n, next_n, k_head, k_offs, stride_ks, v_head, v_offs, stride_vs,
+                    ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET,
+                    HAS_BIAS)
+                start_n = next_n
+        # The last sub-tile, masked. An empty walk runs it too, without a branch (one around it keeps the loop's
+        # registers apart and spills), on keys past SEQ_KV (nothing loaded; its K scales are the first ones, as
+        # an unmasked scale load past the end must not run), and discards it: its state goes back to the initial
+        # 0, 0, -inf (that step's arithmetic on m = -inf is NaN).
+        empty = n_total == 0
+        v = _load_v(_v_at(v_head, start_n, stride_vs, PV_FP16), v_offs, start_n, SEQ_KV, BLOCK_N, INTERPRET, True)
+        ks = _load_ks(ks_ptr, stride_ksn, tl.where(empty, 0, start_n), SEQ_KV, K_BLOCK, BLOCK_N, True)
+        kb = _load_kb(kb_ptr, start_n, SEQ_KV, BLOCK_N, True, HAS_BIAS)
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, start_n, SEQ_KV, QK_KIND, K_BLOCK,
+                                    BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+        acc = tl.where(empty, 0.0, acc)
+        l_i = tl.where(empty, 0.0, l_i)
+        m_i = tl.where(empty, float("-inf"), m_i)
+    else:
+        for it in range(0, INTERP_LOOP_END if INTERPRET else n_full):
+            if INTERPRET:
+                if it < n_full:
+                    acc, l_i, m_i = _sparse_plain_step(
+                        acc, l_i, m_i, q, rs, _listed_start(bi_ptr, it, BLOCK_N), k_head, k_offs, stride_ks, v_head,
+                        v_offs, stride_vs, ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16,
+                        PV_SPLIT, INTERPRET, False, HAS_BIAS)
+            else:
+                acc, l_i, m_i = _sparse_plain_step(
+                    acc, l_i, m_i, q, rs, _listed_start(bi_ptr, it, BLOCK_N), k_head, k_offs, stride_ks, v_head,
+                    v_offs, stride_vs, ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16,
+                    PV_SPLIT, INTERPRET, False, HAS_BIAS)
+        if has_tail:  # the last key tile's partial sub-tile, masked
+            acc, l_i, m_i = _sparse_plain_step(
+                acc, l_i, m_i, q, rs, end, k_head, k_offs, stride_ks, v_head, v_offs, stride_vs, ks_ptr, stride_ksn,
+                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+    return acc, l_i, m_i
+
+
 @triton.jit
 def _sage_fwd(
-    Q, K, V, QS, KS, VS, KB, KBR, Out, Lse,
+    Q, K, V, QS, KS, VS, KB, KBR, BI, BC, Out, Lse,
     qk_scale,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -267,7 +409,7 @@ def _sage_fwd(
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, QK_KIND: tl.constexpr,
     Q_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, V_SEQ_MAJOR: tl.constexpr,
     RETURN_LSE: tl.constexpr, PV_SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-    V_ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    V_ALIGN: tl.constexpr, HAS_BIAS: tl.constexpr, SPARSE: tl.constexpr,
     INTERP_LOOP_END: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PIPE: tl.constexpr,
 ):
     """Grid ``(cdiv(Sq, BLOCK_M), B · Hq)``. Unit strides on D (Q, K, Out) and on S or D (V) are implicit.
@@ -275,6 +417,10 @@ def _sage_fwd(
     ``HAS_BIAS``: the key bias ``KB`` (fp32 ``(B|1, Skv)``, batch stride ``stride_kbb``) and ``KBR`` (int32
     ``(B|1, 2)``, :func:`~qattn_fx.kernels._sage_common.bias_range`): only the full key tiles that meet that span
     (and the last tile) add the bias; the others run the loop without it. Under the interpreter every tile adds it.
+
+    ``SPARSE``: block lists ``BI`` (int32 ``(B, H, ceil(SEQ_Q/128), ceil(SEQ_KV/128))``) and ``BC`` (int32
+    ``(B, H, ceil(SEQ_Q/128))``), contiguous (:mod:`qattn_fx.block_sparse`): the program walks only the key tiles
+    its query tile's list names (:func:`_sparse_tiles`; every one adds the key bias when ``HAS_BIAS``).
     """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -327,64 +473,75 @@ def _sage_fwd(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM_V], 0.0, tl.float32)
     PV_FP16: tl.constexpr = not V_SEQ_MAJOR
-    # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
-    # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr and every
-    # full tile takes the loop with the bias.
-    if PIPE == 1:  # the last tile (full or tail) is finished after the loop, masked
-        end = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
-    else:  # full tiles, then the tail tile (if any)
-        end = (SEQ_KV // BLOCK_N) * BLOCK_N
-    if HAS_BIAS:  # the full tiles that meet the keys with a nonzero bias
-        kbr = KBR + 2 * tl.where(stride_kbb != 0, b, 0)
-        lo = tl.minimum((tl.load(kbr) // BLOCK_N) * BLOCK_N, end)
-        hi = tl.minimum(tl.maximum(((tl.load(kbr + 1) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), end)
+    if SPARSE:  # the key tiles this query tile's list names (BLOCK_M divides 128: one query tile per program)
+        n_q = (SEQ_Q + C_BLOCK_ROWS - 1) // C_BLOCK_ROWS
+        lists = (b * H + h) * n_q + start_m // C_BLOCK_ROWS
+        n_k = (SEQ_KV + C_BLOCK_KEYS - 1) // C_BLOCK_KEYS
+        acc, l_i, m_i = _sparse_tiles(
+            acc, l_i, m_i, q, rs, BI + lists * n_k, tl.load(BC + lists), k_base, k_offs, stride_ks, v_base, v_offs,
+            stride_vs, ks_ptr, stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET,
+            HAS_BIAS, INTERP_LOOP_END, PIPE)
     else:
-        lo = end
-        hi = end
-    if PIPE == 1:
-        # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
-        # work while the exp2s of tile j run.
-        s = _qk_tile(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
-        for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
-            acc, l_i, m_i, s, k_base, v_base = _pipe_step(
-                acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
-                stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
-        if HAS_BIAS:
-            for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
+        # Loop bounds: under the interpreter every assigned scalar is a 1-element numpy array, which numpy >= 2.4
+        # refuses to turn into a Python int for range(), so there the host passes the bound as a constexpr and every
+        # full tile takes the loop with the bias.
+        if PIPE == 1:  # the last tile (full or tail) is finished after the loop, masked
+            end = ((SEQ_KV - 1) // BLOCK_N) * BLOCK_N
+        else:  # full tiles, then the tail tile (if any)
+            end = (SEQ_KV // BLOCK_N) * BLOCK_N
+        if HAS_BIAS:  # the full tiles that meet the keys with a nonzero bias
+            kbr = KBR + 2 * tl.where(stride_kbb != 0, b, 0)
+            lo = tl.minimum((tl.load(kbr) // BLOCK_N) * BLOCK_N, end)
+            hi = tl.minimum(tl.maximum(((tl.load(kbr + 1) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), end)
+        else:
+            lo = end
+            hi = end
+        if PIPE == 1:
+            # Software-pipelined: S of tile j+1 is issued (async wgmma) before tile j's softmax, so the tensor cores
+            # work while the exp2s of tile j run.
+            s = _qk_tile(q, k_base, k_offs, 0, SEQ_KV, QK_KIND, BLOCK_N, INTERPRET, True)
+            for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
                 acc, l_i, m_i, s, k_base, v_base = _pipe_step(
                     acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
-                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
-        for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
-            acc, l_i, m_i, s, k_base, v_base = _pipe_step(
-                acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
-                stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
-        v = _load_v(v_base, v_offs, end, SEQ_KV, BLOCK_N, INTERPRET, True)  # the last tile (full or tail), masked
-        ks = _load_ks(ks_ptr, stride_ksn, end, SEQ_KV, K_BLOCK, BLOCK_N, True)
-        kb = _load_kb(kb_ptr, end, SEQ_KV, BLOCK_N, True, HAS_BIAS)
-        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, end, SEQ_KV, QK_KIND,
-                                        K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
-    else:
-        for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
-            acc, l_i, m_i, k_base, v_base = _plain_step(
-                acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
-                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, False)
-        if HAS_BIAS:
-            for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
+                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+            if HAS_BIAS:
+                for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
+                    acc, l_i, m_i, s, k_base, v_base = _pipe_step(
+                        acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                        stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True)
+            for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
+                acc, l_i, m_i, s, k_base, v_base = _pipe_step(
+                    acc, l_i, m_i, s, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False)
+            v = _load_v(v_base, v_offs, end, SEQ_KV, BLOCK_N, INTERPRET, True)  # the last tile (full or tail), masked
+            ks = _load_ks(ks_ptr, stride_ksn, end, SEQ_KV, K_BLOCK, BLOCK_N, True)
+            kb = _load_kb(kb_ptr, end, SEQ_KV, BLOCK_N, True, HAS_BIAS)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, ks, rs, kb, end, SEQ_KV, QK_KIND,
+                                            K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+        else:
+            for start_n in range(0, (0 if HAS_BIAS else INTERP_LOOP_END) if INTERPRET else lo, BLOCK_N):
                 acc, l_i, m_i, k_base, v_base = _plain_step(
-                    acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
-                    stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, True)
-        for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
-            acc, l_i, m_i, k_base, v_base = _plain_step(
-                acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
-                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, False)
-        if end < SEQ_KV:  # the tail tile, masked
-            acc, l_i, m_i, _, _ = _plain_step(
-                acc, l_i, m_i, q, rs, end, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
-                kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
+                    acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                    kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, False)
+            if HAS_BIAS:
+                for start_n in range(0 if INTERPRET else lo, INTERP_LOOP_END if INTERPRET else hi, BLOCK_N):
+                    acc, l_i, m_i, k_base, v_base = _plain_step(
+                        acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr,
+                        stride_ksn, kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False,
+                        True)
+            for start_n in range(INTERP_LOOP_END if INTERPRET else hi, INTERP_LOOP_END if INTERPRET else end, BLOCK_N):
+                acc, l_i, m_i, k_base, v_base = _plain_step(
+                    acc, l_i, m_i, q, rs, start_n, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                    kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, False, False)
+            if end < SEQ_KV:  # the tail tile, masked
+                acc, l_i, m_i, _, _ = _plain_step(
+                    acc, l_i, m_i, q, rs, end, k_base, k_offs, k_step, v_base, v_offs, v_step, ks_ptr, stride_ksn,
+                    kb_ptr, SEQ_KV, QK_KIND, K_BLOCK, BLOCK_N, PV_FP16, PV_SPLIT, INTERPRET, True, HAS_BIAS)
 
     # ---- epilogue: O = acc · v_scale / l  (the 448s of P and l cancel) ---------------------------------------
     vs = tl.load(VS + b * stride_vsb + hk * stride_vsh + offs_dv * stride_vsd)
-    if HAS_BIAS:  # a row whose keys are all masked has l = 0 (and acc = 0): its output is 0, as SDPA's
+    if HAS_BIAS or SPARSE:  # a row whose keys are all masked or that visits no block has l = 0 (and acc = 0): its
+        # output is 0, as SDPA's for masked rows
         inv_l = tl.where(l_i == 0.0, 0.0, 1.0 / tl.where(l_i == 0.0, 1.0, l_i))
     else:
         inv_l = 1.0 / l_i
