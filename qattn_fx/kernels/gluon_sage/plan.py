@@ -75,12 +75,12 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
     What follows from plain values (:class:`LaunchGeometry`) is computed once per key (:data:`GEOMETRIES`); each call
     builds the descriptors over its own tensors from it and places the tensors among the arguments.
     """
-    check_quad_config(config, q.shape[-1], key_bias is not None)
     if blocks is not None:
         check_sparse_config(config)
         if tail is not None and tail.kv_split % 128:
             raise ValueError(f"gluon_sage: a block-sparse launch splits the tail at multiples of 128 keys (the "
                              f"lists' key tiles); got kv_split={tail.kv_split}")
+    check_quad_config(config, q.shape[-1], key_bias is not None)
     if skip is not None:
         check_skip_config(config)
         if tail is not None:
