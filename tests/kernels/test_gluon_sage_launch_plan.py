@@ -59,7 +59,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
         n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
-        *(blocks if blocks is not None else (None, None)),
+        *(blocks if blocks is not None else (None, None, None)),
     ]
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
@@ -275,7 +275,7 @@ def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse
                 part = [common.batch_chunk(t, lo, hi) for t in (q, qs, k, ks, v, vs, bias)]
                 assert args[0].base.data_ptr() == part[0].data_ptr()
                 tail = None if meta["SPLIT_TAIL"] == 0 else gs.last_tail_plan()
-                ws = tuple(args[-6:-4]) if tail else None
+                ws = tuple(args[-7:-5]) if tail else None
                 key_range = None
                 if bias is not None:
                     key_range = args[9]
@@ -374,13 +374,18 @@ def test_sparse_plan_passes_the_lists_last_with_the_sparse_constexpr(case, confi
         assert tail is None or tail.kv_split % 128 == 0
         out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows)
         skip_args = None if skip is None else (torch.zeros(1), torch.zeros(1, dtype=torch.int32))
+        key_range = None if bias is None else common.bias_range(bias)
         common_args = (q, qs, k, ks, v, vs, qb, kb, 0.0883883, out, lse, return_lse, config, tail, ws, bias, skip_args,
-                       None if bias is None else common.bias_range(bias))
+                       key_range)
+        blocks += (launch.visit_bounds(*blocks, tail, key_range),)
+        assert (blocks[2] is None) == (tail is None and bias is None)
         plan = gs.plan_launch(*common_args, blocks)
         _assert_plan_is_reference(plan, _reference_plan(*common_args, blocks))
-        assert plan.meta["SPARSE"] == 1 and plan.args[-2] is blocks[0] and plan.args[-1] is blocks[1]
+        assert plan.meta["SPARSE"] == 1 and all(a is b for a, b in zip(plan.args[-3:], blocks))
+        with pytest.raises(ValueError, match=r"takes \d+ visit bounds per query tile"):
+            gs.plan_launch(*common_args, blocks[:2] + (None if blocks[2] is not None else blocks[0],))
         dense = gs.plan_launch(*common_args)  # its own geometry: no lists, SPARSE 0
-        assert dense.meta["SPARSE"] == 0 and dense.args[-2:] == [None, None]
+        assert dense.meta["SPARSE"] == 0 and dense.args[-3:] == [None, None, None]
     assert len(gs_plan.GEOMETRIES) == 2
 
 
@@ -393,7 +398,7 @@ def test_sparse_launches_refuse_trio_and_quad_naming_the_valid_configs(config, m
                r"block-sparse calls, .* valid: two-consumer configs \(no 'trio', no 'quad'\), e\.g\. "
                rf"'{gs.SPARSE_TUNED_CONFIGS[0]}'")
     with pytest.raises(ValueError, match=message):
-        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, cfg, blocks=_lists(q, k))
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, cfg, blocks=_lists(q, k) + (None,))
     with _recorded_launches(monkeypatch) as launches, gs.use_config(cfg), pytest.raises(ValueError, match=message):
         gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.1, torch.bfloat16, block_index=_lists(q, k)[0],
                      block_count=_lists(q, k)[1])
@@ -406,7 +411,8 @@ def test_sparse_plan_refuses_a_tail_not_cut_at_128_keys():
     tail = gs.tail_split.TailPlan(ctas=64, main=60, splits=4, kv_split=576)
     out, lse, ws, _ = _outputs(q, v, False, tail, config)
     with pytest.raises(ValueError, match=r"splits the tail at multiples of 128 keys .*; got kv_split=576$"):
-        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, config, tail, ws, blocks=_lists(q, k))
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, config, tail, ws,
+                       blocks=_lists(q, k) + (None,))
 
 
 @pytest.mark.parametrize("s,k_block", [(2048, 16), (4608, 16), (4100, 64), (32760, 1), (6000, 0)])
@@ -439,7 +445,11 @@ def test_attention_passes_each_chunk_its_lists(monkeypatch, chunked):
     for i, (grid, args, meta) in enumerate(launches):
         lo, hi = (i, i + 1) if chunked else (0, 3)
         assert meta["SPARSE"] == 1 and meta["CONSUMERS"] == 2
-        assert torch.equal(args[-2], index[lo:hi]) and torch.equal(args[-1], count[lo:hi])
+        assert torch.equal(args[-3], index[lo:hi]) and torch.equal(args[-2], count[lo:hi])
+        tail = gs.last_tail_plan() if meta["SPLIT_TAIL"] else None
+        assert (args[-1] is None) == (tail is None)
+        if tail is not None:
+            assert torch.equal(args[-1], launch.visit_bounds(index[lo:hi], count[lo:hi], tail, None))
     with pytest.raises(ValueError, match=r"block_count must have shape \(3, 4, 16\)"):
         gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, block_index=index, block_count=count[:, :, 1:])
     with pytest.raises(ValueError, match=r"block_index and block_count go together"):
@@ -461,3 +471,27 @@ def test_sparse_launches_tune_among_two_consumer_configs(case, skip, bias, tuner
     assert all(c.consumers == 2 for c in configs)
     key = gs.tuning_key(q, k, qb, kb, False, bias, skip, sparse=True)
     assert key[-1] == "sparse" and key[:-1] == gs.tuning_key(q, k, qb, kb, False, bias, skip)
+
+
+def test_visit_bounds_are_the_list_positions_of_the_piece_cuts_and_the_bias_span():
+    """Piece ``s`` of a split query tile visits list positions ``[bounds[s], bounds[s + 1])`` (its key tiles); the
+    visits ``[bounds[-2], bounds[-1])`` meet the key bias's nonzero span."""
+    from qattn_fx import block_sparse
+
+    gen = torch.Generator().manual_seed(1)
+    index, count = block_sparse.from_mask(torch.rand(2, 3, 5, 20, generator=gen) < 0.4)
+    tail = gs.tail_split.TailPlan(ctas=30, main=20, splits=3, kv_split=896)
+    bias = torch.zeros(2, 20 * 128 - 50)
+    bias[0, 1000:2000] = -1.0
+    bias[1, -10:] = float("-inf")
+    key_range = common.bias_range(bias)
+    bounds = launch.visit_bounds(index, count, tail, key_range)
+    assert bounds.dtype == torch.int32 and bounds.shape == (2, 3, 5, 6)
+    for b, h, i in ((b, h, i) for b in range(2) for h in range(3) for i in range(5)):
+        listed = index[b, h, i, :count[b, h, i]].tolist()
+        below = lambda tile: sum(x < tile for x in listed)  # noqa: E731
+        span = key_range[b].tolist()
+        want = [below(c) for c in (0, 7, 14, 21)] + [below(span[0] // 128), below(-(-span[1] // 128))]
+        assert bounds[b, h, i].tolist() == want
+    assert launch.visit_bounds(index, count, None, None) is None
+    assert launch.visit_bounds(index, count, None, key_range[:1]).shape == (2, 3, 5, 2)  # a broadcast bias row

@@ -166,14 +166,14 @@ def _consume(st, CID: gl.constexpr):
         ones = bufs.ones_smem  # unused
     sums = (ones, l_zero)
     if flags.SPARSE:  # the listed key tiles only (.sparse): n_tiles of them, maybe none
-        visits, n_tiles = _visits(ptrs, prog, flags)
+        visits, n_tiles, first = _visits(ptrs, prog, flags)
     else:
         visits = (0, 0)  # unused
         n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, bufs.ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
     if flags.HAS_BIAS and flags.SPARSE:
-        bias_tiles = _visit_bias_tiles(ptrs, prog, n_tiles, flags)
+        bias_tiles = _visit_bias_tiles(ptrs, first, n_tiles, flags)
     elif flags.HAS_BIAS:
         bias_tiles = _bias_tiles(ptrs, prog, n_tiles, BLOCK_N)
     else:

@@ -215,9 +215,12 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
             tail = None if skip else tail_plan(part[0], part[2], k_block if k_scale is not None else 0, config,
                                                blocks is not None)
             ws = tail_split.workspace(tail, config.rows, dv, q.device) if tail else None
+            lists = None
+            if blocks is not None:
+                lists = tuple(common.batch_chunk(t, lo, hi) for t in blocks)
+                lists += (visit_bounds(*lists, tail, part[7]),)
             plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
-                               skip, part[7], None if blocks is None else
-                               tuple(common.batch_chunk(t, lo, hi) for t in blocks))
+                               skip, part[7], lists)
             _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=launch_maxnreg(plan.meta))
             if tail:
                 tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)
@@ -235,6 +238,30 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
         launch(config)
     LAST.config = config
     return (out, lse) if return_lse else out
+
+
+def visit_bounds(block_index: torch.Tensor, block_count: torch.Tensor, tail: Optional[tail_split.TailPlan],
+                 key_range: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The list positions a block-sparse launch reads instead of searching its lists: int32 ``(B, Hq, NQ, NB)``,
+    per query tile the number of its listed key tiles below each bound: with a ``tail`` split, the ``splits + 1``
+    piece boundaries (piece ``s`` visits list positions ``[bounds[s], bounds[s + 1])``), then with a key bias
+    (``key_range``, :func:`~.._sage_common.bias_range`, ``(B|1, 2)``) the first 128-key tile its span meets and one
+    past the last (the visits that add the bias). ``None`` with neither. A few small device ops, no
+    synchronization."""
+    if tail is None and key_range is None:
+        return None
+    nk = block_index.shape[-1]
+    keys = block_sparse.BLOCK_KEYS
+    listed = torch.arange(nk, device=block_index.device, dtype=torch.int32) < block_count[..., None]
+    entries = torch.where(listed, block_index, nk)  # ascending, the unlisted past every bound
+    bounds = []
+    if tail is not None:
+        cuts = torch.arange(tail.splits + 1, device=block_index.device, dtype=torch.int32) * (tail.kv_split // keys)
+        bounds.append(cuts.clamp(max=nk).expand(*entries.shape[:-1], -1))
+    if key_range is not None:
+        span = torch.stack([key_range[:, 0] // keys, (key_range[:, 1] + keys - 1) // keys], -1).to(torch.int32)
+        bounds.append(span[:, None, None, :].expand(*entries.shape[:-1], 2))
+    return torch.searchsorted(entries, torch.cat(bounds, -1).contiguous(), out_int32=True)
 
 
 def _block_args(q, k, block_index, block_count) -> Optional[tuple]:
@@ -304,8 +331,10 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     blocks = None
     if sparse:
         nq, nk = block_sparse.tiles(sq, k.shape[2])
+        bounds = (tail.splits + 1 if tail else 0) + (2 if key_bias is not None else 0)
         blocks = (torch.empty(bsz, hq, nq, nk, dtype=torch.int32, device=q.device),
-                  torch.empty(bsz, hq, nq, dtype=torch.int32, device=q.device))
+                  torch.empty(bsz, hq, nq, dtype=torch.int32, device=q.device),
+                  torch.empty(bsz, hq, nq, bounds, dtype=torch.int32, device=q.device) if bounds else None)
     plan = plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
                        tail, ws, key_bias, skip_args, None if key_bias is None else common.bias_range(key_bias),
                        blocks)

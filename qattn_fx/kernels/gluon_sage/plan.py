@@ -68,9 +68,11 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
     int8 ``k`` (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``:
     ``(log2_threshold, count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of
     skipped tiles or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
-    ``blocks``: ``(block_index, block_count)``, the key tiles each 128-row query tile visits
-    (:mod:`qattn_fx.block_sparse`; :func:`check_sparse_config`: two-consumer configs); a ``tail`` split must then
-    cut the keys at multiples of 128 (:func:`.launch.tail_plan` plans it so).
+    ``blocks``: ``(block_index, block_count, bounds)``, the key tiles each 128-row query tile visits
+    (:mod:`qattn_fx.block_sparse`; :func:`check_sparse_config`: two-consumer configs) and, with a ``tail`` split or
+    a ``key_bias``, their list positions bounding its pieces and the bias's span (:func:`.launch.visit_bounds`;
+    else ``None``); a ``tail`` split must then cut the keys at multiples of 128 (:func:`.launch.tail_plan` plans it
+    so).
 
     What follows from plain values (:class:`LaunchGeometry`) is computed once per key (:data:`GEOMETRIES`); each call
     builds the descriptors over its own tensors from it and places the tensors among the arguments.
@@ -80,6 +82,12 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         if tail is not None and tail.kv_split % 128:
             raise ValueError(f"gluon_sage: a block-sparse launch splits the tail at multiples of 128 keys (the "
                              f"lists' key tiles); got kv_split={tail.kv_split}")
+        bounds = (tail.splits + 1 if tail is not None else 0) + (2 if key_bias is not None else 0)
+        if (blocks[2] is None) != (bounds == 0) or (bounds and blocks[2].shape[-1] != bounds):
+            raise ValueError(f"gluon_sage: a block-sparse launch with {'a tail split' if tail else 'no tail split'} "
+                             f"and {'a' if key_bias is not None else 'no'} key bias takes {bounds} visit bounds per "
+                             "query tile (launch.visit_bounds); got "
+                             f"{None if blocks[2] is None else tuple(blocks[2].shape)}")
     check_quad_config(config, q.shape[-1], key_bias is not None)
     if skip is not None:
         check_skip_config(config)
@@ -99,7 +107,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         key_range if key_range is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E, *geo.scalars,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
-        *(blocks if blocks is not None else (None, None)),  # (None: constexprs, no kernel arguments)
+        *(blocks if blocks is not None else (None, None, None)),  # (None: constexprs, no kernel arguments)
     ]
     return LaunchPlan(config, geo.grid, args, dict(geo.meta), geo.k_scale_box, geo.k_view is not None, tail,
                       geo.q_blocks)

@@ -82,7 +82,7 @@ def _producer(st):
             tma.async_copy_global_to_shared(q_desc, [b, prog.h, prog.start_m + i * BM, 0], bufs.q_bar,
                                             q_smem.index(i))
     if flags.SPARSE:  # the listed tiles as the lists number them, from key 0 (a split piece's too: fewer registers)
-        visits, n_tiles = _visits(st.ptrs, prog, flags)
+        visits, n_tiles, _ = _visits(st.ptrs, prog, flags)
         visits = (visits[0], 0)
         for i in range(n_tiles - 1):
             _produce_tile(i, _key_tile(i, visits, flags), bufs, coords, flags, flags.PERMK)

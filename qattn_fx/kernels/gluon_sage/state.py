@@ -88,8 +88,10 @@ class Pointers:
     """The tensors read or written by pointer: ``QS`` (Q's scales; Q itself when the consumers quantize it), ``KS``
     (K's scales), ``VS`` (V's), ``Out``, ``Lse``, the tail split's workspace ``OutWs`` / ``LseWs``, the key bias
     ``KB`` and its nonzero span ``KBR``; with ``SPARSE`` (:mod:`.sparse`) this CTA's query tile's block list ``BI``
-    and its count ``BC`` (int32, :mod:`qattn_fx.block_sparse`), else ``None`` (constexprs: the dense kernel has no
-    such arguments). Other arguments a launch does not use point at another tensor."""
+    and its count ``BC`` (int32, :mod:`qattn_fx.block_sparse`), its split piece's first and end list positions
+    ``BP`` (``SPLIT_TAIL``) and the list positions bounding the key bias's span ``BR`` (``HAS_BIAS``), else
+    ``None`` (constexprs: the dense kernel has no such arguments). Other arguments a launch does not use point at
+    another tensor."""
     QS: gl.tensor
     KS: gl.tensor
     VS: gl.tensor
@@ -101,6 +103,8 @@ class Pointers:
     KBR: gl.tensor
     BI: gl.tensor | gl.constexpr
     BC: gl.tensor | gl.constexpr
+    BP: gl.tensor | gl.constexpr
+    BR: gl.tensor | gl.constexpr
 
 
 
