@@ -194,17 +194,13 @@ def _consume(st, CID: gl.constexpr):
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
     # A block-sparse CTA that visits no tile skips the loop: its rows keep l = 0 and m = -inf (output 0, LSE -inf).
     if flags.SPARSE:
-        if n_tiles > 0:
-            if SKIP and skip[0] != float("-inf"):
-                m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
-                                          grp_layout, SKIP)
-                _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
-            else:
-                m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
-                                          grp_layout, 0)
-                _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
-        else:
-            _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
+        if SKIP and skip[0] != float("-inf") and n_tiles > 0:
+            m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
+                                      grp_layout, SKIP)
+        elif n_tiles > 0:
+            m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
+                                      grp_layout, 0)
+        _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
     elif SKIP and skip[0] != float("-inf"):
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
                                   SKIP)
