@@ -4,8 +4,9 @@ When to use: after a change to the Gluon kernel that should not change what it c
 moved code), or to see which launch classes a change touches. Each tree's ``gluon_sage.compile_for`` builds every
 case of :data:`CASES` (the GPU-tested configs on int8 Q/K with K scales per 16 keys, then the other launch classes:
 K scales per key, bf16 Q quantized in the kernel, bf16 Q/K, fp8, key bias, LSE, tail split, Skip-Softmax with and
-without counting, head_dim 64, block lists) for sm_90 in a process of its own (``PYTHONPATH`` set to the tree, so each side
-imports its own ``qattn_fx``); the PTX is compared with debug sections stripped and parameter numbers normalized::
+without counting, head_dim 64, block lists) for sm_90 in a process of its own (``PYTHONPATH`` set to the tree, so
+each side imports its own ``qattn_fx``); the PTX is compared with debug sections stripped and parameter numbers
+normalized::
 
     git worktree add /tmp/gluon-before main          # (or: git archive main qattn_fx | tar -x -C /tmp/gluon-before)
     python tools/ptx_compare.py /tmp/gluon-before . --out /tmp/ptx  # a table; exit status 1 if a case differs

@@ -167,7 +167,8 @@ def check_skip_config(config: GluonConfig) -> None:
 #: with ``permk`` and ``mmasum`` (the two-consumer configs of that class, with :data:`TUNED_CONFIGS`' numerics but
 #: for the CTA's rows); Skip-Softmax: serial configs of that class. Where K loads in key order:
 #: :data:`KEY_ORDER_TUNED_CONFIGS` and :data:`SKIP_KEY_ORDER_TUNED_CONFIGS` (two consumers already).
-SPARSE_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1), GluonConfig(128, 2, ahead=1, permk=1, mmasum=1))
+SPARSE_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
+                        GluonConfig(128, 2, ahead=1, permk=1, mmasum=1))
 SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1))
 
 

@@ -183,8 +183,8 @@ def _softmax_pv_skip(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr,
 def _ahead_step(i, j, j_next, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr,
                 col_s: gl.constexpr, grp_layout: gl.constexpr, flags, BIAS: gl.constexpr):
     """Full key tile ``j`` (visit ``i``, ``S`` given) with the next visit's (key tile ``j_next``) Q·Kᵀ in flight
-    during its softmax; returns that ``S`` and (:func:`_k_scales_ahead`) its K scales. ``flags``, ``lp``: as :func:`_softmax_pv`'s; with
-    ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
+    during its softmax; returns that ``S`` and (:func:`_k_scales_ahead`) its K scales. ``flags``, ``lp``: as
+    :func:`_softmax_pv`'s; with ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
     QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
