@@ -59,7 +59,7 @@ def _check(args, config, lists, what, key_bias=None):
     launched, LSE included, and that query tiles listing nothing give 0 and LSE -inf."""
     sm_scale = 1.0 / math.sqrt(args[0].shape[-1])
     index, count = lists
-    with gs.use_config(config):
+    with gs.use_config(config), qattn_config.patch(gluon_tail_split=True):
         out, lse = gs.attention(*args, sm_scale, torch.float32, return_lse=True, key_bias=key_bias,
                                 block_index=index, block_count=count)
     cfg, tail = gs.last_config(), gs.last_tail_plan()
@@ -83,8 +83,7 @@ CASES = {  # name: (config, inputs, density, key bias, expect a tail split)
     "int8-4608-partial-tail": (SPARSE, dict(hq=5, hkv=5, sq=4608, skv=4600), 0.4, False, True),
     "fp8-4096": (SPARSE, dict(qk="fp8"), 0.5, False, False),
     "int8-mask-4096": (SPARSE, dict(b=2, hq=2, hkv=2), 0.6, True, False),
-    "int8-32760": (SPARSE, dict(hq=1, hkv=1, sq=32760, skv=32760), 0.3, False, False),
-    "int8-32760-keys-tail": (SPARSE, dict(hq=5, hkv=5, sq=4096, skv=32760), 0.3, False, True),
+    "int8-32760-keys-tail": (SPARSE, dict(hq=5, hkv=5, sq=4000, skv=32760), 0.3, False, True),  # partial q tile
     "key-order-k1": (str(gs.KEY_ORDER_TUNED_CONFIGS[0]), dict(blocks=(1, 1), b=2, hq=2, hkv=2, sq=1000, skv=1500),
                      0.5, False, False),
     "bn64-tail": ("64,3,ahead,mmasum", dict(b=2, hq=2, hkv=2, sq=1000, skv=1450), 0.5, True, True),
@@ -103,13 +102,13 @@ def test_lists_match_the_emulation_as_launched(name):
         key_bias = torch.zeros(b, skv, device=DEV)
         key_bias[-1, int(0.7 * skv):] = float("-inf")
     _, _, tail = _check(args, config, _lists(b, hq, sq, skv, density), name, key_bias)
-    assert (tail is not None) == split, (name, tail)
+    if gs.sm_count(torch.cuda.current_device()) == 132:  # (the shapes' tails are sized for 132 SMs)
+        assert (tail is not None) == split, (name, tail)
     assert tail is None or tail.kv_split % block_sparse.BLOCK_KEYS == 0
 
 
 @needs_sm90
-@pytest.mark.parametrize("split", [True, False])
-def test_all_listed_gives_the_dense_bits(split):
+def test_all_listed_gives_the_dense_bits():
     """Lists of every block: the same tiles in the same order as the dense launch of the config (its tail split,
     key bias and LSE included), so the same bits."""
     args = _inputs(b=1, hq=5, hkv=5, sq=4608, skv=4600)  # 180 CTAs: a tail of 48 on 132 SMs
@@ -119,12 +118,13 @@ def test_all_listed_gives_the_dense_bits(split):
     key_bias[0, 4000:] = float("-inf")
     index, count = block_sparse.dense(b, hq, sq, skv, DEV)
     sm_scale = 1.0 / math.sqrt(128)
-    with gs.use_config(SPARSE), qattn_config.patch(gluon_tail_split=split):
+    with gs.use_config(SPARSE), qattn_config.patch(gluon_tail_split=True):
         dense, dense_lse = gs.attention(*args, sm_scale, torch.bfloat16, return_lse=True, key_bias=key_bias)
         dense_tail = gs.last_tail_plan()
         out, lse = gs.attention(*args, sm_scale, torch.bfloat16, return_lse=True, key_bias=key_bias,
                                 block_index=index, block_count=count)
-    assert gs.last_tail_plan() == dense_tail and (dense_tail is not None) == split
+    assert gs.last_tail_plan() == dense_tail
+    assert dense_tail is not None or gs.sm_count(torch.cuda.current_device()) != 132
     assert torch.equal(out, dense), (out.float() - dense.float()).abs().max()
     assert torch.equal(lse, dense_lse)
 
@@ -156,8 +156,8 @@ def test_skip_softmax_tests_the_visited_tiles():
 
 @needs_sm90
 def test_trio_is_refused_and_the_op_runs_lists_on_gluon_sage():
-    args = _inputs(sq=1000, skv=1500)
-    index, count = _lists(1, 4, 1000, 1500, 0.5)
+    args = _inputs()
+    index, count = _lists(1, 4, 4096, 4096, 0.5)
     with gs.use_config(gs.TRIO_DEFAULT_CONFIG), pytest.raises(ValueError, match="cannot run block-sparse calls"):
         gs.attention(*args, 0.1, torch.bfloat16, block_index=index, block_count=count)
     with gs.use_config(SPARSE):
