@@ -23,9 +23,8 @@ C_BLOCK_KEYS = gl.constexpr(block_sparse.BLOCK_KEYS) if gl is not None else bloc
 def _visits(ptrs, prog, flags):
     """``(vis, n, e0)``: the CTA's visits, ``vis = (entries, off)`` for :func:`_key_tile` (a pointer to its first
     list entry, at list position ``e0``; key tiles counted from ``off`` = ``kv0 / BLOCK_N``) and ``n`` the ``BLOCK_N``
-    tiles it runs. A whole CTA
-    runs its ``count`` listed tiles; a split tail piece the entries inside its key range, whose list positions the
-    host computed (``BP``, :func:`.launch.visit_bounds`)."""
+    tiles it runs. A whole CTA runs its ``count`` listed tiles; a split tail piece the entries inside its key range,
+    whose list positions the host computed (``BP``, :func:`.launch.visit_bounds`)."""
     R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
     count = gl.load(ptrs.BC)
     if flags.SPLIT_TAIL:
