@@ -95,7 +95,7 @@ KERNELS: dict[str, KernelInfo] = {
         KernelInfo("gluon_sage", "qattn_fx.kernels.gluon_sage", "scaled_attention", v_seq_major=True,
                    quantizes_q=(1,),
                    requirements=(Requirements("gluon_sage", SM90, HeadDims(allowed=(64, 128)), ("triton", "3.6.0"),
-                                              key_bias=True, lse=True, skip_softmax=True,
+                                              key_bias=True, lse=True, skip_softmax=True, block_sparse=True,
                                               note="needs 16-byte aligned Q/K/V strides (TMA); the quantize nodes "
                                                    "write them so"),),
                    description="qattn_fx warp-specialized Gluon SageAttention (TMA producer warp, two or three "

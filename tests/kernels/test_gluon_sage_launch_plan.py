@@ -31,7 +31,7 @@ SERIAL = gs.GluonConfig(128, 3, mmasum=1)  # a Skip-Softmax key-order config
 
 
 def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
-                    tail=None, workspace=None, key_bias=None, skip=None, key_range=None):
+                    tail=None, workspace=None, key_bias=None, skip=None, key_range=None, blocks=None):
     """``(grid, args, meta)`` of one launch, every value computed from the tensors on this call."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -59,6 +59,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
         n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
+        *(blocks if blocks is not None else (None, None, None)),
     ]
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
                 K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
@@ -68,7 +69,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
                 MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
-                SKIP=0 if skip is None else (2 if skip[1] is not None else 1))
+                SKIP=0 if skip is None else (2 if skip[1] is not None else 1), SPARSE=int(blocks is not None))
     grid = (tail.grid,) if tail else (n_m, bsz * hq)
     return grid, args, meta
 
@@ -274,7 +275,7 @@ def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse
                 part = [common.batch_chunk(t, lo, hi) for t in (q, qs, k, ks, v, vs, bias)]
                 assert args[0].base.data_ptr() == part[0].data_ptr()
                 tail = None if meta["SPLIT_TAIL"] == 0 else gs.last_tail_plan()
-                ws = tuple(args[-4:-2]) if tail else None
+                ws = tuple(args[-7:-5]) if tail else None
                 key_range = None
                 if bias is not None:
                     key_range = args[9]
@@ -336,8 +337,161 @@ def test_kernel_meta_names_every_constexpr_of_the_kernel():
     assert sorted(meta) == sorted(constexprs)
     assert set(KernelFlags.FIELDS) <= set(meta)
     inputs = {name: meta[name] for name in ("QK_KIND", "Q_BLOCK", "K_BLOCK", "RETURN_LSE", "KS_TMA", "PERMK",
-                                            "SPLIT_TAIL", "HAS_BIAS", "SKIP")}
+                                            "SPLIT_TAIL", "HAS_BIAS", "SKIP", "SPARSE")}
     for config in (TRIO, AHEAD, SERIAL):
         flags = gs.kernel_meta(config, **inputs)
         assert {f.upper(): getattr(config, f) for f in config.KERNEL_FLAGS}.items() <= flags.items()
         assert flags["CONSUMERS"] == config.consumers and flags["BLOCK_N"] == config.block_n
+
+
+# ---- block sparsity (qattn_fx.block_sparse): two-consumer configs, lists as the last arguments, tail at 128 keys --
+
+SPARSE = gs.SPARSE_TUNED_CONFIGS[0]  # the permk class's two-consumer default
+
+
+def _lists(q, k, density=0.5, seed=0):
+    """Random block lists for a call of these Q and K (:func:`qattn_fx.block_sparse.from_mask`)."""
+    from qattn_fx import block_sparse
+
+    nq, nk = block_sparse.tiles(q.shape[2], k.shape[2])
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(block_sparse.from_mask(torch.rand(q.shape[0], q.shape[1], nq, nk, generator=gen) < density))
+
+
+@pytest.mark.parametrize("case,config,return_lse,split,bias_rows,skip", [
+    ("int8", SPARSE, False, False, 0, None), ("int8", SPARSE, True, True, 1, None),
+    ("qbf16", AHEAD, True, True, 0, None), ("fp8", SPARSE, False, False, 2, None),
+    ("int8", gs.SPARSE_SKIP_TUNED_CONFIGS[0], False, False, 0, "count"),
+])
+def test_sparse_plan_passes_the_lists_last_with_the_sparse_constexpr(case, config, return_lse, split, bias_rows,
+                                                                      skip):
+    b = 2 if bias_rows == 2 else 1
+    gs_plan.GEOMETRIES.clear()
+    for call in range(2):
+        q, qs, k, ks, v, vs, qb, kb = _inputs(case, b=b)
+        blocks = _lists(q, k, seed=call)
+        tail = _tail(q, kb if ks is not None else 0, config) if split else None
+        assert tail is None or tail.kv_split % 128 == 0
+        out, lse, ws, bias = _outputs(q, v, return_lse, tail, config, bias_rows)
+        skip_args = None if skip is None else (torch.zeros(1), torch.zeros(1, dtype=torch.int32))
+        key_range = None if bias is None else common.bias_range(bias)
+        common_args = (q, qs, k, ks, v, vs, qb, kb, 0.0883883, out, lse, return_lse, config, tail, ws, bias, skip_args,
+                       key_range)
+        blocks += (launch.visit_bounds(*blocks, tail, key_range),)
+        assert (blocks[2] is None) == (tail is None and bias is None)
+        plan = gs.plan_launch(*common_args, blocks)
+        _assert_plan_is_reference(plan, _reference_plan(*common_args, blocks))
+        assert plan.meta["SPARSE"] == 1 and all(a is b for a, b in zip(plan.args[-3:], blocks))
+        with pytest.raises(ValueError, match=r"takes \d+ visit bounds per query tile"):
+            gs.plan_launch(*common_args, blocks[:2] + (None if blocks[2] is not None else blocks[0],))
+        dense = gs.plan_launch(*common_args)  # its own geometry: no lists, SPARSE 0
+        assert dense.meta["SPARSE"] == 0 and dense.args[-3:] == [None, None, None]
+    assert len(gs_plan.GEOMETRIES) == 2
+
+
+@pytest.mark.parametrize("config", [str(gs.TRIO_DEFAULT_CONFIG), str(gs.QUAD_TUNED_CONFIGS[0]), "128,2,trio"])
+def test_sparse_launches_refuse_trio_and_quad_naming_the_valid_configs(config, monkeypatch):
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
+    cfg = gs.GluonConfig.parse(config)
+    out, lse, _, _ = _outputs(q, v, False, None, cfg)
+    message = (rf"^gluon_sage config {cfg} \({cfg.consumers} consumers, {cfg.rows} query rows per CTA\) cannot run "
+               r"block-sparse calls, .* valid: two-consumer configs \(no 'trio', no 'quad'\), e\.g\. "
+               rf"'{gs.SPARSE_TUNED_CONFIGS[0]}'")
+    with pytest.raises(ValueError, match=message):
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, cfg, blocks=_lists(q, k) + (None,))
+    with _recorded_launches(monkeypatch) as launches, gs.use_config(cfg), pytest.raises(ValueError, match=message):
+        gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.1, torch.bfloat16, block_index=_lists(q, k)[0],
+                     block_count=_lists(q, k)[1])
+    assert not launches
+
+
+def test_sparse_plan_refuses_a_tail_not_cut_at_128_keys():
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
+    config = gs.GluonConfig(64, 3, ahead=1, mmasum=1)
+    tail = gs.tail_split.TailPlan(ctas=64, main=60, splits=4, kv_split=576)
+    out, lse, ws, _ = _outputs(q, v, False, tail, config)
+    with pytest.raises(ValueError, match=r"splits the tail at multiples of 128 keys .*; got kv_split=576$"):
+        gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, config, tail, ws,
+                       blocks=_lists(q, k) + (None,))
+
+
+@pytest.mark.parametrize("s,k_block", [(2048, 16), (4608, 16), (4100, 64), (32760, 1), (6000, 0)])
+def test_sparse_tail_pieces_start_on_128_key_tiles(monkeypatch, s, k_block):
+    """The tail split of a block-sparse launch cuts the keys at multiples of 128 (and of ``k_block``): each piece
+    visits whole listed tiles (``emulate_launched``'s pieces)."""
+    monkeypatch.setattr(launch, "sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q = torch.empty(1, 3, s, 128, dtype=torch.int8)
+    for config in (gs.GluonConfig(64, 3, ahead=1, mmasum=1), SPARSE):
+        tail = gs.tail_plan(q, q, k_block, config, sparse=True)
+        if tail is not None:
+            assert tail.kv_split % 128 == 0 and (k_block == 0 or tail.kv_split % k_block == 0)
+    dense64 = {gs.tail_plan(torch.empty(1, 3, n, 128, dtype=torch.int8), torch.empty(1, 3, n, 128, dtype=torch.int8),
+                            16, gs.GluonConfig(64, 3, ahead=1, mmasum=1)) for n in range(2048, 6000, 64)}
+    assert any(t is not None and t.kv_split % 128 for t in dense64)  # (what the sparse plan avoids)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_attention_passes_each_chunk_its_lists(monkeypatch, chunked):
+    if chunked:
+        monkeypatch.setattr(common, "MAX_GRID_Y", 4)  # B=3, H=4: one batch element per launch
+    q, qs, k, ks, v, vs, qb, kb = _inputs("int8", b=3)
+    index, count = _lists(q, k)
+    monkeypatch.setattr(gs.SPARSE_TUNER, "choose", lambda key, run: gs.SPARSE_TUNER.default(key))  # (no timing)
+    with _recorded_launches(monkeypatch) as launches:
+        gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, block_index=index, block_count=count)
+    assert gs.last_config() == gs.SPARSE_TUNED_CONFIGS[0]
+    assert len(launches) == (3 if chunked else 1)
+    for i, (grid, args, meta) in enumerate(launches):
+        lo, hi = (i, i + 1) if chunked else (0, 3)
+        assert meta["SPARSE"] == 1 and meta["CONSUMERS"] == 2
+        assert torch.equal(args[-3], index[lo:hi]) and torch.equal(args[-2], count[lo:hi])
+        tail = gs.last_tail_plan() if meta["SPLIT_TAIL"] else None
+        assert (args[-1] is None) == (tail is None)
+        if tail is not None:
+            assert torch.equal(args[-1], launch.visit_bounds(index[lo:hi], count[lo:hi], tail, None))
+    with pytest.raises(ValueError, match=r"block_count must have shape \(3, 4, 16\)"):
+        gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, block_index=index, block_count=count[:, :, 1:])
+    with pytest.raises(ValueError, match=r"block_index and block_count go together"):
+        gs.attention(q, qs, k, ks, v, vs, qb, kb, 0.09, torch.bfloat16, block_index=index)
+
+
+@pytest.mark.parametrize("case,skip,bias,tuner", [
+    ("int8", False, False, "SPARSE_TUNER"), ("int8", False, True, "SPARSE_TUNER"),
+    ("int8", True, False, "SPARSE_SKIP_TUNER"), ("int8", True, True, "SKIP_KEY_ORDER_TUNER"),
+    ("int8:1", False, False, "KEY_ORDER_TUNER"), ("int8:1", True, False, "SKIP_KEY_ORDER_TUNER"),
+    ("bf16", False, False, "KEY_ORDER_TUNER"),
+])
+def test_sparse_launches_tune_among_two_consumer_configs(case, skip, bias, tuner):
+    q, qs, k, ks, v, vs, qb, kb = _inputs(case)
+    key_bias = torch.zeros(1, k.shape[2]) if bias else None
+    chosen = gs.tuner_for(k, ks, kb, key_bias, skip, sparse=True)
+    assert chosen is getattr(gs, tuner)
+    configs = [gs.GluonConfig.parse(c) for c in chosen.candidates + [chosen.default((128,)), chosen.default((64,))]]
+    assert all(c.consumers == 2 for c in configs)
+    key = gs.tuning_key(q, k, qb, kb, False, bias, skip, sparse=True)
+    assert key[-1] == "sparse" and key[:-1] == gs.tuning_key(q, k, qb, kb, False, bias, skip)
+
+
+def test_visit_bounds_are_the_list_positions_of_the_piece_cuts_and_the_bias_span():
+    """Piece ``s`` of a split query tile visits list positions ``[bounds[s], bounds[s + 1])`` (its key tiles); the
+    visits ``[bounds[-2], bounds[-1])`` meet the key bias's nonzero span."""
+    from qattn_fx import block_sparse
+
+    gen = torch.Generator().manual_seed(1)
+    index, count = block_sparse.from_mask(torch.rand(2, 3, 5, 20, generator=gen) < 0.4)
+    tail = gs.tail_split.TailPlan(ctas=30, main=20, splits=3, kv_split=896)
+    bias = torch.zeros(2, 20 * 128 - 50)
+    bias[0, 1000:2000] = -1.0
+    bias[1, -10:] = float("-inf")
+    key_range = common.bias_range(bias)
+    bounds = launch.visit_bounds(index, count, tail, key_range)
+    assert bounds.dtype == torch.int32 and bounds.shape == (2, 3, 5, 6)
+    for b, h, i in ((b, h, i) for b in range(2) for h in range(3) for i in range(5)):
+        listed = index[b, h, i, :count[b, h, i]].tolist()
+        below = lambda tile: sum(x < tile for x in listed)  # noqa: E731
+        span = key_range[b].tolist()
+        want = [below(c) for c in (0, 7, 14, 21)] + [below(span[0] // 128), below(-(-span[1] // 128))]
+        assert bounds[b, h, i].tolist() == want
+    assert launch.visit_bounds(index, count, None, None) is None
+    assert launch.visit_bounds(index, count, None, key_range[:1]).shape == (2, 3, 5, 2)  # a broadcast bias row

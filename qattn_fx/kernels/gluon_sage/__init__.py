@@ -37,6 +37,12 @@ schedule, which plain Triton 3.6 cannot express:
   (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
   turns it off; its A/B: ``python -m tools.ab_tail_split``, figures in docs/kernel-profile.md, "Tail split
   A/B"). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
+* block sparsity (:mod:`qattn_fx.block_sparse`, ``block_index`` / ``block_count``; :mod:`.sparse`): a CTA of two
+  consumers is one 128-row query tile of the lists; the producer loads and the consumers run only its listed key
+  tiles, in list order (the rings count visited tiles), the last listed one handled as the last tile; a tile that
+  lists nothing gives 0 and LSE ``-inf``. Such launches take two-consumer configs only
+  (:func:`check_sparse_config`); their tail split cuts the keys at multiples of 128, each piece visiting the
+  listed tiles of its range (``qattn_fx.kernels.emulation.emulate_launched``).
 
 Speed: see BENCHMARKS.md, "Attention op" (the autotuned ``trio,permk,mmasum`` configs against cuDNN FP8), and
 docs/kernel-profile.md, "What bounds the kernel". Per-tile numerics identical to triton_sage's (same tiles, same
@@ -61,7 +67,8 @@ Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, for
 :mod:`.kernel` (``_sage_fwd_ws``: program coordinates, shared memory, barriers, warp specialization), :mod:`.state`
 (the named aggregates every partition gets: ``KernelFlags``, ``Buffers``, ``Pointers``, ``Program``),
 :mod:`.producer`, and the consumer in :mod:`.consumer` (row scales, Q quantization), :mod:`.mainloop` (MMAs,
-schedules, key-tile loops), :mod:`.softmax` (K scales, key bias, online softmax) and :mod:`.epilogue`;
+schedules, key-tile loops), :mod:`.softmax` (K scales, key bias, online softmax), :mod:`.epilogue` and
+:mod:`.sparse` (the visited tiles of block-sparse launches);
 :mod:`._gluon` (Gluon imports, shared layouts); the host: :mod:`.descriptors` (TMA descriptors, the ``permk``
 view), :mod:`.plan` (:class:`LaunchPlan`, :func:`kernel_meta`), :mod:`.launch` (tuning, launching, offline
 compiles), :mod:`.tail_split` (planning and merging the split last wave); constants, input checks and helpers shared
@@ -74,12 +81,14 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS,
                      QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG, QUAD_TUNED_CONFIGS, REGISTERS,
                      ROWS_PER_CONSUMER,
-                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
+                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
-                     check_quad_config, check_skip_config, current_config, forced_config, use_config)
+                     check_quad_config, check_skip_config, check_sparse_config, current_config, forced_config,
+                     use_config)
 from ._gluon import mma_layout
 from .descriptors import descriptor, k_scale_box, permuted_k, tma_aligned
-from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, TUNER, TUNERS, attention,
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, SPARSE_SKIP_TUNER,
+                     SPARSE_TUNER, TUNER, TUNERS, attention,
                      compile_for, ineligible, last_config, last_tail_plan, scaled_attention, sm_count, tail_plan,
                      tuner_for, tuning_key)
 from .plan import LaunchPlan, kernel_meta, plan_launch, q_blocks
@@ -89,9 +98,11 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "QUAD_CONSUMER_REGS", "QUAD_HEAD_DIM",
            "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "REGISTERS", "ROWS_PER_CONSUMER",
            "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
+           "SPARSE_SKIP_TUNED_CONFIGS", "SPARSE_SKIP_TUNER", "SPARSE_TUNED_CONFIGS", "SPARSE_TUNER",
            "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
            "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",
-           "check_skip_config", "compile_for", "current_config", "descriptor", "forced_config", "ineligible",
+           "check_skip_config", "check_sparse_config", "compile_for", "current_config", "descriptor", "forced_config",
+           "ineligible",
            "k_scale_box", "kernel_meta", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch",
            "q_blocks",
            "scaled_attention", "sm_count", "tail_plan", "tail_split", "tma_aligned", "tuner_for", "tuning_key",

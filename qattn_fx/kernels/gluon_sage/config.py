@@ -162,6 +162,27 @@ def check_skip_config(config: GluonConfig) -> None:
                          "tiles, e.g. '128,3,trio,permk,mmasum' or '128,3,mmasum' (no 'ahead', no 'quad')")
 
 
+#: Block-sparse launches (:mod:`qattn_fx.block_sparse`): a CTA must be one 128-row query tile of the lists, so two
+#: consumer warpgroups (no ``trio``, no ``quad``). Where K can be viewed through ``permk``: the ``ahead`` schedule
+#: with ``permk`` and ``mmasum`` (the two-consumer configs of that class, with :data:`TUNED_CONFIGS`' numerics but
+#: for the CTA's rows); Skip-Softmax: serial configs of that class. Where K loads in key order:
+#: :data:`KEY_ORDER_TUNED_CONFIGS` and :data:`SKIP_KEY_ORDER_TUNED_CONFIGS` (two consumers already).
+SPARSE_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
+                        GluonConfig(128, 2, ahead=1, permk=1, mmasum=1))
+SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1))
+
+
+def check_sparse_config(config: GluonConfig) -> None:
+    """Block-sparse launches run two consumer warpgroups per CTA (128 query rows: one query tile of the lists);
+    ``ValueError`` naming the config and the valid ones otherwise."""
+    if config.consumers != CONSUMERS:
+        valid = ", ".join(f"'{c}'" for c in dict.fromkeys(SPARSE_TUNED_CONFIGS + SPARSE_SKIP_TUNED_CONFIGS
+                                                          + KEY_ORDER_TUNED_CONFIGS))
+        raise ValueError(f"gluon_sage config {config} ({config.consumers} consumers, {config.rows} query rows per "
+                         f"CTA) cannot run block-sparse calls, whose CTA is one {CONSUMERS * ROWS_PER_CONSUMER}-row "
+                         f"query tile of the lists; valid: two-consumer configs (no 'trio', no 'quad'), e.g. {valid}")
+
+
 def quad_serves(head_dim: int, key_bias: bool) -> bool:
     """Whether a launch fits ``quad``: head_dim :data:`QUAD_HEAD_DIM` without a key bias (:data:`QUAD_CONSUMER_REGS`
     registers hold nothing more)."""

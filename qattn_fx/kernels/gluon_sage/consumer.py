@@ -8,6 +8,7 @@ from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
 from .mainloop import TileLoop, _mainloop
+from .sparse import _visit_bias_tiles, _visits
 
 
 @jit
@@ -164,10 +165,16 @@ def _consume(st, CID: gl.constexpr):
         l_i = gl.full([BM], 0.0, gl.float32, row_s)
         ones = bufs.ones_smem  # unused
     sums = (ones, l_zero)
-    n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
+    if flags.SPARSE:  # the listed key tiles only (.sparse): n_tiles of them, maybe none
+        visits, n_tiles, first = _visits(ptrs, prog, flags)
+    else:
+        visits = (0, 0)  # unused
+        n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, stride_ksn, bufs.ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
-    if flags.HAS_BIAS:
+    if flags.HAS_BIAS and flags.SPARSE:
+        bias_tiles = _visit_bias_tiles(ptrs, first, n_tiles, flags)
+    elif flags.HAS_BIAS:
         bias_tiles = _bias_tiles(ptrs, prog, n_tiles, BLOCK_N)
     else:
         bias_tiles = (0, 0)  # unused
@@ -180,12 +187,21 @@ def _consume(st, CID: gl.constexpr):
         mbarrier.wait(bufs.q_bar, 0)
     lp = TileLoop(q=q, rs=rs, s_init=s_init, pv_zero=pv_zero, SEQ_KV=SEQ_KV, k_smem=bufs.k_smem, v_smem=bufs.v_smem,
                   k_ready=bufs.k_ready, kv_free=bufs.kv_free, v_ready=bufs.v_ready, ksrc=ksrc, kbsrc=kbsrc, skip=skip,
-                  sums=sums)
+                  sums=sums, visits=visits)
     NC: gl.constexpr = bufs.q_smem.type.shape[0]
     # Skip-Softmax with λ = 0 (log2 λ = -inf: nothing can be skipped, e.g. the steps before disabled_until_timestep)
     # runs the loop without the test (its cost: docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
-    if SKIP and skip[0] != float("-inf"):
+    # A block-sparse CTA that visits no tile skips the loop: its rows keep l = 0 and m = -inf (output 0, LSE -inf).
+    if flags.SPARSE:
+        if SKIP and skip[0] != float("-inf") and n_tiles > 0:
+            m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
+                                      grp_layout, SKIP)
+        elif n_tiles > 0:
+            m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
+                                      grp_layout, 0)
+        _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
+    elif SKIP and skip[0] != float("-inf"):
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
                                   SKIP)
         _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)

@@ -26,7 +26,8 @@ def _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID: gl.c
     vs = gl.load(ptrs.VS + b * prog.stride_vsb + hk * prog.stride_vsh + offs_dv * prog.stride_vsd)
     if MMASUM:  # its 8 columns hold the same sums: take one (max: exact)
         l_i = gl.convert_layout(gl.max(l_i, axis=1), row_s)
-    if HAS_BIAS:  # a row whose keys are all masked has l = 0 (and acc = 0): its output is 0, as SDPA's
+    if HAS_BIAS or flags.SPARSE:  # a row whose keys are all masked or not visited has l = 0 (and acc = 0): its
+        # output is 0, as SDPA's
         inv_l = gl.convert_layout(gl.where(l_i == 0.0, 0.0, 1.0 / gl.where(l_i == 0.0, 1.0, l_i)), row_o)
     else:
         inv_l = gl.convert_layout(1.0 / l_i, row_o)

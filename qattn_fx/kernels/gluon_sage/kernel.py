@@ -17,12 +17,12 @@ def _sage_fwd_ws(
     stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
-    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount,
+    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount, BI, BC, BB,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
-    SKIP: gl.constexpr = 0,
+    SKIP: gl.constexpr = 0, SPARSE: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -53,6 +53,12 @@ def _sage_fwd_ws(
     ``SKIP`` (serial schedules, no tail split): Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`) with
     ``log2 λ`` read from ``SkipThr`` (fp32, one element, on the device: a schedule may change it between calls
     without a new launch configuration); ``SKIP == 2`` also counts the skipped tiles into ``SkipCount`` (int32).
+
+    ``SPARSE`` (two consumers: a CTA is one 128-row query tile of :mod:`qattn_fx.block_sparse`): ``BI`` int32
+    ``(B, Hq, N_M, ceil(SEQ_KV / 128))`` and ``BC`` int32 ``(B, Hq, N_M)``, the key tiles each CTA visits
+    (:mod:`.sparse`), and ``BB`` int32 ``(B, Hq, N_M, NB)``, the list positions that bound a split piece's keys
+    (``SPLITS + 1`` with ``SPLIT_TAIL``) and the key bias's span (2 with ``HAS_BIAS``), in that order
+    (:func:`.launch.visit_bounds`; ``None`` with neither); else all three ``None``.
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
     if SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
@@ -109,7 +115,18 @@ def _sage_fwd_ws(
     bufs = Buffers(q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, ks_desc=ks_desc, kp_desc=kp_desc, q_smem=q_smem,
                    k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, k_ready=k_ready,
                    v_ready=v_ready, kv_free=kv_free)
-    ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR)
+    blk_index, blk_count, blk_piece, blk_bias = BI, BC, BB, BB  # (None: a dense launch)
+    if SPARSE:  # this CTA's query tile's list and count (a CTA of two consumers is one 128-row query tile)
+        tile_row = pid_bh * N_M + pid_m
+        blk_index = BI + tile_row.to(gl.int64) * gl.cdiv(SEQ_KV, 128)
+        blk_count = BC + tile_row
+        NB = SPLIT_TAIL * (SPLITS + 1) + 2 * HAS_BIAS  # BB's positions per query tile
+        if SPLIT_TAIL:  # piece t % SPLITS's first and end list positions (a whole CTA reads its count instead)
+            blk_piece = BB + tile_row.to(gl.int64) * NB + t % SPLITS
+        if HAS_BIAS:  # the list positions bounding the key bias's span
+            blk_bias = BB + tile_row.to(gl.int64) * NB + (NB - 2)
+    ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=blk_index,
+                    BC=blk_count, BP=blk_piece, BR=blk_bias)
     # assigned as a plain tuple, the scalars become values (an int Triton specialized to the constexpr 1 becomes an
     # i32 constant here), so the worker partitions take them as captures, not as constants (this keeps the PTX)
     scalars = (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
@@ -118,7 +135,7 @@ def _sage_fwd_ws(
     prog = Program(*scalars)
     # the constexprs travel as an aggregate (in a plain tuple Gluon would turn them into tensors)
     flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                        SPLIT_TAIL, HAS_BIAS, SKIP)
+                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE)
     st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
     # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop

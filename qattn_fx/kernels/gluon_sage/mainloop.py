@@ -2,9 +2,14 @@
 :mod:`.epilogue`): the MMAs and slot releases (:func:`_qk`, :func:`_pv_issue`, :func:`_release`), one tile's softmax
 and P·V (:func:`_softmax_pv`, behind Skip-Softmax's test :func:`_softmax_pv_skip`), the ``ahead`` step
 (:func:`_ahead_step`), and the loops over the key tiles (:func:`_mainloop`).
+
+A step takes the tile's visit position ``i`` (what the rings' slots, phases and release events count) and its key
+tile ``j`` (keys ``j · BLOCK_N + [0, BLOCK_N)`` from the CTA's first key): the same number but in block-sparse
+launches, whose CTAs visit the listed tiles only (:func:`.sparse._key_tile`).
 """
 
 from ._gluon import async_copy, gl, jit, mbarrier, warpgroup_mma, warpgroup_mma_wait
+from .sparse import _key_tile
 from .state import _named
 from .softmax import (_add_bias, _exp_sum, _k_scales_ahead, _k_scales_at_use, _key_bias, _running_max,
                       _scale_logits, _scales_read_early, _softmax, _tile_k_scales, _tile_max)
@@ -17,8 +22,9 @@ class TileLoop:
     values ``s_init`` (int8: ``1.5·2^23`` read as fp32) and ``pv_zero``, the CTA's keys ``SEQ_KV``, the K/V rings
     and their barriers, and the sources of the K scales ``ksrc`` (``(ks_ptr, stride_ksn, ks_smem, SEQ_KV)``,
     :func:`.softmax._tile_k_scales`), the key bias ``kbsrc`` (``(kb_ptr, SEQ_KV)``, :func:`.softmax._key_bias`),
-    Skip-Softmax's test ``skip`` (:func:`_softmax_pv_skip`) and ``MMASUM``'s row sums ``sums`` (``(ones_smem,
-    l_zero)``, :func:`_pv_issue`)."""
+    Skip-Softmax's test ``skip`` (:func:`_softmax_pv_skip`), ``MMASUM``'s row sums ``sums`` (``(ones_smem,
+    l_zero)``, :func:`_pv_issue`) and the key tiles visited, ``visits`` (:func:`.sparse._visits`; unused in a dense
+    launch)."""
     q: gl.shared_memory_descriptor
     rs: gl.tensor
     s_init: gl.tensor
@@ -33,6 +39,7 @@ class TileLoop:
     kbsrc: gl.tuple
     skip: gl.tuple
     sums: gl.tuple
+    visits: gl.tuple
 
 
 @jit
@@ -110,10 +117,11 @@ def _accumulate(acc, l_i, alpha, pv, pl, row_o: gl.constexpr, MMASUM: gl.constex
 
 
 @jit
-def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr, flags,
+def _softmax_pv(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr, flags,
                 MASK: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr, BIAS: gl.constexpr):
-    """Softmax of tile ``j`` and its P·V (waited), added to ``acc`` in fp32 (two-level accumulation). ``LAST``:
-    the row's last tile, whose V slot is released here (event ``j + 1``); otherwise the next Q·Kᵀ releases it.
+    """Softmax of key tile ``j`` (visit ``i``) and its P·V (waited), added to ``acc`` in fp32 (two-level
+    accumulation). ``LAST``: the row's last tile, whose V slot is released here (event ``i + 1``); otherwise the
+    next Q·Kᵀ releases it.
     ``flags``: the kernel's :class:`~.state.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order;
     ``BIAS`` apart: whether this tile adds the key bias ``kb``); ``lp``: the warpgroup's :class:`TileLoop` (its
     ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums, :func:`_pv_issue`)."""
@@ -121,20 +129,20 @@ def _softmax_pv(j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: 
     MMASUM: gl.constexpr = flags.MMASUM
     p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, lp.rs, j * BLOCK_N, lp.SEQ_KV, flags.QK_KIND, flags.K_BLOCK,
                                    BLOCK_N, MASK, MMASUM, BIAS)
-    pv, pl = _pv_issue(j, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK,
+    pv, pl = _pv_issue(i, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK,
                        lp.sums[0], lp.sums[1], MMASUM)
     if MMASUM:
         pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
     else:
         pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     if LAST:
-        _release(j + 1, lp.kv_free, flags.STAGES, flags.TARRIVE)
+        _release(i + 1, lp.kv_free, flags.STAGES, flags.TARRIVE)
     acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
     return m_i, l_i, acc
 
 
 @jit
-def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr, flags,
+def _softmax_pv_skip(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr, flags,
                      MASK: gl.constexpr, LAST: gl.constexpr, PERMK: gl.constexpr, BIAS: gl.constexpr):
     """:func:`_softmax_pv` behind Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`): when every valid row of
     this warpgroup has ``max z - m < log2 λ`` (``m``: the running max before the tile), the exponentials and P·V
@@ -153,7 +161,7 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, ro
     if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
         m_new = gl.maximum(m_i, tile_max)
         p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, MASK, MMASUM, BIAS)
-        pv, pl = _pv_issue(j, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, PERMK,
+        pv, pl = _pv_issue(i, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, PERMK,
                            lp.sums[0], lp.sums[1], MMASUM)
         if MMASUM:
             pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
@@ -162,21 +170,21 @@ def _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, ro
         acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
         m_i = m_new
     else:
-        mbarrier.wait(lp.v_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.wait(lp.v_ready.index(i % STAGES), (i // STAGES) & 1)
         if flags.SKIP == 2:
             gl.atomic_add(count_ptrs, gl.full(count_ptrs.type.shape, 1, gl.int32, count_mask.type.layout),
                           mask=count_mask)
     if LAST:
-        _release(j + 1, lp.kv_free, STAGES, flags.TARRIVE)
+        _release(i + 1, lp.kv_free, STAGES, flags.TARRIVE)
     return m_i, l_i, acc
 
 
 @jit
-def _ahead_step(j, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
-                grp_layout: gl.constexpr, flags, BIAS: gl.constexpr):
-    """Full tile ``j`` (``S`` given) with tile ``j+1``'s Q·Kᵀ in flight during its softmax; returns ``S_{j+1}``
-    and (:func:`_k_scales_ahead`) tile ``j+1``'s K scales. ``flags``, ``lp``: as :func:`_softmax_pv`'s; with
-    ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
+def _ahead_step(i, j, j_next, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr,
+                col_s: gl.constexpr, grp_layout: gl.constexpr, flags, BIAS: gl.constexpr):
+    """Full key tile ``j`` (visit ``i``, ``S`` given) with the next visit's (key tile ``j_next``) Q·Kᵀ in flight
+    during its softmax; returns that ``S`` and (:func:`_k_scales_ahead`) its K scales. ``flags``, ``lp``: as
+    :func:`_softmax_pv`'s; with ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
     QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
@@ -186,29 +194,29 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.c
     if KS_TMA:
         EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
-            ks = _k_scales_at_use(j, ks, lp.ksrc, col_s, grp_layout, flags)
+            ks = _k_scales_at_use(i, j, ks, lp.ksrc, col_s, grp_layout, flags)
         t, rs_t = _scale_logits(s, ks, lp.rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
-        s_next = _qk_issue(j + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
+        s_next = _qk_issue(i + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
         if EARLY:  # tile j+1's K and scales have arrived (waited just above): the shared load's latency then
             # passes under this tile's exponentials instead of stalling the next tile's scaling
-            ks_next = _tile_k_scales(j + 1, lp.ksrc, col_s, grp_layout, flags)
+            ks_next = _tile_k_scales(i + 1, j_next, lp.ksrc, col_s, grp_layout, flags)
         else:
-            ks_next = _k_scales_ahead(j + 1, lp.ksrc, col_s, grp_layout, flags)
+            ks_next = _k_scales_ahead(i + 1, j_next, lp.ksrc, col_s, grp_layout, flags)
     else:  # the global load first, as early as possible (this order measured faster for this path)
-        ks_next = _k_scales_ahead(j + 1, lp.ksrc, col_s, grp_layout, flags)
-        s_next = _qk_issue(j + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
+        ks_next = _k_scales_ahead(i + 1, j_next, lp.ksrc, col_s, grp_layout, flags)
+        s_next = _qk_issue(i + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
         t, rs_t = _scale_logits(s, ks, lp.rs, QK_KIND, K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, _key_bias(j, lp.kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK), BIAS)
     m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, False, BIAS)
     p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, False, MMASUM, BIAS)
     m_i = m_new
-    pv, pl = _pv_issue(j, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK,
+    pv, pl = _pv_issue(i, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK,
                        lp.sums[0], lp.sums[1], MMASUM)
     if MMASUM:
         s_next, pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv, pl))
     else:
         s_next, pv = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv))
-    _release(j + 1, lp.kv_free, STAGES, flags.TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
+    _release(i + 1, lp.kv_free, STAGES, flags.TARRIVE)  # tile j+1's K slot and tile j's V slot: one barrier, one arrive
     acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, MMASUM)
     return m_i, l_i, acc, s_next, ks_next
 
@@ -216,21 +224,22 @@ def _ahead_step(j, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.c
 @jit
 def _serial_tiles(j0, j1, ks, m_i, l_i, acc, lp, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
                   col_s: gl.constexpr, grp_layout: gl.constexpr, SKIP: gl.constexpr, BIAS: gl.constexpr):
-    """Full tiles ``[j0, j1)`` of the serial schedule (``SKIP``: behind Skip-Softmax's test; ``BIAS``: adding the
-    key bias); ``ks``: tile ``j0``'s K scales as :func:`_k_scales_ahead` gives them; returns ``(ks, m, l, acc)``,
-    ``ks`` being tile ``j1``'s."""
+    """Full tiles at visits ``[j0, j1)`` of the serial schedule (``SKIP``: behind Skip-Softmax's test; ``BIAS``:
+    adding the key bias); ``ks``: visit ``j0``'s K scales as :func:`_k_scales_ahead` gives them; returns ``(ks, m,
+    l, acc)``, ``ks`` being visit ``j1``'s."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
-    for j in range(j0, j1):
-        ks_next = _k_scales_ahead(j + 1, lp.ksrc, col_s, grp_layout, flags)
-        s = _qk(j, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, flags.QK_KIND, BLOCK_N, flags.STAGES,
+    for i in range(j0, j1):
+        j = _key_tile(i, lp.visits, flags)
+        ks_next = _k_scales_ahead(i + 1, _key_tile(i + 1, lp.visits, flags), lp.ksrc, col_s, grp_layout, flags)
+        s = _qk(i, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, flags.QK_KIND, BLOCK_N, flags.STAGES,
                 flags.TARRIVE)
-        ks = _k_scales_at_use(j, ks, lp.ksrc, col_s, grp_layout, flags)
+        ks = _k_scales_at_use(i, j, ks, lp.ksrc, col_s, grp_layout, flags)
         kb = _key_bias(j, lp.kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK)
         if SKIP:
-            m_i, l_i, acc = _softmax_pv_skip(j, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, False, False,
-                                             flags.PERMK, BIAS)
+            m_i, l_i, acc = _softmax_pv_skip(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, False,
+                                             False, flags.PERMK, BIAS)
         else:
-            m_i, l_i, acc = _softmax_pv(j, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, False, False,
+            m_i, l_i, acc = _softmax_pv(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, False, False,
                                         flags.PERMK, BIAS)
         ks = ks_next
     return ks, m_i, l_i, acc
@@ -239,10 +248,12 @@ def _serial_tiles(j0, j1, ks, m_i, l_i, acc, lp, flags, p_layout: gl.constexpr, 
 @jit
 def _ahead_tiles(j0, j1, s, ks, m_i, l_i, acc, lp, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
                  col_s: gl.constexpr, grp_layout: gl.constexpr, BIAS: gl.constexpr):
-    """Full tiles ``[j0, j1)`` of the ``ahead`` schedule (:func:`_ahead_step`; ``BIAS``: adding the key bias),
-    ``s`` and ``ks`` being tile ``j0``'s; returns ``(m, l, acc, s, ks)`` with tile ``j1``'s ``s`` and ``ks``."""
-    for j in range(j0, j1):
-        m_i, l_i, acc, s, ks = _ahead_step(j, s, ks, m_i, l_i, acc, lp, p_layout, row_o, col_s, grp_layout, flags, BIAS)
+    """Full tiles at visits ``[j0, j1)`` of the ``ahead`` schedule (:func:`_ahead_step`; ``BIAS``: adding the key
+    bias), ``s`` and ``ks`` being visit ``j0``'s; returns ``(m, l, acc, s, ks)`` with visit ``j1``'s ``s`` and
+    ``ks``."""
+    for i in range(j0, j1):
+        m_i, l_i, acc, s, ks = _ahead_step(i, _key_tile(i, lp.visits, flags), _key_tile(i + 1, lp.visits, flags), s,
+                                           ks, m_i, l_i, acc, lp, p_layout, row_o, col_s, grp_layout, flags, BIAS)
     return m_i, l_i, acc, s, ks
 
 
@@ -252,8 +263,9 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
     """Every key tile of this warpgroup's rows, Q·Kᵀ through P·V: the ``ahead`` or the serial schedule (``SKIP``:
     the serial one with Skip-Softmax's test, :func:`_softmax_pv_skip`; 0 even in a Skip-Softmax kernel: the loop
     without it); ``flags``: the kernel's :class:`~.state.KernelFlags`; returns ``(m, l, acc)`` for the epilogue.
-    ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)``; ``bias_tiles``: ``(b0, b1)``, with ``HAS_BIAS`` the full tiles
-    ``[b0, b1)`` add the key bias and the others run without it (their bias is 0);
+    ``n_tiles``: ``cdiv(SEQ_KV, BLOCK_N)`` (``SPARSE``: the tiles visited, at least one); ``bias_tiles``: ``(b0,
+    b1)``, with ``HAS_BIAS`` the full tiles at visits ``[b0, b1)`` add the key bias and the others run without it
+    (their bias is 0);
     ``lp``: the warpgroup's :class:`TileLoop`."""
     QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
@@ -265,11 +277,13 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled, and the biased tiles run in a loop of
     # their own). K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
-    ks = _k_scales_ahead(0, lp.ksrc, col_s, grp_layout, flags)
+    # Visits 0 .. n_tiles-1 in a block-sparse launch: its last visited tile is handled as the last tile.
+    j0 = _key_tile(0, lp.visits, flags)
+    ks = _k_scales_ahead(0, j0, lp.ksrc, col_s, grp_layout, flags)
     if flags.AHEAD:
         s = _qk(0, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
-            ks = _tile_k_scales(0, lp.ksrc, col_s, grp_layout, flags)
+            ks = _tile_k_scales(0, j0, lp.ksrc, col_s, grp_layout, flags)
         if HAS_BIAS:
             b0, b1 = bias_tiles
             m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
@@ -295,14 +309,15 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
                                               col_s, grp_layout, SKIP, 0)
         s = _qk(n_tiles - 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
+    j_last = _key_tile(n_tiles - 1, lp.visits, flags)
     if not (flags.AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
-        ks = _k_scales_at_use(n_tiles - 1, ks, lp.ksrc, col_s, grp_layout, flags)
-    kb = _key_bias(n_tiles - 1, lp.kbsrc, col_s, BLOCK_N, HAS_BIAS)
+        ks = _k_scales_at_use(n_tiles - 1, j_last, ks, lp.ksrc, col_s, grp_layout, flags)
+    kb = _key_bias(j_last, lp.kbsrc, col_s, BLOCK_N, HAS_BIAS)
     if SKIP:
-        m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, True,
-                                         True, 0, HAS_BIAS)
+        m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags,
+                                         True, True, 0, HAS_BIAS)
     else:
-        m_i, l_i, acc = _softmax_pv(n_tiles - 1, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, True, True,
-                                    0, HAS_BIAS)
+        m_i, l_i, acc = _softmax_pv(n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, True,
+                                    True, 0, HAS_BIAS)
 
     return m_i, l_i, acc

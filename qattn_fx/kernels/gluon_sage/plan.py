@@ -12,7 +12,8 @@ from .. import _sage_common as common
 from .. import q_quantized_in_kernel
 from .._cuda_utils import FifoCache, layout_key
 from . import tail_split
-from .config import PRODUCER_REGS, REGISTERS, ROWS_PER_CONSUMER, GluonConfig, check_quad_config, check_skip_config
+from .config import (PRODUCER_REGS, REGISTERS, ROWS_PER_CONSUMER, GluonConfig, check_quad_config, check_skip_config,
+                     check_sparse_config)
 from .descriptors import DescriptorSpec, descriptor, k_scale_box, k_scale_descriptor, permuted_k
 from .kernel import _sage_fwd_ws
 
@@ -25,7 +26,7 @@ def kernel_meta(config: GluonConfig, **inputs) -> dict:
     """Every constexpr of :func:`.kernel._sage_fwd_ws` for one launch: those the ``config`` decides (``BLOCK_N``,
     ``STAGES``, each of :attr:`GluonConfig.KERNEL_FLAGS` by its upper-case name, ``CONSUMERS`` and the register
     split of its CTA shape) and those the ``inputs`` decide, given by name (``QK_KIND``, ``Q_BLOCK``, ``K_BLOCK``,
-    ``RETURN_LSE``, ``KS_TMA``, ``PERMK``, ``SPLIT_TAIL``, ``HAS_BIAS``, ``SKIP``). The kernel builds its
+    ``RETURN_LSE``, ``KS_TMA``, ``PERMK``, ``SPLIT_TAIL``, ``HAS_BIAS``, ``SKIP``, ``SPARSE``). The kernel builds its
     :class:`~.state.KernelFlags` from the same names; a new schedule flag is a :class:`GluonConfig` field (named in
     its ``FLAGS`` and ``KERNEL_FLAGS``) and a constexpr of the kernel (and a ``KernelFlags`` field where the
     partitions read it), nothing here."""
@@ -60,17 +61,33 @@ class LaunchPlan:
 
 def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse,
                 config: GluonConfig, tail: Optional[tail_split.TailPlan] = None, workspace=None,
-                key_bias=None, skip: Optional[tuple] = None, key_range=None) -> LaunchPlan:
+                key_bias=None, skip: Optional[tuple] = None, key_range=None, blocks=None) -> LaunchPlan:
     """The :class:`LaunchPlan` of one call (shared by :func:`attention` and :func:`compile_for`). ``tail``: split the
     last wave (:mod:`.tail_split`), its pieces writing to ``workspace = (o_ws, lse_ws)``. ``key_bias``: fp32
     ``(B|1, Skv)``, with ``key_range`` its :func:`~.._sage_common.bias_range` (required with it). A bf16/fp16 ``q`` with
     int8 ``k`` (``q_scale=None``, ``q_block`` 1): the kernel quantizes Q (``QS`` is then Q itself). ``skip``:
     ``(log2_threshold, count)``, Skip-Softmax's ``log2 λ`` (fp32, one element, on the device) and an int32 counter of
     skipped tiles or ``None`` (:func:`check_skip_config`: serial configs with 128-key tiles, no tail split).
+    ``blocks``: ``(block_index, block_count, bounds)``, the key tiles each 128-row query tile visits
+    (:mod:`qattn_fx.block_sparse`; :func:`check_sparse_config`: two-consumer configs) and, with a ``tail`` split or
+    a ``key_bias``, their list positions bounding its pieces and the bias's span (:func:`.launch.visit_bounds`;
+    else ``None``); a ``tail`` split must then cut the keys at multiples of 128 (:func:`.launch.tail_plan` plans it
+    so).
 
     What follows from plain values (:class:`LaunchGeometry`) is computed once per key (:data:`GEOMETRIES`); each call
     builds the descriptors over its own tensors from it and places the tensors among the arguments.
     """
+    if blocks is not None:
+        check_sparse_config(config)
+        if tail is not None and tail.kv_split % 128:
+            raise ValueError(f"gluon_sage: a block-sparse launch splits the tail at multiples of 128 keys (the "
+                             f"lists' key tiles); got kv_split={tail.kv_split}")
+        bounds = (tail.splits + 1 if tail is not None else 0) + (2 if key_bias is not None else 0)
+        if (blocks[2] is None) != (bounds == 0) or (bounds and blocks[2].shape[-1] != bounds):
+            raise ValueError(f"gluon_sage: a block-sparse launch with {'a tail split' if tail else 'no tail split'} "
+                             f"and {'a' if key_bias is not None else 'no'} key bias takes {bounds} visit bounds per "
+                             "query tile (launch.visit_bounds); got "
+                             f"{None if blocks[2] is None else tuple(blocks[2].shape)}")
     check_quad_config(config, q.shape[-1], key_bias is not None)
     if skip is not None:
         check_skip_config(config)
@@ -79,9 +96,10 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                              "tiles against their own running max, not the row's); got a tail plan")
     common.check_key_range(KERNEL, key_bias, key_range)
     key = _geometry_key(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config, tail,
-                        key_bias, skip)
+                        key_bias, skip) + (blocks is not None,)
     geo = GEOMETRIES.get_or_build(key, lambda: launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block,
-                                                               out, return_lse, config, tail, key_bias, skip))
+                                                               out, return_lse, config, tail, key_bias, skip,
+                                                               blocks is not None))
     args = [
         *geo.descriptors(q, k, k_scale, v),
         q if geo.quant_q else q_scale if q_scale is not None else v_scale,  # dummies for bf16/fp16 Q/K and no bias
@@ -89,6 +107,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         key_range if key_range is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E, *geo.scalars,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
+        *(blocks if blocks is not None else (None, None, None)),  # (None: constexprs, no kernel arguments)
     ]
     return LaunchPlan(config, geo.grid, args, dict(geo.meta), geo.k_scale_box, geo.k_view is not None, tail,
                       geo.q_blocks)
@@ -135,7 +154,7 @@ def _geometry_key(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, ret
 
 
 def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, return_lse, config: GluonConfig,
-                    tail: Optional[tail_split.TailPlan], key_bias, skip) -> LaunchGeometry:
+                    tail: Optional[tail_split.TailPlan], key_bias, skip, sparse: bool = False) -> LaunchGeometry:
     """The :class:`LaunchGeometry` of :func:`plan_launch`'s arguments (its descriptors built, and so checked, by
     Gluon on these tensors)."""
     bsz, hq, sq, d = q.shape
@@ -157,7 +176,7 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
                        K_BLOCK=k_block if k_scale is not None else 0, RETURN_LSE=return_lse,
                        KS_TMA=int(ks_box is not None), PERMK=int(permuted is not None),
                        SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
-                       SKIP=0 if skip is None else (2 if skip[1] is not None else 1))
+                       SKIP=0 if skip is None else (2 if skip[1] is not None else 1), SPARSE=int(sparse))
     grid = (tail.grid,) if tail else (n_m, bsz * hq)
     spec = DescriptorSpec.of
     return LaunchGeometry(

@@ -1,13 +1,15 @@
 """gluon_sage's producer warp: the Q tiles once, then K (and its scales) and V tiles into the shared-memory rings."""
 
 from ._gluon import gl, jit, mbarrier, quantizes_q, tma
+from .sparse import _key_tile, _visits
 
 
 @jit
-def _produce_tile(j, bufs, coords, flags, PERMUTED: gl.constexpr):
-    """Tile ``j``'s K (with its scales) and V, each into its ring slot once the consumers have freed it (``bufs``:
-    :class:`~.state.Buffers`; ``coords``: ``(b, hk, ks_base, kp_x, kp_g, kv0)``, :func:`_producer`'s).
-    ``PERMUTED``: K through the permuting 5-D view (:func:`.descriptors.permuted_k`), for full tiles only."""
+def _produce_tile(i, j, bufs, coords, flags, PERMUTED: gl.constexpr):
+    """Key tile ``j``'s K (with its scales) and V, the ``i``-th tile the CTA visits (``j == i`` but in block-sparse
+    launches), each into its ring slot once the consumers have freed it (``bufs``: :class:`~.state.Buffers`;
+    ``coords``: ``(b, hk, ks_base, kp_x, kp_g, kv0)``, :func:`_producer`'s). ``PERMUTED``: K through the permuting
+    5-D view (:func:`.descriptors.permuted_k`), for full tiles only."""
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
@@ -22,14 +24,14 @@ def _produce_tile(j, bufs, coords, flags, PERMUTED: gl.constexpr):
     v_ready = bufs.v_ready
     kv_free = bufs.kv_free
     b, hk, ks_base, kp_x, kp_g, kv0 = coords
-    slot = j % STAGES
-    phase = (j // STAGES) & 1
+    slot = i % STAGES
+    phase = (i // STAGES) & 1
     # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
-    mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event j - STAGES: tile j - STAGES's K slot is free
+    mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event i - STAGES: visit i - STAGES's K slot is free
     if flags.KS_TMA:
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(ks_desc, [ks_base + j * (BLOCK_N // K_BLOCK)], k_ready.index(slot),
-                                        ks_smem.index(j % (2 * STAGES)))
+                                        ks_smem.index(i % (2 * STAGES)))
     else:
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
     if PERMUTED:
@@ -38,8 +40,8 @@ def _produce_tile(j, bufs, coords, flags, PERMUTED: gl.constexpr):
     else:
         tma.async_copy_global_to_shared(k_desc, [b, hk, kv0 + j * BLOCK_N, 0], k_ready.index(slot),
                                         k_smem.index(slot))
-    # event j - STAGES + 1: tile j - STAGES's V slot is free (events before 0 count as passed)
-    mbarrier.wait(kv_free.index((j + 1) % STAGES), (((j + 1) // STAGES) & 1) ^ 1)
+    # event i - STAGES + 1: visit i - STAGES's V slot is free (events before 0 count as passed)
+    mbarrier.wait(kv_free.index((i + 1) % STAGES), (((i + 1) // STAGES) & 1) ^ 1)
     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(v_desc, [b, hk, 0, kv0 + j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
 
@@ -48,7 +50,8 @@ def _produce_tile(j, bufs, coords, flags, PERMUTED: gl.constexpr):
 def _producer(st):
     """Producer warp: the Q tiles once (not when Q is bf16/fp16 with int8 K: the consumers quantize it), then K and V
     tiles into their rings (:func:`_produce_tile`); the last
-    (maybe partial) tile's K always through the plain descriptor."""
+    (maybe partial) tile's K always through the plain descriptor. ``SPARSE``: the listed tiles only
+    (:func:`.sparse._visits`), the last listed one through the plain descriptor; none when nothing is listed."""
     flags = st.flags
     bufs = st.bufs
     prog = st.prog
@@ -63,7 +66,7 @@ def _producer(st):
     # at this CTA's first key kv0 (0 but in a split tail's pieces: a multiple of BLOCK_N and of K_BLOCK)
     ks_base = b * prog.stride_ksb + hk * prog.stride_ksh
     kp_g = b * prog.kp_gb + hk * prog.kp_gh
-    if flags.SPLIT_TAIL:
+    if flags.SPLIT_TAIL and not flags.SPARSE:  # (block-sparse: key tiles from key 0, see below)
         if K_BLOCK > 0:
             ks_base += kv0 // K_BLOCK
         kp_g += kv0 // 16
@@ -78,7 +81,15 @@ def _producer(st):
         for i in gl.static_range(NC):
             tma.async_copy_global_to_shared(q_desc, [b, prog.h, prog.start_m + i * BM, 0], bufs.q_bar,
                                             q_smem.index(i))
-    n_tiles = gl.cdiv(prog.kv_len, BLOCK_N)
-    for j in range(n_tiles - 1):
-        _produce_tile(j, bufs, coords, flags, flags.PERMK)
-    _produce_tile(n_tiles - 1, bufs, coords, flags, 0)
+    if flags.SPARSE:  # the listed tiles as the lists number them, from key 0 (a split piece's too: fewer registers)
+        visits, n_tiles, _ = _visits(st.ptrs, prog, flags)
+        visits = (visits[0], 0)
+        for i in range(n_tiles - 1):
+            _produce_tile(i, _key_tile(i, visits, flags), bufs, coords, flags, flags.PERMK)
+        if n_tiles > 0:
+            _produce_tile(n_tiles - 1, _key_tile(n_tiles - 1, visits, flags), bufs, coords, flags, 0)
+    else:
+        n_tiles = gl.cdiv(prog.kv_len, BLOCK_N)
+        for j in range(n_tiles - 1):
+            _produce_tile(j, j, bufs, coords, flags, flags.PERMK)
+        _produce_tile(n_tiles - 1, n_tiles - 1, bufs, coords, flags, 0)

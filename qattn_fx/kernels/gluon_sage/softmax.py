@@ -35,8 +35,9 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 
 
 @jit
-def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
-    """K scales of tile ``j`` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn, ks_smem,
+def _tile_k_scales(i, j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
+    """K scales of key tile ``j``, the ``i``-th tile the CTA visits (its ring position; ``j == i`` but in block-sparse
+    launches) (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn, ks_smem,
     SEQ_KV)``; ``flags``: the kernel's :class:`~.state.KernelFlags` (``K_BLOCK``, ``BLOCK_N``, ``STAGES``,
     ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with the K tile
     (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already be
@@ -46,7 +47,7 @@ def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
     if flags.KS_TMA:
-        tile = ks_smem.index(j % (2 * flags.STAGES))
+        tile = ks_smem.index(i % (2 * flags.STAGES))
         if K_BLOCK > 1 and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
             ks = tile.slice(0, BLOCK_N // K_BLOCK).load(GROUP_LAYOUT)
         elif K_BLOCK > 1:
@@ -60,20 +61,22 @@ def _tile_k_scales(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr
 
 
 @jit
-def _k_scales_ahead(j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
+def _k_scales_ahead(i, j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
     """Issued a tile ahead of use: tile ``j``'s K scales from global memory, or (``KS_TMA``) a placeholder, the
-    scales being read from the ring at use (:func:`_k_scales_at_use`); carried through the loop either way."""
+    scales being read from the ring at use (:func:`_k_scales_at_use`); carried through the loop either way. ``i``:
+    its ring position (:func:`_tile_k_scales`)."""
     if flags.KS_TMA:
         return 0.0
     else:
-        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, flags)
+        return _tile_k_scales(i, j, ksrc, COL_LAYOUT, GROUP_LAYOUT, flags)
 
 
 @jit
-def _k_scales_at_use(j, ks, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
-    """Tile ``j``'s K scales where ``S_j`` is scaled: ``ks`` from :func:`_k_scales_ahead`, or read from the ring."""
+def _k_scales_at_use(i, j, ks, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
+    """Tile ``j``'s K scales where ``S_j`` is scaled: ``ks`` from :func:`_k_scales_ahead`, or read from the ring
+    (position ``i``)."""
     if flags.KS_TMA:
-        return _tile_k_scales(j, ksrc, COL_LAYOUT, GROUP_LAYOUT, flags)
+        return _tile_k_scales(i, j, ksrc, COL_LAYOUT, GROUP_LAYOUT, flags)
     else:
         return ks
 

@@ -57,6 +57,7 @@ class KernelFlags:
     SPLIT_TAIL: gl.constexpr
     HAS_BIAS: gl.constexpr
     SKIP: gl.constexpr
+    SPARSE: gl.constexpr
 
 
 @_named
@@ -86,7 +87,11 @@ class Buffers:
 class Pointers:
     """The tensors read or written by pointer: ``QS`` (Q's scales; Q itself when the consumers quantize it), ``KS``
     (K's scales), ``VS`` (V's), ``Out``, ``Lse``, the tail split's workspace ``OutWs`` / ``LseWs``, the key bias
-    ``KB`` and its nonzero span ``KBR``. Arguments a launch does not use point at another tensor."""
+    ``KB`` and its nonzero span ``KBR``; with ``SPARSE`` (:mod:`.sparse`) this CTA's query tile's block list ``BI``
+    and its count ``BC`` (int32, :mod:`qattn_fx.block_sparse`), its split piece's first and end list positions
+    ``BP`` (``SPLIT_TAIL``) and the list positions bounding the key bias's span ``BR`` (``HAS_BIAS``), else
+    ``None`` (constexprs: the dense kernel has no such arguments). Other arguments a launch does not use point at
+    another tensor."""
     QS: gl.tensor
     KS: gl.tensor
     VS: gl.tensor
@@ -96,6 +101,10 @@ class Pointers:
     LseWs: gl.tensor
     KB: gl.tensor
     KBR: gl.tensor
+    BI: gl.tensor | gl.constexpr
+    BC: gl.tensor | gl.constexpr
+    BP: gl.tensor | gl.constexpr
+    BR: gl.tensor | gl.constexpr
 
 
 

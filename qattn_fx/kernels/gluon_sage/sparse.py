@@ -1,0 +1,68 @@
+"""gluon_sage's block-sparse visits (``SPARSE``, :mod:`qattn_fx.block_sparse`): which key tiles a CTA runs.
+
+A block-sparse launch runs two consumer warpgroups per CTA, so a CTA's 128 query rows are one query tile of the
+lists; the kernel points :attr:`~.state.Pointers.BI` / :attr:`~.state.Pointers.BC` at its tile's list and count.
+The producer and the consumers both walk the *visited* tiles: position ``i`` (``0 .. n - 1``) is what the rings'
+slots and phases count, and :func:`_key_tile` gives the key tile ``j`` it holds (``BLOCK_N`` = 64: both halves of a
+listed 128-key tile, in order). A split tail piece (``SPLIT_TAIL``, keys ``[kv0, kv0 + kv_len)``, ``kv0`` a
+multiple of 128: :func:`.launch.tail_plan`) visits the listed tiles inside its range (:func:`_visits`); the host
+gives the list positions that bound each piece and the key bias's span (:func:`.launch.visit_bounds`), so the kernel
+searches nothing.
+
+Outside block-sparse launches :func:`_key_tile` is the position itself, so the dense kernel is unchanged.
+"""
+
+from ._gluon import gl, jit
+from ... import block_sparse
+
+#: Keys per block of the lists (:data:`qattn_fx.block_sparse.BLOCK_KEYS`).
+C_BLOCK_KEYS = gl.constexpr(block_sparse.BLOCK_KEYS) if gl is not None else block_sparse.BLOCK_KEYS
+
+
+@jit
+def _visits(ptrs, prog, flags):
+    """``(vis, n, e0)``: the CTA's visits, ``vis = (entries, off)`` for :func:`_key_tile` (a pointer to its first
+    list entry, at list position ``e0``; key tiles counted from ``off`` = ``kv0 / BLOCK_N``) and ``n`` the ``BLOCK_N``
+    tiles it runs. A whole CTA runs its ``count`` listed tiles; a split tail piece the entries inside its key range,
+    whose list positions the host computed (``BP``, :func:`.launch.visit_bounds`)."""
+    R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
+    count = gl.load(ptrs.BC)
+    if flags.SPLIT_TAIL:
+        whole = prog.piece < 0
+        e0 = gl.where(whole, 0, gl.load(ptrs.BP))
+        e1 = gl.where(whole, count, gl.load(ptrs.BP + 1))
+        off = prog.kv0 // flags.BLOCK_N
+    else:
+        e0 = 0
+        e1 = count
+        off = 0
+    return (ptrs.BI + e0, off), (e1 - e0) * R, e0
+
+
+@jit
+def _key_tile(i, vis, flags):
+    """The key tile (of ``BLOCK_N`` keys, from the CTA's first key) at visit position ``i``: ``i`` itself in a dense
+    launch; with ``SPARSE`` read from the list (``vis``: :func:`_visits`)."""
+    if flags.SPARSE:
+        entries, off = vis
+        R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
+        if R == 1:
+            j = gl.load(entries + i) - off
+        else:
+            j = gl.load(entries + i // R) * R + i % R - off
+    else:
+        j = i
+    return j
+
+
+@jit
+def _visit_bias_tiles(ptrs, e0, n_tiles, flags):
+    """``(b0, b1)`` for :func:`.mainloop._mainloop` in visit positions: the visited tiles ``[b0, b1)`` cover every
+    visited 128-key block that meets the keys whose bias is not 0 (``KBR``'s span for this batch's bias row,
+    :func:`.._sage_common.bias_range`; the host gives its bounds as list positions, ``BR``); bounded by
+    ``n_tiles - 1`` (the last visited tile adds the bias anyway). ``e0``: the CTA's first list position
+    (:func:`_visits`)."""
+    R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
+    b0 = gl.minimum(gl.maximum((gl.load(ptrs.BR) - e0) * R, 0), n_tiles - 1)
+    b1 = gl.minimum(gl.maximum((gl.load(ptrs.BR + 1) - e0) * R, b0), n_tiles - 1)
+    return b0, b1
