@@ -141,7 +141,8 @@ def run(args, blocks, config, key_bias=None):
 
 def check_against_emulation(args, blocks, config, what, qk, key_bias=None):
     """The kernel's rows of :func:`tiles_checked` against the emulation: fp32 level for the output, LSE ``-inf``
-    exactly where the emulation's is and within 1e-3 elsewhere; empty query tiles exactly 0; nothing NaN."""
+    exactly where the emulation's is and within 1e-3 elsewhere (1e-2 for FP8 Q/K); empty query tiles exactly 0;
+    nothing NaN."""
     out, lse = run(args, blocks, config, key_bias)
     assert not out.isnan().any() and not lse.isnan().any(), what
     sq = args[0].shape[2]
@@ -155,7 +156,8 @@ def check_against_emulation(args, blocks, config, what, qk, key_bias=None):
     assert torch.equal(got[empty], torch.zeros_like(got[empty])), what
     lse_err = (got_lse[~empty].double() - want_lse[~empty].double()).abs().max().item()
     print(f"[triton_sage sparse LSE] {what}: max |diff| {lse_err:.2e}")
-    assert lse_err < 1e-3, what
+    # int8 Q·Kᵀ is exact and bf16 sums fp32 products; FP8 wgmma sums the logits with ~22 bits (relative ~6e-5)
+    assert lse_err < (1e-2 if qk == "fp8" else 1e-3), what
     return out, lse
 
 
