@@ -10,12 +10,14 @@ bound, tightens the per-site bound until the plan's model output keeps it (each 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from .. import block_sparse
 from ..deployment import deployment_targets
 from ..hardware import Hardware, detect
 from ..ops import quantized_attention
@@ -27,7 +29,7 @@ from .capture import ProbedModel, SiteCall, SiteKey
 from .candidates import Candidate, make_candidates
 from .plan import Choice, Option, choose, merge_options, site_error, spec_for, violation
 from .result import Calibration, SitePlan, Table, TableRow
-from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted
+from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted, sparse_speedup
 
 log = logging.getLogger("qattn_fx")
 
@@ -70,6 +72,12 @@ class _Record:
     upper_bound: bool = False
     speed_data: str = ""
     deploy_note: str = ""
+    #: Block-sparse candidates: (blocks skipped, blocks) per call, summed over the site's runs in that call.
+    blocks: list = field(default_factory=list)
+
+    def sparsity(self) -> list[float | None]:
+        """The measured fraction of blocks skipped per call (None: not block-sparse, or not run in that call)."""
+        return [None if b is None or not b[1] else b[0] / b[1] for b in self.blocks]
 
 
 class _Sites:
@@ -81,6 +89,8 @@ class _Sites:
         self.order: list[SiteKey] = []
         self.sites: dict[SiteKey, Site] = {}
         self.here = "cpu"
+        #: The current call's timestep argument (for candidates whose block sparsity is gated by it), or None.
+        self.timestep: torch.Tensor | None = None
 
     def hardware(self, sc: SiteCall) -> Hardware:
         """The machine the candidates run on: where the site's tensors are (``hardware=`` must name it without
@@ -101,29 +111,55 @@ class _Sites:
         except ValueError as e:  # an explicit backend or kernel that cannot serve this site
             return Decision(False, f"dense: {e}")
 
-    @staticmethod
-    def output(sc: SiteCall, decision: Decision) -> torch.Tensor:
+    def output(self, sc: SiteCall, decision: Decision) -> torch.Tensor:
+        """The site's output under ``decision``; with block sparsity the predictor's lists are the real ones (and
+        recorded under the site's label inside :func:`qattn_fx.block_sparse.measure`)."""
+        blocks = decision.block_sparse
+        timestep = self.timestep if blocks is not None and blocks.gated else None
+        if blocks is not None and blocks.gated and timestep is None:
+            raise ValueError(f"{blocks.describe()} at {sc.key.label} needs the call's timestep: give each call a "
+                             "'timestep' keyword argument")
         return quantized_attention(sc.q, sc.k, sc.v, decision.recipe, kernel=decision.kernel, sm_scale=sc.scale,
-                                   out_dtype=sc.q.dtype, attn_mask=sc.attn_mask, enable_gqa=sc.enable_gqa)
+                                   out_dtype=sc.q.dtype, attn_mask=sc.attn_mask, enable_gqa=sc.enable_gqa,
+                                   block_sparse=blocks, skip_label=sc.key.label, timestep=timestep)
 
-    def deployed(self, sc: SiteCall, use: AttentionSpec, decision: Decision) -> tuple[str | None, str, str]:
-        """(kernel, arch, why not) of what the candidate runs where it deploys, for the speed lookup."""
-        site = sc.site
+    def deployed(self, sc: SiteCall, use: AttentionSpec, decision: Decision) -> tuple[str | None, str, str, str]:
+        """(kernel, arch, why not, note) of what the candidate runs where it deploys, for the speed lookup. A
+        block-sparse candidate that no kernel serves there is looked up as its recipe's kernel (the note says so:
+        its speed is that kernel's once it takes block lists)."""
+        if use.block_sparse is not None:
+            kernel, arch, why, note = self.deployed(sc, dataclasses.replace(use, block_sparse=None), decision)
+            if not self.emulate or kernel is None:
+                return kernel, arch, why, note
+            sparse = self._deploy_one(sc, use, arch)
+            if sparse[0] is not None:
+                return sparse[0], arch, "", ""
+            return kernel, arch, "", (f"on {arch}: no kernel takes block lists yet ({sparse[1]}); speed predicted "
+                                      f"for {kernel} with them")
         if not self.emulate:
-            return decision.kernel, self.hardware(sc).arch, ""
+            return decision.kernel, self.hardware(sc).arch, "", ""
         target = self.target
         if target is None:
             archs = deployment_targets(use)
             if not archs:
                 return None, "-", "no deployment target in the recipe table"
             target = Hardware.supported_install(archs[0])
+        kernel, why = self._deploy_one(sc, use, target)
+        return kernel, target.arch, why, ""
+
+    @staticmethod
+    def _deploy_one(sc: SiteCall, use: AttentionSpec, target: Hardware | str) -> tuple[str | None, str]:
+        """(kernel, why not) of ``use`` at the site on ``target`` (emulated calibrations)."""
+        site = sc.site
+        if isinstance(target, str):
+            target = Hardware.supported_install(target)
         if site.dtype == torch.float32:  # a CPU model: judged as bf16, as the GPU runs it
             site = _as_bf16(site)
         try:
             d = resolve(site, target, Spec(default=use), apply_cost_rule=False)
         except ValueError as e:
-            return None, target.arch, str(e)
-        return (d.kernel, target.arch, "") if d.quantized else (None, target.arch, d.reason)
+            return None, str(e)
+        return (d.kernel, "") if d.quantized else (None, d.reason.removeprefix("dense: "))
 
     def measure(self, sc: SiteCall, call: int, candidates: Sequence[Candidate]) -> list[str]:
         """Run every candidate at this site; record errors; the progress cells."""
@@ -133,23 +169,34 @@ class _Sites:
             self.order.append(sc.key)
         cells = []
         for c in candidates:
-            rec = self.records.setdefault((sc.key, c.name), _Record([None] * self.calls))
+            rec = self.records.setdefault((sc.key, c.name), _Record([None] * self.calls, blocks=[None] * self.calls))
             decision = self.decide(sc, Spec(default=c.use))
             if not decision.quantized:
                 rec.served, rec.why = False, decision.reason.removeprefix("dense: ")
                 cells.append(f"{c.name} n/a")
                 continue
-            e = errors(self.output(sc, decision), sc.dense)
+            with block_sparse.measure() as measured:
+                e = errors(self.output(sc, decision), sc.dense)
             old = rec.per_call[call]
             rec.per_call[call] = e if old is None else worst([old, e])
+            skipped = None
+            if decision.block_sparse is not None:
+                found = measured.sites.get(sc.key.label)
+                done = rec.blocks[call] or (0, 0)
+                rec.blocks[call] = (done[0] + found.skipped, done[1] + found.tiles) if found else done
+                skipped = found.skipped / found.tiles if found and found.tiles else 0.0
             rec.kernel = decision.kernel
-            kernel, arch, why = self.deployed(sc, c.use, decision)
+            kernel, arch, why, note = self.deployed(sc, c.use, decision)
             rec.deploy = f"{kernel} on {arch}" if kernel else None
+            rec.deploy_note = rec.deploy_note or note
             speed = None
             if kernel is not None:
                 s = sc.site
                 speed = predicted(self.speed, kernel, arch, q_len=s.q_len, kv_len=s.kv_len, head_dim=s.head_dim,
                                   batch_heads=int(torch.Size(s.q_shape[:-2]).numel()))
+                if speed is not None and skipped is not None:
+                    speed = dataclasses.replace(speed, speedup=sparse_speedup(speed.speedup, skipped),
+                                                data=f"{speed.data}, x measured block sparsity")
             elif why:
                 rec.deploy_note = f"on {arch}: {why.removeprefix('dense: ')}"
             rec.speed_known = rec.speed_known and speed is not None
@@ -157,7 +204,8 @@ class _Sites:
                 rec.speedup = None
             elif rec.speedup is None or speed.speedup < rec.speedup:  # the slowest call counts
                 rec.speedup, rec.upper_bound, rec.speed_data = speed.speedup, speed.upper_bound, speed.data
-            cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}")
+            cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}"
+                         + ("" if skipped is None else f" skipped {skipped:.3f}"))
         return cells
 
 
@@ -213,6 +261,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                     f"q/kv {s.q_len}/{s.kv_len}, d {s.head_dim}): " + "; ".join(cells))
                 return sc.dense
 
+            sites.timestep = _timestep_of(kwargs)
             refs.append(flat_output(probed.run(measure, args, kwargs)))
             if i == 0:
                 _check_served(sites)
@@ -232,6 +281,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
         found = []
         with torch.no_grad():
             for i, (args, kwargs) in enumerate(call_list):
+                sites.timestep = _timestep_of(kwargs)
                 out = probed.run(_apply(sites, lambda key: _named(p[_unit(key)], by_name)), args, kwargs)
                 found.append(errors(flat_output(out), refs[i]))
         return found
@@ -250,6 +300,14 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                        calls=labels, candidates=[c.to_dict() for c in cands], emulate=emulate,
                        hardware=_hardware_text(sites, emulate),
                        notes=_notes(sites, cands, per_key, budget, labels, table, limit))
+
+
+def _timestep_of(kwargs: dict) -> torch.Tensor | None:
+    """A call's ``timestep`` keyword argument as a tensor (what a gated site reads), or None."""
+    t = kwargs.get("timestep")
+    if t is None or torch.is_tensor(t):
+        return t
+    return torch.tensor([float(t)])
 
 
 def _check_served(sites: _Sites) -> None:
@@ -299,10 +357,11 @@ def _options(sites: _Sites, cands) -> tuple[dict[Unit, list[Option]], dict[SiteK
             rec = sites.records[(key, c.name)]
             measured = [(e.cos, i) for i, e in enumerate(rec.per_call) if e is not None]
             served = rec.served and bool(measured)
+            sparsity = [x for x in rec.sparsity() if x is not None]
             row.append(Option(c, served, worst([e for e in rec.per_call if e is not None]) if served else None,
                               rec.speedup if rec.speed_known else None,
                               rec.why or ("" if measured else "never ran"), min(measured)[1] if measured else None,
-                              rec.upper_bound))
+                              rec.upper_bound, min(sparsity) if sparsity and served else None))
         per_key[key] = row
     units: dict[Unit, list[list[Option]]] = {}
     for key, row in per_key.items():
@@ -355,7 +414,8 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
                 kv_len=site.kv_len, head_dim=site.head_dim, candidate=c.name, kernel=rec.kernel, deploy=rec.deploy,
                 per_call=list(rec.per_call), speedup=o.speedup, speed_source=f"cost data ({rec.speed_data})"
                 if o.speedup is not None else NO_COST_DATA, served=o.served, within_budget=o.served and not why,
-                chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound))
+                chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound,
+                sparsity=o.sparsity, per_call_sparsity=rec.sparsity() if c.use.block_sparse is not None else []))
         shared = [k.label for k in units[_unit(key)] if k != key]
         reason = choice.reason + (f"; one rule with {', '.join(shared)} (same module and layer)" if shared else "")
         plans.append(SitePlan(key.label, key.module, key.layer, site.role, choice.name, reason, choice.speed_source))
