@@ -63,6 +63,12 @@ class BlockCalibration:
     mode: str = "cdf"
     curve: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        """The JSON form: ``{"spec", "per", "mode", "sites": {module: {"target", "keep", "sparsity", "curve"}}}``."""
+        return {"spec": self.spec.to_dict(), "per": self.per, "mode": self.mode,
+                "sites": {m: {"target": self.target[m], "keep": self.keep[m], "sparsity": self.sparsity[m],
+                              "curve": [list(p) for p in self.curve[m]]} for m in self.keep}}
+
     def reached(self, module: str) -> bool:
         """Whether ``module``'s sparsity on the calls reaches its target."""
         return self.sparsity[module] >= self.target[module] - 1e-12

@@ -248,6 +248,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     call_list = _as_calls(calls)
     labels = _labels(labels, len(call_list))
     say = progress or log.info
+    cands, fitted = _fit_targets(model, call_list, cands, say)
     sites = _Sites(emulate, _target(hardware), cost_data if speed is None else speed, len(call_list))
     probed = ProbedModel(model)
     refs: list[torch.Tensor] = []
@@ -299,7 +300,30 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     return Calibration(budget=budget, spec=spec, table=table, sites=site_plans, e2e=e2e, plan_e2e=plan_e2e,
                        calls=labels, candidates=[c.to_dict() for c in cands], emulate=emulate,
                        hardware=_hardware_text(sites, emulate),
-                       notes=_notes(sites, cands, per_key, budget, labels, table, limit))
+                       notes=fitted + _notes(sites, cands, per_key, budget, labels, table, limit))
+
+
+def _fit_targets(model, call_list, cands, say) -> tuple[tuple[Candidate, ...], list[str]]:
+    """Candidates with ``block_sparse.target_sparsity`` replaced by what
+    :func:`~qattn_fx.calibration.block.calibrate_block_sparse` fits per site: each distinct ``cdf`` becomes a
+    candidate of its own (measured at every site; the budget picks). Also the notes saying what was fitted."""
+    from .block import calibrate_block_sparse  # noqa: PLC0415
+
+    targets = [c for c in cands if c.use.block_sparse is not None and c.use.block_sparse.target_sparsity is not None]
+    if not targets:
+        return cands, []
+    uses, notes = [c.use for c in cands if c not in targets], []
+    for c in targets:
+        blocks = c.use.block_sparse
+        fit = calibrate_block_sparse(model, call_list, spec=Spec(default=c.use))
+        for keep in sorted(set(fit.keep.values())):
+            uses.append(dataclasses.replace(c.use, block_sparse=dataclasses.replace(blocks, cdf=keep,
+                                                                                   target_sparsity=None)))
+        fitted = ", ".join(f"{m} cdf {fit.keep[m]:g} (skips {fit.sparsity[m]:.2f})" for m in fit.keep)
+        notes.append(f"{c.name}: target_sparsity {blocks.target_sparsity:g} fitted per site (calibrate_block_sparse) "
+                     f"to {fitted}; each distinct cdf is a candidate")
+        say(notes[-1])
+    return make_candidates(list(dict.fromkeys(uses))), notes
 
 
 def _timestep_of(kwargs: dict) -> torch.Tensor | None:

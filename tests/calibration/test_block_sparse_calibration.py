@@ -4,6 +4,8 @@ chosen when they keep the budget (their measured sparsity in the table), refused
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -140,3 +142,99 @@ def test_a_tight_budget_refuses_the_sparse_candidates():
     assert all(not r.within_budget for r in result.table if r.sparsity is not None)
     measured, _ = run_spec(result.spec, local_calls(1))
     assert not measured.sites  # no site predicts blocks
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The target knob
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class WithCross(TwoSites):
+    """:class:`TwoSites` plus ``c``: attention to the first 128 keys only (one key tile: nothing can be skipped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = Attention()
+
+    def forward(self, q, k, v, timestep):
+        return super().forward(q, k, v, timestep) + self.c(q, k[:, :, :128], v[:, :, :128], timestep)
+
+
+def test_target_knob_reaches_the_target_per_site_and_the_spec_runs_it():
+    calls = local_calls(2)
+    cal = qattn_fx.calibrate_block_sparse(WithCross(), calls, 0.4, spec=Spec(default=AttentionSpec(recipe=SAGE)))
+    assert set(cal.keep) == {"a", "b", "c"} and cal.mode == "cdf" and cal.per == "site"
+    for m in ("a", "b"):
+        assert cal.reached(m) and cal.sparsity[m] >= 0.4
+        higher = [keep for keep, s in cal.curve[m] if keep > cal.keep[m]]
+        assert all(s < 0.4 for keep, s in cal.curve[m] if keep in higher)  # the highest keep that reaches it
+    assert not cal.reached("c") and cal.sparsity["c"] == 0.0 and cal.keep["c"] == min(k for k, _ in cal.curve["c"])
+    assert "target not reached" in str(cal)
+    use = cal.spec.rules[0].use
+    assert use.recipe == SAGE and use.block_sparse == BlockSparse(cdf=cal.keep["a"])
+    measured, backend = run_spec(cal.spec, calls, WithCross())
+    assert len(backend.graph_modules) == 1  # every call on one graph: no recompile
+    for m in ("a", "b", "c"):
+        assert measured.sites[m].sparsity == pytest.approx(cal.sparsity[m], abs=1e-9)
+
+
+def test_target_knob_per_model_and_top_k():
+    calls = local_calls(1)
+    cal = qattn_fx.calibrate_block_sparse(TwoSites(), calls, 0.5, per="model", mode="top_k",
+                                          disabled_until_timestep=0.9)
+    assert len(set(cal.keep.values())) == 1 and cal.mode == "top_k"
+    pooled = sum(cal.sparsity.values()) / 2  # both sites have as many blocks
+    assert pooled >= 0.5
+    setting = cal.spec.rules[0].use.block_sparse
+    assert setting.top_k == cal.keep["a"] and setting.disabled_until_timestep == 0.9
+    # the default recipe with the knob from the spec's own block_sparse.target_sparsity
+    own = Spec(default=AttentionSpec(recipe=SAGE, block_sparse=BlockSparse(target_sparsity=0.3, sink_tiles=0)))
+    cal = qattn_fx.calibrate_block_sparse(TwoSites(), calls, spec=own)
+    assert all(s >= 0.3 for s in cal.sparsity.values())
+    assert all(r.use.block_sparse.sink_tiles == 0 for r in cal.spec.rules[:2])
+
+
+def test_target_knob_errors_name_the_value():
+    calls = local_calls(1)
+    with pytest.raises(ValueError, match=r"per='layer' is invalid; valid: site, model"):
+        qattn_fx.calibrate_block_sparse(TwoSites(), calls, 0.5, per="layer")
+    with pytest.raises(ValueError, match=r"mode='mass' is invalid; valid: cdf, top_k"):
+        qattn_fx.calibrate_block_sparse(TwoSites(), calls, 0.5, mode="mass")
+    with pytest.raises(ValueError, match=r"calibrate_block_sparse.target_sparsity=1.5 is out of range"):
+        qattn_fx.calibrate_block_sparse(TwoSites(), calls, 1.5)
+    with pytest.raises(ValueError, match=r"no site to calibrate"):
+        qattn_fx.calibrate_block_sparse(TwoSites(), calls)  # no target anywhere
+
+
+def test_calibrate_turns_a_target_candidate_into_fitted_cdf_candidates():
+    result = calibrate(TwoSites(), local_calls(1), budget="cos=0.99", candidates=["int8-1-16-1+target0.4"],
+                       emulate=True, speed=two_x, progress=lambda line: None)
+    names = [c["name"] for c in result.candidates]
+    assert all("+cdf" in n for n in names) and names
+    assert any(n.startswith("int8-1-16-1+target0.4: target_sparsity 0.4 fitted per site") for n in result.notes)
+    for s in result.sites:  # a fitted candidate at its own site reaches the target
+        assert max(r.sparsity for r in result.table if r.site == s.site) >= 0.4
+
+
+def factory():
+    """``(model, calls)`` for the CLI tests."""
+    return TwoSites(), local_calls(1)
+
+
+def test_cli_block_sparse_target(tmp_path, capsys):
+    from qattn_fx.cli import main
+
+    out, table = tmp_path / "spec.json", tmp_path / "fit.json"
+    model = "tests.calibration.test_block_sparse_calibration:factory"
+    assert main(["calibrate", "--model", model, "--calls", "1", "--block-sparse-target", "0.4", "--out", str(out),
+                 "--table", str(table)]) == 0
+    spec = Spec.from_json(out.read_text())
+    assert [r.match.module for r in spec.rules] == ["a", "b"] and spec.rules[0].use.block_sparse.cdf
+    assert set(json.loads(table.read_text())["sites"]) == {"a", "b"}
+    assert "skipped" in capsys.readouterr().out
+    assert main(["calibrate", "--model", model, "--calls", "1", "--block-sparse-target", "0.4", "--budget",
+                 "cos=0.99", "--candidates", "int8-1-16-1", "--emulate", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "int8-1-16-1+target0.4: target_sparsity 0.4 fitted" in text and "+cdf" in text
+    assert main(["calibrate", "--model", model, "--out", str(out)]) == 2
+    assert "give --budget" in capsys.readouterr().err
