@@ -140,16 +140,27 @@ def make_candidates(items: Iterable[Any] | None) -> tuple[Candidate, ...]:
         raise ValueError("candidates is empty; valid: None (the defaults) or at least one attention spec")
     out, names = [], set()
     for use in specs:
-        name = recipe_id(use.recipe) + sparse_id(use.block_sparse)
-        if use.backend != recipes.AUTO:
-            name += f"@{use.backend}"
-        if use.kernel is not None:
-            name += f"/{use.kernel}"
+        name = candidate_name(use)
         if name in names:
             raise ValueError(f"candidate {name!r} is given twice; valid: distinct attention specs")
         names.add(name)
         out.append(Candidate(name, use, table_order(use)))
     return tuple(sorted(out, key=_rank))
+
+
+def candidate_name(use: AttentionSpec) -> str:
+    """A candidate's name: its recipe id and block sparsity, with the backend and kernel where not ``auto``."""
+    name = recipe_id(use.recipe) + sparse_id(use.block_sparse)
+    if use.backend != recipes.AUTO:
+        name += f"@{use.backend}"
+    if use.kernel is not None:
+        name += f"/{use.kernel}"
+    return name
+
+
+def rank(c: Candidate) -> tuple:
+    """The sort key of :func:`make_candidates`."""
+    return _rank(c)
 
 
 def _rank(c: Candidate) -> tuple:

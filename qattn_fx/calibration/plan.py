@@ -48,7 +48,7 @@ class Option:
     #: Index of the call with the lowest cosine (where it is worst).
     worst_call: int | None = None
     upper_bound: bool = False
-    #: Block-sparse candidates: the measured fraction of blocks skipped, the lowest over sites and calls.
+    #: Block-sparse candidates: the measured fraction of blocks skipped (mean over the calls; the lowest site).
     sparsity: float | None = None
 
     @property

@@ -1,7 +1,7 @@
 """The calibration plot: per site (in the order the model runs them), each candidate's error against dense.
 
 Two panels, sites on the x axis (labelled by module path and layer): ``1 - cos`` (log scale) and relative L1 (log
-scale), and with block-sparse candidates a third: the fraction of blocks each skipped (measured, the lowest over
+scale), and with block-sparse candidates a third: the fraction of blocks each skipped (measured, the mean over
 the calls). Each candidate is a line through its worst value over the calls, with every call's value as a faint dot; the
 per-site budget is a dashed line; the plan's choice at each site is ringed, and sites the plan keeps dense are
 shaded. The title has the budget and the plan's end-to-end error. Needs matplotlib (``pip install matplotlib``).
@@ -69,7 +69,7 @@ def plot(result, path: str | Path) -> Path:
                     ax.scatter([x[r.site]], [r.sparsity], s=130, facecolors="none", edgecolors=color,
                                linewidths=1.8, zorder=5)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_ylabel("blocks skipped (lowest call)")
+        ax.set_ylabel("blocks skipped (mean of calls)")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
     axes[-1].set_xticks(range(len(sites)))
