@@ -68,7 +68,8 @@ def sparse_id(blocks: BlockSparse | None) -> str:
     if blocks is None:
         return ""
     default = BlockSparse(cdf=1.0)
-    text = f"+{blocks.mode.replace('target_sparsity', 'target')}{blocks.keep if blocks.keep is not None else blocks.target_sparsity:g}"
+    value = blocks.keep if blocks.keep is not None else blocks.target_sparsity
+    text = f"+{blocks.mode.replace('target_sparsity', 'target')}{value:g}"
     if blocks.sink_tiles != default.sink_tiles:
         text += f"/sinks{blocks.sink_tiles}"
     if blocks.diagonal != default.diagonal:

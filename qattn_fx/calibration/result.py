@@ -34,7 +34,9 @@ class TableRow:
 
     ``sparsity``: a block-sparse candidate's measured fraction of blocks skipped (the predictor's real lists on the
     site's Q and K), the mean over the calls (its speed is the recipe's scaled by the mean fraction visited, plus the
-    predictor's cost), ``per_call_sparsity`` each call's (None elsewhere). ``kernel``: what computed the measured output (``reference`` when emulated); ``deploy``: the kernel and arch
+    predictor's cost), ``per_call_sparsity`` each call's (None elsewhere).
+
+    ``kernel``: what computed the measured output (``reference`` when emulated); ``deploy``: the kernel and arch
     the speed is predicted for (None where no kernel serves the site there); ``speedup``: predicted over dense
     SDPA (``speed_upper_bound``: at most that, the site is smaller than every measured call; ``speed_source``
     names the data); ``note``: why the candidate is not served at the site, or which bound it breaks.
