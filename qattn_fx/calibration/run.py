@@ -152,8 +152,8 @@ class _Sites:
             sparse = self._deploy_one(sc, use, arch)
             if sparse[0] is not None:
                 return sparse[0], arch, "", ""
-            return kernel, arch, "", (f"on {arch}: no kernel takes block lists yet ({sparse[1]}); speed predicted "
-                                      f"for {kernel} with them")
+            return kernel, arch, "", (f"on {arch}: no kernel takes block lists yet; speed predicted for {kernel} "
+                                      "with them")
         if not self.emulate:
             return decision.kernel, self.hardware(sc).arch, "", ""
         target = self.target
