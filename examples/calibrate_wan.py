@@ -4,6 +4,8 @@
     python examples/calibrate_wan.py --real-size --out calib_out    # GPU: Wan2.1-1.3B config, 2 blocks, 480p,
                                                                     # candidates on the real kernels
     qattn-fx calibrate --model examples.calibrate_wan:real_size --calls 2 --budget cos=0.999 --out spec.json
+    python examples/calibrate_wan.py --real-size --emulate --calls 4 \
+        --candidates int8-1-16-1,int8-1-16-1+cdf0.9,int8-1-16-1+target0.5 --out calib_out   # block sparsity
 
 ``--real-size`` builds the published Wan2.1-T2V-1.3B transformer config (``examples/pipeline.py``'s ``WAN_1_3B``)
 with random weights and ``--blocks`` 2 blocks, in bf16 on the GPU, and calls it on 480p latents (81 frames:
@@ -11,6 +13,10 @@ with random weights and ``--blocks`` 2 blocks, in bf16 on the GPU, and calls it 
 candidates run on the kernels the policy picks (gluon_sage on an H200). Written to ``--out``: ``spec.json`` (the
 plan), ``calibration.json`` (everything; ``qattn_fx.calibration.load`` reads it back) and ``calibration.png`` (the
 plot; skipped with a line saying so when matplotlib is missing: draw it later from the JSON).
+
+``--emulate`` runs the candidates on the reference kernel even with ``--real-size`` (on the GPU): block-sparse
+candidates (``+cdf0.9``, ``+top_k0.5``, ``+target0.5``) are served only where a kernel takes block lists, which in
+emulation the reference kernel does.
 """
 
 from __future__ import annotations
@@ -69,7 +75,10 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--blocks", type=int, default=2, help="--real-size: transformer blocks (default 2)")
     parser.add_argument("--calls", type=int, default=2, help="denoising-step calls (default 2)")
     parser.add_argument("--budget", default="cos=0.999", help="default cos=0.999")
-    parser.add_argument("--candidates", help="comma-separated recipe ids (default: the calibration defaults)")
+    parser.add_argument("--candidates", help="comma-separated recipe ids (default: the calibration defaults); "
+                        "block-sparse ones as int8-1-16-1+cdf0.9, +top_k0.5, +target0.5")
+    parser.add_argument("--emulate", action="store_true", help="--real-size: the candidates on the reference kernel "
+                        "(on the GPU), as block-sparse candidates need")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     args = parser.parse_args(argv)
     import qattn_fx
@@ -82,7 +91,7 @@ def main(argv: list[str] | None = None):
           f"{args.calls} calls; built in {time.perf_counter() - start:.1f} s", flush=True)
     result = qattn_fx.calibrate(model, call_list, budget=args.budget,
                                 candidates=args.candidates.split(",") if args.candidates else None,
-                                emulate=not args.real_size, labels=labels,
+                                emulate=args.emulate or not args.real_size, labels=labels,
                                 progress=lambda line: print(f"[{time.perf_counter() - start:6.1f} s] {line}",
                                                             flush=True))
     print()

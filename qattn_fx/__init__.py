@@ -8,7 +8,8 @@ The public names: :func:`backend`, :func:`explain`, :func:`install_pre_grad_pass
 :func:`quantized_attention` (the eager op sequence), :func:`calibrate` / :class:`Budget` / :class:`Calibration`
 (per-site errors on the user's calls and a plan that keeps a budget); Skip-Softmax: :class:`SkipSoftmax`,
 :func:`calibrate_skip_softmax` (``target_sparsity`` → thresholds) and :mod:`qattn_fx.skip_softmax` (the contract,
-measured sparsity); step schedules for quantization in general: :class:`DenseUntil`;
+measured sparsity); block sparsity: :class:`BlockSparse`, :func:`calibrate_block_sparse` (``target_sparsity`` →
+``cdf`` / ``top_k`` per site) and :mod:`qattn_fx.block_sparse` (the tiles, measured sparsity); step schedules for quantization in general: :class:`DenseUntil`;
 :func:`trace_multihead_attention` (``nn.MultiheadAttention``'s attention as a site).
 """
 
@@ -16,7 +17,8 @@ from .version import __version__  # noqa: E402
 
 from . import config  # noqa: E402
 from .backend import Backend, backend, install_pre_grad_pass, pre_grad_pass  # noqa: E402
-from .calibration import Budget, Calibration, SkipCalibration, calibrate, calibrate_skip_softmax
+from .calibration import (Budget, BlockCalibration, Calibration, SkipCalibration, calibrate, calibrate_block_sparse,
+                          calibrate_skip_softmax)
 from .explain import explain
 from .fx.tracing import trace_multihead_attention
 from .hardware import Hardware, detect
@@ -29,9 +31,11 @@ from .spec import DENSE, AttentionSpec, Match, Rule, Spec
 
 __all__ = [
     "AttentionSpec",
+    "BlockCalibration",
     "Budget",
     "Calibration",
     "calibrate",
+    "calibrate_block_sparse",
     "config",
     "Backend",
     "BlockSparse",

@@ -6,6 +6,7 @@
     qattn-fx inspect qattn_fx.tiny_models:wan --emulate              # every site of a model, as the backend sees it
     qattn-fx inspect --config config.json --class WanTransformer3DModel --arch sm_90 --frames 21 --height 60
     qattn-fx calibrate --model qattn_fx.tiny_models:wan --calls 3 --budget cos=0.9999 --emulate --out spec.json
+    qattn-fx calibrate --model qattn_fx.tiny_models:wan --calls 3 --block-sparse-target 0.5 --out spec.json
 
 A named --arch is a supported install of that architecture: every library that qattn_fx's kernels for it need,
 at the minimum version the recipe table names (shown in the output); --lib NAME=VERSION overrides one, --bare
@@ -134,10 +135,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--config", help="a diffusers model config.json (random weights); with --class")
     c.add_argument("--class", dest="cls", metavar="CLASS", help="the diffusers class of --config")
     c.add_argument("--calls", type=int, default=4, help="how many calls to calibrate on (default 4)")
-    c.add_argument("--budget", required=True, help="per-site and/or end-to-end bounds: cos=0.999, rel_l1=0.05, "
-                   "max_abs=..., e2e_cos=0.995, e2e_rel_l1=0.02 (comma-separated)")
+    c.add_argument("--budget", help="per-site and/or end-to-end bounds: cos=0.999, rel_l1=0.05, "
+                   "max_abs=..., e2e_cos=0.995, e2e_rel_l1=0.02 (comma-separated); required unless "
+                   "--block-sparse-target is given")
     c.add_argument("--candidates", help="comma-separated recipe ids to try, e.g. int8-1-16-1,bf16-0-0-1 (default: "
-                   "int8-1-16-1,fp8-1-16-1,bf16-0-0-1)")
+                   "int8-1-16-1,fp8-1-16-1,bf16-0-0-1); block-sparse ones with +cdfM, +top_kF or +targetS, e.g. "
+                   "int8-1-16-1+cdf0.9")
+    c.add_argument("--block-sparse-target", type=float, metavar="S", help="block sparsity's target_sparsity: "
+                   "without --budget, fit cdf (or top_k) per site so that each skips the fraction S of its blocks on "
+                   "the calls (qattn_fx.calibrate_block_sparse, the recipe of the first --candidates id, default the "
+                   "default recipe) and write that spec; with --budget, each candidate is also tried with +targetS")
+    c.add_argument("--block-sparse-mode", choices=("cdf", "top_k"), default="cdf",
+                   help="--block-sparse-target without --budget: what is fitted (default cdf)")
+    c.add_argument("--per", choices=("site", "model"), default="site",
+                   help="--block-sparse-target without --budget: one value per site (default) or for the model")
     c.add_argument("--emulate", action="store_true", help="run candidates on the reference kernel (any device)")
     c.add_argument("--arch", help="where the plan deploys (speed lookups; without --emulate also the kernels' "
                    "machine), e.g. sm_90; default: this machine, or each recipe's first arch when emulated")
@@ -381,8 +392,17 @@ def _calibrate(args) -> int:
     except ImportError:
         pass
     candidates = args.candidates.split(",") if args.candidates else None
+    if args.budget is None and args.block_sparse_target is None:
+        raise UsageError("give --budget (an error budget), --block-sparse-target (a block sparsity to fit), or both")
     hardware = Hardware.supported_install(args.arch) if args.arch else None
     model, calls, labels, what = _calibration_calls(args)
+    if args.budget is None:
+        return _calibrate_block_sparse(args, model, calls, candidates, what)
+    if args.block_sparse_target is not None:
+        from .calibration.candidates import DEFAULT_CANDIDATES, make_candidates
+
+        plain = [c.name for c in make_candidates(candidates or DEFAULT_CANDIDATES) if c.use.block_sparse is None]
+        candidates = (candidates or plain) + [f"{n}+target{args.block_sparse_target:g}" for n in plain]
     print(f"qattn_fx {__version__}: calibrating {what} on {len(calls)} call(s), budget {args.budget}"
           + (" (emulated)" if args.emulate else ""), flush=True)
     result = calibrate(model, calls, budget=args.budget, candidates=candidates, emulate=args.emulate,
@@ -397,6 +417,32 @@ def _calibrate(args) -> int:
         print(f"wrote the calibration to {result.save(args.table)}")
     if args.plot:
         print(f"wrote the plot to {result.plot(args.plot)}")
+    return 0
+
+
+def _calibrate_block_sparse(args, model, calls, candidates, what) -> int:
+    """``qattn-fx calibrate --block-sparse-target S`` without a budget: :func:`qattn_fx.calibrate_block_sparse`."""
+    from .calibration import calibrate_block_sparse
+    from .calibration.candidates import parse_id
+    from .spec import Spec
+
+    spec = Spec(default=parse_id(candidates[0])) if candidates else Spec()
+    print(f"qattn_fx {__version__}: fitting block sparsity ({args.block_sparse_mode}, per {args.per}) to skip "
+          f"{args.block_sparse_target:g} of the blocks of {what} on {len(calls)} call(s)", flush=True)
+    result = calibrate_block_sparse(model, calls, args.block_sparse_target, spec=spec, per=args.per,
+                                    mode=args.block_sparse_mode)
+    print(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(result.spec.to_json(indent=1) + "\n")
+    print(f"wrote the spec to {out}")
+    if args.table:
+        table = Path(args.table)
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        print(f"wrote the fit to {table}")
+    if args.plot:
+        print("--plot: no plot for a block-sparsity fit without --budget (the fit per site is in --table)")
     return 0
 
 

@@ -121,7 +121,8 @@ def _block_calibrated(use: AttentionSpec, source: str) -> None:
     if blocks is not None and blocks.target_sparsity is not None:
         raise ValueError(
             f"{source} asks for block_sparse.target_sparsity={blocks.target_sparsity:g}, which needs a calibration "
-            "that turns it into a cdf or top_k per site (none runs it yet); give block_sparse.cdf (the predicted "
+            "that turns it into a cdf or top_k per site: run qattn_fx.calibrate_block_sparse(model, calls, "
+            "target_sparsity=...) and compile with the spec it returns, or give block_sparse.cdf (the predicted "
             "attention mass to keep, e.g. 0.9) or block_sparse.top_k (the fraction of key tiles to keep)")
 
 

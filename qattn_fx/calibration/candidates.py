@@ -1,17 +1,23 @@
 """The attention specs a calibration tries at every site, their names, and their order in the recipe table.
 
-A candidate is an :class:`~qattn_fx.spec.AttentionSpec` (backend, usually ``auto``, and recipe). Without cost
-data, candidates are ranked by :func:`table_order`: the position of the first row of
-:data:`qattn_fx.recipes.TABLE` that accepts them, the order ``auto`` prefers (faster rows first).
+A candidate is an :class:`~qattn_fx.spec.AttentionSpec` (backend, usually ``auto``, and recipe), possibly with
+block sparsity (``block_sparse`` with ``cdf`` or ``top_k``; ids ``int8-1-16-1+cdf0.9``, ``int8-1-16-1+top_k0.5``;
+``+target0.5``, a ``target_sparsity``, is turned into ``cdf`` candidates by :func:`qattn_fx.calibrate` through
+:func:`~qattn_fx.calibration.block.calibrate_block_sparse`). Without cost data, candidates are ranked by
+:func:`table_order`: the position of the first row of :data:`qattn_fx.recipes.TABLE` that accepts them, the order
+``auto`` prefers (faster rows first); within a row, block-sparse candidates come first, the smallest ``keep``
+(the sparsest) first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .. import recipes
+from ..block_sparse_spec import BlockSparse
 from ..recipes import Recipe
 from ..spec import DEFAULT_RECIPE, AttentionSpec
 from ..validate import show
@@ -25,7 +31,9 @@ DEFAULT_CANDIDATES: tuple[AttentionSpec, ...] = (
 )
 
 _ID = re.compile(r"^(bf16|int8|fp8)-(\d+)-(\d+)-(\d+)$|^(mxfp8|nvfp4)-(fp8|mxfp8|nvfp4)$")
-ID_FORMS = "QK-Q-K-V with fp8 V (int8-1-16-1, fp8-1-16-1, bf16-0-0-1) or QK-V for block-scaled formats (mxfp8-fp8)"
+_SPARSE = re.compile(r"^(.*?)\+(cdf|top_k|target)([0-9.eE+-]+)$")
+ID_FORMS = ("QK-Q-K-V with fp8 V (int8-1-16-1, fp8-1-16-1, bf16-0-0-1) or QK-V for block-scaled formats (mxfp8-fp8), "
+            "optionally +cdfM, +top_kF or +targetS for block sparsity (int8-1-16-1+cdf0.9)")
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,40 @@ def recipe_id(recipe: Recipe) -> str:
     return base
 
 
+def sparse_id(blocks: BlockSparse | None) -> str:
+    """The suffix of a candidate with block sparsity, as :func:`parse_id` reads it: ``+cdf0.9``, ``+top_k0.5``,
+    ``+target0.5``; settings other than the defaults follow (``/sinks0``, ``/nodiag``, ``/sim0.5``, ``/t<=0.5``)."""
+    if blocks is None:
+        return ""
+    default = BlockSparse(cdf=1.0)
+    value = blocks.keep if blocks.keep is not None else blocks.target_sparsity
+    text = f"+{blocks.mode.replace('target_sparsity', 'target')}{value:g}"
+    if blocks.sink_tiles != default.sink_tiles:
+        text += f"/sinks{blocks.sink_tiles}"
+    if blocks.diagonal != default.diagonal:
+        text += "/nodiag"
+    if blocks.similarity != default.similarity:
+        text += f"/sim{blocks.similarity:g}"
+    if blocks.gated:
+        text += f"/t<={blocks.disabled_until_timestep:g}"
+    return text
+
+
 def parse_id(text: str) -> AttentionSpec:
-    """An ``auto`` attention spec from a recipe id (:data:`ID_FORMS`); smoothed K for quantized Q/K."""
+    """An ``auto`` attention spec from a recipe id (:data:`ID_FORMS`); smoothed K for quantized Q/K; a ``+cdfM``,
+    ``+top_kF`` or ``+targetS`` suffix adds ``block_sparse`` (default sinks, diagonal and similarity guard)."""
+    sparse = _SPARSE.match(text.strip())
+    blocks = None
+    if sparse is not None:
+        mode, value = sparse.group(2), sparse.group(3)
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"candidate {text!r} is invalid; valid: {ID_FORMS}") from None
+        key = {"cdf": "cdf", "top_k": "top_k", "target": "target_sparsity"}[mode]
+        blocks = BlockSparse(**{key: number}, where=f"candidate {text!r}: block_sparse")
+        use = parse_id(sparse.group(1))
+        return dataclasses.replace(use, block_sparse=blocks)
     m = _ID.match(text.strip())
     if m is None:
         raise ValueError(f"candidate {text!r} is invalid; valid: {ID_FORMS}")
@@ -101,13 +141,30 @@ def make_candidates(items: Iterable[Any] | None) -> tuple[Candidate, ...]:
         raise ValueError("candidates is empty; valid: None (the defaults) or at least one attention spec")
     out, names = [], set()
     for use in specs:
-        name = recipe_id(use.recipe)
-        if use.backend != recipes.AUTO:
-            name += f"@{use.backend}"
-        if use.kernel is not None:
-            name += f"/{use.kernel}"
+        name = candidate_name(use)
         if name in names:
             raise ValueError(f"candidate {name!r} is given twice; valid: distinct attention specs")
         names.add(name)
         out.append(Candidate(name, use, table_order(use)))
-    return tuple(sorted(out, key=lambda c: c.table_rank))
+    return tuple(sorted(out, key=_rank))
+
+
+def candidate_name(use: AttentionSpec) -> str:
+    """A candidate's name: its recipe id and block sparsity, with the backend and kernel where not ``auto``."""
+    name = recipe_id(use.recipe) + sparse_id(use.block_sparse)
+    if use.backend != recipes.AUTO:
+        name += f"@{use.backend}"
+    if use.kernel is not None:
+        name += f"/{use.kernel}"
+    return name
+
+
+def rank(c: Candidate) -> tuple:
+    """The sort key of :func:`make_candidates`."""
+    return _rank(c)
+
+
+def _rank(c: Candidate) -> tuple:
+    """Table order; within a row, block-sparse candidates first, the sparsest (smallest keep) first."""
+    blocks = c.use.block_sparse
+    return (c.table_rank, 1, 0.0) if blocks is None else (c.table_rank, 0, blocks.keep or 0.0)

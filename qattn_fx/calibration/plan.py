@@ -48,10 +48,13 @@ class Option:
     #: Index of the call with the lowest cosine (where it is worst).
     worst_call: int | None = None
     upper_bound: bool = False
+    #: Block-sparse candidates: the measured fraction of blocks skipped (mean over the calls; the lowest site).
+    sparsity: float | None = None
 
     @property
     def speed_text(self) -> str:
-        return "-" if self.speedup is None else f"{'at most ' if self.upper_bound else ''}{self.speedup:.2f}x"
+        text = "-" if self.speedup is None else f"{'at most ' if self.upper_bound else ''}{self.speedup:.2f}x"
+        return text + ("" if self.sparsity is None else f" (skipping {self.sparsity:.0%} of blocks)")
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,23 @@ def choose(options: Sequence[Option], budget: Budget, *, limit: tuple[str, float
         tie = f" (tied with {', '.join(tied)}: first in table order)" if tied else ""
         return Choice(best.candidate.name, f"fastest inside the budget, predicted {best.speed_text}{tie}; worst "
                                            f"{_errors_text(best, at(best))}", "cost data")
-    best = inside[0]
-    return Choice(best.candidate.name, f"first inside the budget in table order; worst {_errors_text(best, at(best))}",
-                  NO_COST_DATA)
+    best = min(inside, key=_table_rank)
+    return Choice(best.candidate.name, f"first inside the budget in table order{_skipping(best)}; worst "
+                                       f"{_errors_text(best, at(best))}", NO_COST_DATA)
+
+
+def _table_rank(o: Option) -> tuple:
+    """The order without cost data: the recipe table's; within a row, block-sparse candidates that skip blocks
+    (the most skipped first), then the recipe without block sparsity, then block-sparse ones that skip nothing (they
+    would only add the predictor's cost)."""
+    blocks = o.candidate.use.block_sparse
+    if blocks is None:
+        return (o.candidate.table_rank, 1, 0.0)
+    return (o.candidate.table_rank, 0, -o.sparsity) if o.sparsity else (o.candidate.table_rank, 2, 0.0)
+
+
+def _skipping(o: Option) -> str:
+    return "" if o.sparsity is None else f" (skipping {o.sparsity:.0%} of blocks)"
 
 
 def violation(o: Option, budget: Budget, limit: tuple[str, float] | None) -> str | None:
@@ -128,10 +145,11 @@ def merge_options(per_site: Sequence[Sequence[Option]]) -> list[Option]:
         why = next((o.why_not_served for o in column if not o.served), "")
         worst_o = min((o for o in column if o.errors is not None), key=lambda o: o.errors.cos, default=None)
         slowest = None if any(s is None for s in speeds) else min(column, key=lambda o: o.speedup)
+        sparsity = [o.sparsity for o in column if o.sparsity is not None]
         out.append(Option(column[0].candidate, served, worst(errs) if errs and served else None,
                           None if slowest is None else slowest.speedup, why,
                           worst_o.worst_call if worst_o is not None else None,
-                          slowest is not None and slowest.upper_bound))
+                          slowest is not None and slowest.upper_bound, min(sparsity) if sparsity else None))
     return out
 
 
@@ -205,4 +223,4 @@ def _safe_choice(units, plan: Plan, options, budget: Budget, limit) -> str:
         speed = {o.candidate.name: min(p.speedup for u in units for p in options[u]
                                        if p.candidate.name == o.candidate.name) for o in ranked}
         return max(ranked, key=lambda o: speed[o.candidate.name]).candidate.name
-    return ranked[0].candidate.name
+    return min(ranked, key=_table_rank).candidate.name

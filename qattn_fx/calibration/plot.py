@@ -1,7 +1,8 @@
 """The calibration plot: per site (in the order the model runs them), each candidate's error against dense.
 
 Two panels, sites on the x axis (labelled by module path and layer): ``1 - cos`` (log scale) and relative L1 (log
-scale). Each candidate is a line through its worst value over the calls, with every call's value as a faint dot; the
+scale), and with block-sparse candidates a third: the fraction of blocks each skipped (measured, the mean over
+the calls). Each candidate is a line through its worst value over the calls, with every call's value as a faint dot; the
 per-site budget is a dashed line; the plan's choice at each site is ringed, and sites the plan keeps dense are
 shaded. The title has the budget and the plan's end-to-end error. Needs matplotlib (``pip install matplotlib``).
 """
@@ -27,7 +28,9 @@ def plot(result, path: str | Path) -> Path:
     sites = [s.site for s in result.sites]
     x = {s: i for i, s in enumerate(sites)}
     names = [c["name"] for c in result.candidates]
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.55 * len(sites) + 3), 6.5), sharex=True)
+    sparse = any(r.sparsity is not None for r in result.table)
+    fig, axes = plt.subplots(3 if sparse else 2, 1, figsize=(max(6.0, 0.55 * len(sites) + 3), 9.0 if sparse else 6.5),
+                             sharex=True)
     metrics = (("1 - cos", lambda e: 1.0 - e.cos, "cos"), ("relative L1", lambda e: e.rel_l1, "rel_l1"))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (label, value, key) in zip(axes, metrics):
@@ -52,9 +55,25 @@ def plot(result, path: str | Path) -> Path:
         ax.set_yscale("log")
         ax.set_ylabel(label + " (worst call)")
         ax.grid(True, which="major", alpha=0.3)
+    if sparse:
+        ax = axes[2]
+        for j, name in enumerate(names):
+            rows = [r for r in result.table if r.candidate == name and r.sparsity is not None]
+            if not rows:
+                continue
+            color = colors[j % len(colors)]
+            ax.plot([x[r.site] for r in rows], [r.sparsity for r in rows], "-o", color=color, ms=4, lw=1.2,
+                    label=name)
+            for r in rows:
+                if r.chosen:
+                    ax.scatter([x[r.site]], [r.sparsity], s=130, facecolors="none", edgecolors=color,
+                               linewidths=1.8, zorder=5)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("blocks skipped (mean of calls)")
+        ax.grid(True, which="major", alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
-    axes[1].set_xticks(range(len(sites)))
-    axes[1].set_xticklabels(sites, rotation=60, ha="right", fontsize=8)
+    axes[-1].set_xticks(range(len(sites)))
+    axes[-1].set_xticklabels(sites, rotation=60, ha="right", fontsize=8)
     e = min(result.plan_e2e, key=lambda e: e.cos)
     axes[0].set_title(f"per-site error vs dense ({len(result.calls)} calls; ringed: the plan's choice, shaded: "
                       f"dense)\nplan: {result.quantized}/{len(result.sites)} sites quantized, model output worst cos "

@@ -32,6 +32,10 @@ def _unerrs(items: list) -> list[Errors | None]:
 class TableRow:
     """One site and one candidate: its errors against dense per call, predicted speed, and whether the plan took it.
 
+    ``sparsity``: a block-sparse candidate's measured fraction of blocks skipped (the predictor's real lists on the
+    site's Q and K), the mean over the calls (its speed is the recipe's scaled by the mean fraction visited, plus the
+    predictor's cost), ``per_call_sparsity`` each call's (None elsewhere).
+
     ``kernel``: what computed the measured output (``reference`` when emulated); ``deploy``: the kernel and arch
     the speed is predicted for (None where no kernel serves the site there); ``speedup``: predicted over dense
     SDPA (``speed_upper_bound``: at most that, the site is smaller than every measured call; ``speed_source``
@@ -56,6 +60,13 @@ class TableRow:
     chosen: bool
     note: str = ""
     speed_upper_bound: bool = False
+    sparsity: float | None = None
+    per_call_sparsity: list = field(default_factory=list)
+
+    @property
+    def sparsity_text(self) -> str:
+        """``0.45`` (a block-sparse candidate's fraction of blocks skipped) or ``-``."""
+        return "-" if self.sparsity is None else f"{self.sparsity:.2f}"
 
     @property
     def speed_text(self) -> str:
@@ -123,7 +134,8 @@ class Table:
         raise KeyError(f"no row for site {site!r} and candidate {candidate!r}")
 
     def __str__(self) -> str:
-        head = ("site", "layer", "role", "q/kv", "d", "candidate", "cos", "rel_l1", "max_abs", "speed", "plan")
+        head = ("site", "layer", "role", "q/kv", "d", "candidate", "cos", "rel_l1", "max_abs", "skipped", "speed",
+                "plan")
         lines = []
         last = None
         for r in self.rows:
@@ -133,7 +145,7 @@ class Table:
             cells = (_fit(r.site, 28) if first else "", _cell(r.layer) if first else "", r.role if first else "",
                      f"{r.q_len}/{r.kv_len}" if first else "", str(r.head_dim) if first else "", r.candidate,
                      "-" if e is None else f"{e.cos:.6f}", "-" if e is None else f"{e.rel_l1:.2e}",
-                     "-" if e is None else f"{e.max_abs:.2e}", r.speed_text,
+                     "-" if e is None else f"{e.max_abs:.2e}", r.sparsity_text, r.speed_text,
                      "<- chosen" if r.chosen else ("n/a" if not r.served else ("" if r.within_budget else "over")))
             lines.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(head)]
@@ -141,14 +153,14 @@ class Table:
         return "\n".join([fmt(head), "  ".join("-" * w for w in widths)] + [fmt(c) for c in lines])
 
     def markdown(self) -> str:
-        cols = ("site", "layer", "role", "q/kv", "d", "candidate", "kernel", "cos", "rel_l1", "max_abs", "speed",
-                "chosen", "note")
+        cols = ("site", "layer", "role", "q/kv", "d", "candidate", "kernel", "cos", "rel_l1", "max_abs", "skipped",
+                "speed", "chosen", "note")
         out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in self.rows:
             e = r.errors
             cells = (r.site, _cell(r.layer), r.role, f"{r.q_len}/{r.kv_len}", str(r.head_dim), r.candidate,
                      _cell(r.kernel), "-" if e is None else f"{e.cos:.6f}", "-" if e is None else f"{e.rel_l1:.3g}",
-                     "-" if e is None else f"{e.max_abs:.3g}", r.speed_text,
+                     "-" if e is None else f"{e.max_abs:.3g}", r.sparsity_text, r.speed_text,
                      "yes" if r.chosen else "", r.note.replace("|", "\\|"))
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out)

@@ -10,12 +10,14 @@ bound, tightens the per-site bound until the plan's model output keeps it (each 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from .. import block_sparse
 from ..deployment import deployment_targets
 from ..hardware import Hardware, detect
 from ..ops import quantized_attention
@@ -24,10 +26,10 @@ from ..site import Decision, Site
 from ..spec import DENSE, AttentionSpec, Spec
 from .budget import Budget, Errors, errors, flat_output, worst
 from .capture import ProbedModel, SiteCall, SiteKey
-from .candidates import Candidate, make_candidates
+from .candidates import Candidate, candidate_name, make_candidates, rank
 from .plan import Choice, Option, choose, merge_options, site_error, spec_for, violation
 from .result import Calibration, SitePlan, Table, TableRow
-from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted
+from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted, sparse_speedup
 
 log = logging.getLogger("qattn_fx")
 
@@ -70,6 +72,27 @@ class _Record:
     upper_bound: bool = False
     speed_data: str = ""
     deploy_note: str = ""
+    #: Block-sparse candidates: (blocks skipped, blocks) per call, summed over the site's runs in that call
+    #: (``speedup`` is then the recipe's, without block sparsity: :meth:`sparse_speedup` scales it).
+    blocks: list = field(default_factory=list)
+
+    def sparsity(self) -> list[float | None]:
+        """The measured fraction of blocks skipped per call (None: not block-sparse, or not run in that call)."""
+        return [None if b is None or not b[1] else b[0] / b[1] for b in self.blocks]
+
+    def mean_sparsity(self) -> float | None:
+        """The mean over the calls of :meth:`sparsity` (None: not block-sparse or never run)."""
+        found = [x for x in self.sparsity() if x is not None]
+        return sum(found) / len(found) if found else None
+
+    def sparse_speedup(self) -> float | None:
+        """The predicted speedup: the recipe's (its slowest call) scaled by the mean fraction of blocks visited
+        (:func:`~qattn_fx.calibration.speed.sparse_speedup`): the time of the calls together, were their dense
+        times equal."""
+        if not self.speed_known or self.speedup is None:
+            return None
+        mean = self.mean_sparsity()
+        return self.speedup if mean is None else sparse_speedup(self.speedup, mean)
 
 
 class _Sites:
@@ -81,6 +104,9 @@ class _Sites:
         self.order: list[SiteKey] = []
         self.sites: dict[SiteKey, Site] = {}
         self.here = "cpu"
+        #: The current call's timestep argument (for candidates whose block sparsity is gated by it), or None.
+        self.timestep: torch.Tensor | None = None
+        self.timestep_scale = 1000.0
 
     def hardware(self, sc: SiteCall) -> Hardware:
         """The machine the candidates run on: where the site's tensors are (``hardware=`` must name it without
@@ -101,29 +127,57 @@ class _Sites:
         except ValueError as e:  # an explicit backend or kernel that cannot serve this site
             return Decision(False, f"dense: {e}")
 
-    @staticmethod
-    def output(sc: SiteCall, decision: Decision) -> torch.Tensor:
+    def output(self, sc: SiteCall, decision: Decision) -> torch.Tensor:
+        """The site's output under ``decision``; with block sparsity the predictor's lists are the real ones (and
+        recorded under the site's label inside :func:`qattn_fx.block_sparse.measure`)."""
+        blocks = decision.block_sparse
+        timestep = self.timestep if blocks is not None and blocks.gated else None
+        scale = self.timestep_scale
+        if blocks is not None and blocks.gated and timestep is None:
+            raise ValueError(f"{blocks.describe()} at {sc.key.label} needs the call's timestep: give each call a "
+                             "'timestep' keyword argument")
         return quantized_attention(sc.q, sc.k, sc.v, decision.recipe, kernel=decision.kernel, sm_scale=sc.scale,
-                                   out_dtype=sc.q.dtype, attn_mask=sc.attn_mask, enable_gqa=sc.enable_gqa)
+                                   out_dtype=sc.q.dtype, attn_mask=sc.attn_mask, enable_gqa=sc.enable_gqa,
+                                   block_sparse=blocks, skip_label=sc.key.label, timestep=timestep,
+                                   timestep_scale=scale)
 
-    def deployed(self, sc: SiteCall, use: AttentionSpec, decision: Decision) -> tuple[str | None, str, str]:
-        """(kernel, arch, why not) of what the candidate runs where it deploys, for the speed lookup."""
-        site = sc.site
+    def deployed(self, sc: SiteCall, use: AttentionSpec, decision: Decision) -> tuple[str | None, str, str, str]:
+        """(kernel, arch, why not, note) of what the candidate runs where it deploys, for the speed lookup. A
+        block-sparse candidate that no kernel serves there is looked up as its recipe's kernel (the note says so:
+        its speed is that kernel's once it takes block lists)."""
+        if use.block_sparse is not None:
+            kernel, arch, why, note = self.deployed(sc, dataclasses.replace(use, block_sparse=None), decision)
+            if not self.emulate or kernel is None:
+                return kernel, arch, why, note
+            sparse = self._deploy_one(sc, use, arch)
+            if sparse[0] is not None:
+                return sparse[0], arch, "", ""
+            return kernel, arch, "", (f"on {arch}: no kernel takes block lists yet; speed predicted for {kernel} "
+                                      "with them")
         if not self.emulate:
-            return decision.kernel, self.hardware(sc).arch, ""
+            return decision.kernel, self.hardware(sc).arch, "", ""
         target = self.target
         if target is None:
             archs = deployment_targets(use)
             if not archs:
                 return None, "-", "no deployment target in the recipe table"
             target = Hardware.supported_install(archs[0])
+        kernel, why = self._deploy_one(sc, use, target)
+        return kernel, target.arch, why, ""
+
+    @staticmethod
+    def _deploy_one(sc: SiteCall, use: AttentionSpec, target: Hardware | str) -> tuple[str | None, str]:
+        """(kernel, why not) of ``use`` at the site on ``target`` (emulated calibrations)."""
+        site = sc.site
+        if isinstance(target, str):
+            target = Hardware.supported_install(target)
         if site.dtype == torch.float32:  # a CPU model: judged as bf16, as the GPU runs it
             site = _as_bf16(site)
         try:
             d = resolve(site, target, Spec(default=use), apply_cost_rule=False)
         except ValueError as e:
-            return None, target.arch, str(e)
-        return (d.kernel, target.arch, "") if d.quantized else (None, target.arch, d.reason)
+            return None, str(e)
+        return (d.kernel, "") if d.quantized else (None, d.reason.removeprefix("dense: "))
 
     def measure(self, sc: SiteCall, call: int, candidates: Sequence[Candidate]) -> list[str]:
         """Run every candidate at this site; record errors; the progress cells."""
@@ -133,18 +187,26 @@ class _Sites:
             self.order.append(sc.key)
         cells = []
         for c in candidates:
-            rec = self.records.setdefault((sc.key, c.name), _Record([None] * self.calls))
+            rec = self.records.setdefault((sc.key, c.name), _Record([None] * self.calls, blocks=[None] * self.calls))
             decision = self.decide(sc, Spec(default=c.use))
             if not decision.quantized:
                 rec.served, rec.why = False, decision.reason.removeprefix("dense: ")
                 cells.append(f"{c.name} n/a")
                 continue
-            e = errors(self.output(sc, decision), sc.dense)
+            with block_sparse.measure() as measured:
+                e = errors(self.output(sc, decision), sc.dense)
             old = rec.per_call[call]
             rec.per_call[call] = e if old is None else worst([old, e])
+            skipped = None
+            if decision.block_sparse is not None:
+                found = measured.sites.get(sc.key.label)
+                done = rec.blocks[call] or (0, 0)
+                rec.blocks[call] = (done[0] + found.skipped, done[1] + found.tiles) if found else done
+                skipped = found.skipped / found.tiles if found and found.tiles else 0.0
             rec.kernel = decision.kernel
-            kernel, arch, why = self.deployed(sc, c.use, decision)
+            kernel, arch, why, note = self.deployed(sc, c.use, decision)
             rec.deploy = f"{kernel} on {arch}" if kernel else None
+            rec.deploy_note = rec.deploy_note or note
             speed = None
             if kernel is not None:
                 s = sc.site
@@ -157,7 +219,8 @@ class _Sites:
                 rec.speedup = None
             elif rec.speedup is None or speed.speedup < rec.speedup:  # the slowest call counts
                 rec.speedup, rec.upper_bound, rec.speed_data = speed.speedup, speed.upper_bound, speed.data
-            cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}")
+            cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}"
+                         + ("" if skipped is None else f" skipped {skipped:.3f}"))
         return cells
 
 
@@ -175,7 +238,7 @@ def _unit(key: SiteKey) -> Unit:
 def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict | str,
               candidates: Iterable[Any] | None = None, emulate: bool = False, hardware: Hardware | str | None = None,
               speed: SpeedSource | None = None, labels: Sequence[str] | None = None,
-              progress: Callable[[str], None] | None = None) -> Calibration:
+              progress: Callable[[str], None] | None = None, timestep_scale: float = 1000.0) -> Calibration:
     """Measure every attention site of ``model`` under each candidate on ``calls`` and plan the fastest candidate per
     site that keeps ``budget``; the plan comes back as a spec (``result.spec``) with the table behind it.
 
@@ -190,7 +253,24 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     policy assumes). ``speed``: the speed source (default
     :func:`~qattn_fx.calibration.speed.cost_data`; without data candidates rank by recipe-table order).
     ``labels``: a name per call for tables and plots (default ``call 0``, ``call 1``, ...). ``progress``: called
-    with a line per site and call (default: the ``qattn_fx`` logger at INFO).
+    with a line per site and call (default: the ``qattn_fx`` logger at INFO). ``timestep_scale``: what the calls'
+    ``timestep`` is divided by for step windows (the backend's ``timestep_scale``, default 1000).
+
+    **Block sparsity.** A candidate with ``block_sparse`` (``"int8-1-16-1+cdf0.9"``, ``"+top_k0.5"``) runs with the
+    predictor's real lists at each site; the table's ``skipped`` column is the measured fraction of blocks skipped
+    (:func:`qattn_fx.block_sparse.measure`), the mean over the calls. Its predicted speed is its recipe's scaled by
+    the mean fraction visited plus the predictor's cost (:func:`~qattn_fx.calibration.speed.sparse_speedup`), so
+    the plan takes the sparsest candidate inside the budget. A ``target_sparsity`` candidate (``"+target0.5"``) is
+    first fitted per site (:func:`~qattn_fx.calibration.block.calibrate_block_sparse`); each distinct ``cdf``
+    becomes a candidate.
+
+    **Step windows.** Where the calls have a ``timestep`` keyword (normalized by ``timestep_scale``, as the backend
+    does: ``t = timestep / 1000`` by default) and a block-sparse candidate without a gate breaks the per-site budget
+    at a module only at its early calls, the calibration adds a gated candidate: the same with
+    ``disabled_until_timestep`` = D, the largest t such that the candidate keeps the budget at every call with
+    ``t <= D`` (calls with ``t > D`` then run every block). Its errors and sparsity per call are derived from the
+    runs already made (the sparse candidate's at ``t <= D``, the recipe alone's at the others, which must also be
+    a candidate; no block skipped there), and it competes like any candidate (one gated candidate per distinct D).
 
     The model runs under ``torch.no_grad()``; it is traced by Dynamo (``torch.compile`` with a probing backend,
     static shapes), not compiled by Inductor, so sites are identified as :func:`qattn_fx.backend` identifies them.
@@ -200,7 +280,9 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     call_list = _as_calls(calls)
     labels = _labels(labels, len(call_list))
     say = progress or log.info
+    cands, fitted = _fit_targets(model, call_list, cands, say)
     sites = _Sites(emulate, _target(hardware), cost_data if speed is None else speed, len(call_list))
+    sites.timestep_scale = float(timestep_scale)
     probed = ProbedModel(model)
     refs: list[torch.Tensor] = []
     e2e: dict[str, list[Errors]] = {c.name: [] for c in cands}
@@ -213,6 +295,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                     f"q/kv {s.q_len}/{s.kv_len}, d {s.head_dim}): " + "; ".join(cells))
                 return sc.dense
 
+            sites.timestep = _timestep_of(kwargs)
             refs.append(flat_output(probed.run(measure, args, kwargs)))
             if i == 0:
                 _check_served(sites)
@@ -223,6 +306,9 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                 f"{n} cos {v[i].cos:.6f}" for n, v in e2e.items()))
     if not sites.order:
         raise ValueError("the model ran no scaled_dot_product_attention call on these calls: nothing to calibrate")
+    times = [_t(kwargs, timestep_scale) for _, kwargs in call_list]
+    windows, window_notes = _step_windows(sites, cands, times, budget)
+    cands = tuple(sorted(cands + tuple(windows), key=rank))
     options, per_key = _options(sites, cands)
     plan = {u: choose(o, budget).name for u, o in options.items()}
     limit = None
@@ -232,6 +318,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
         found = []
         with torch.no_grad():
             for i, (args, kwargs) in enumerate(call_list):
+                sites.timestep = _timestep_of(kwargs)
                 out = probed.run(_apply(sites, lambda key: _named(p[_unit(key)], by_name)), args, kwargs)
                 found.append(errors(flat_output(out), refs[i]))
         return found
@@ -249,7 +336,104 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     return Calibration(budget=budget, spec=spec, table=table, sites=site_plans, e2e=e2e, plan_e2e=plan_e2e,
                        calls=labels, candidates=[c.to_dict() for c in cands], emulate=emulate,
                        hardware=_hardware_text(sites, emulate),
-                       notes=_notes(sites, cands, per_key, budget, labels, table, limit))
+                       notes=fitted + window_notes + _notes(sites, cands, per_key, budget, labels, table, limit))
+
+
+def _t(kwargs: dict, scale: float) -> float | None:
+    """A call's normalized timestep (its ``timestep`` argument's max over ``scale``, as ``qattn::block_keep``
+    reads it), or None without one."""
+    t = _timestep_of(kwargs)
+    return None if t is None else float(t.float().reshape(-1).max()) / scale
+
+
+def _step_windows(sites: _Sites, cands, times: list, budget: Budget) -> tuple[list[Candidate], list[str]]:
+    """Gated block-sparse candidates where a sparse candidate breaks the per-site budget only at the early (high
+    t) calls: the module docstring of :func:`calibrate`. Their records are derived from those measured (no run)."""
+    if len(times) < 2 or any(t is None for t in times) or not budget.site_bounds:
+        return [], []
+    units: dict[Unit, list[SiteKey]] = {}
+    for key in sites.order:
+        units.setdefault(_unit(key), []).append(key)
+    names = {c.name for c in cands}
+    added: dict[str, Candidate] = {}
+    found: list[str] = []
+    for c in cands:
+        blocks = c.use.block_sparse
+        if blocks is None or blocks.gated:
+            continue
+        base = next((b for b in cands if b.use == dataclasses.replace(c.use, block_sparse=None)), None)
+        if base is None:
+            continue
+        for unit, keys in units.items():
+            recs = [sites.records[(k, c.name)] for k in keys]
+            if not all(r.served for r in recs):
+                continue
+            holds: dict[float, bool] = {}
+            for i, t in enumerate(times):
+                measured = [r.per_call[i] for r in recs if r.per_call[i] is not None]
+                if measured:
+                    holds[t] = holds.get(t, True) and budget.site_violation(worst(measured)) is None
+            until = None
+            for t in sorted(holds):  # the largest t up to which every call keeps the budget
+                if not holds[t]:
+                    break
+                until = t
+            if until is None or until <= 0 or until >= max(holds) or until > 1:
+                continue  # it never holds, holds at every call, or the gate cannot say it
+            use = dataclasses.replace(c.use, block_sparse=dataclasses.replace(blocks, disabled_until_timestep=until))
+            name = candidate_name(use)
+            if name not in names and name not in added:
+                added[name] = Candidate(name, use, c.table_rank)
+                _derive(sites, added[name], c, base, times, until)
+            found.append(f"{unit[0] or 'sdpa'}: {name}")
+    notes = [] if not found else [
+        "step windows (block-sparse candidates that break the per-site budget only at early calls, dense while t is "
+        "above the gate): " + ", ".join(found)]
+    return list(added.values()), notes
+
+
+def _derive(sites: _Sites, gated: Candidate, sparse: Candidate, base: Candidate, times: list, until: float) -> None:
+    """``gated``'s records at every site: ``sparse``'s at the calls with t <= ``until``, ``base``'s (every block
+    visited: the same output) at the others, where no block is skipped."""
+    for key in sites.order:
+        s, b = sites.records[(key, sparse.name)], sites.records[(key, base.name)]
+        late = [t <= until for t in times]
+        sites.records[(key, gated.name)] = _Record(
+            per_call=[se if ok else be for se, be, ok in zip(s.per_call, b.per_call, late)],
+            served=s.served and b.served, why=s.why or b.why, kernel=s.kernel, deploy=s.deploy, speedup=s.speedup,
+            speed_known=s.speed_known, upper_bound=s.upper_bound, speed_data=s.speed_data, deploy_note=s.deploy_note,
+            blocks=[sb if ok or sb is None else (0, sb[1]) for sb, ok in zip(s.blocks, late)])
+
+
+def _fit_targets(model, call_list, cands, say) -> tuple[tuple[Candidate, ...], list[str]]:
+    """Candidates with ``block_sparse.target_sparsity`` replaced by what
+    :func:`~qattn_fx.calibration.block.calibrate_block_sparse` fits per site: each distinct ``cdf`` becomes a
+    candidate of its own (measured at every site; the budget picks). Also the notes saying what was fitted."""
+    from .block import calibrate_block_sparse  # noqa: PLC0415
+
+    targets = [c for c in cands if c.use.block_sparse is not None and c.use.block_sparse.target_sparsity is not None]
+    if not targets:
+        return cands, []
+    uses, notes = [c.use for c in cands if c not in targets], []
+    for c in targets:
+        blocks = c.use.block_sparse
+        fit = calibrate_block_sparse(model, call_list, spec=Spec(default=c.use))
+        for keep in sorted(set(fit.keep.values())):
+            uses.append(dataclasses.replace(c.use, block_sparse=dataclasses.replace(blocks, cdf=keep,
+                                                                                   target_sparsity=None)))
+        fitted = ", ".join(f"{m} cdf {fit.keep[m]:g} (skips {fit.sparsity[m]:.2f})" for m in fit.keep)
+        notes.append(f"{c.name}: target_sparsity {blocks.target_sparsity:g} fitted per site (calibrate_block_sparse) "
+                     f"to {fitted}; each distinct cdf is a candidate")
+        say(notes[-1])
+    return make_candidates(list(dict.fromkeys(uses))), notes
+
+
+def _timestep_of(kwargs: dict) -> torch.Tensor | None:
+    """A call's ``timestep`` keyword argument as a tensor (what a gated site reads), or None."""
+    t = kwargs.get("timestep")
+    if t is None or torch.is_tensor(t):
+        return t
+    return torch.tensor([float(t)])
 
 
 def _check_served(sites: _Sites) -> None:
@@ -300,9 +484,9 @@ def _options(sites: _Sites, cands) -> tuple[dict[Unit, list[Option]], dict[SiteK
             measured = [(e.cos, i) for i, e in enumerate(rec.per_call) if e is not None]
             served = rec.served and bool(measured)
             row.append(Option(c, served, worst([e for e in rec.per_call if e is not None]) if served else None,
-                              rec.speedup if rec.speed_known else None,
-                              rec.why or ("" if measured else "never ran"), min(measured)[1] if measured else None,
-                              rec.upper_bound))
+                              rec.sparse_speedup(), rec.why or ("" if measured else "never ran"),
+                              min(measured)[1] if measured else None, rec.upper_bound,
+                              rec.mean_sparsity() if served else None))
         per_key[key] = row
     units: dict[Unit, list[list[Option]]] = {}
     for key, row in per_key.items():
@@ -353,9 +537,11 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
             rows.append(TableRow(
                 site=key.label, module=key.module, layer=key.layer, role=site.role, q_len=site.q_len,
                 kv_len=site.kv_len, head_dim=site.head_dim, candidate=c.name, kernel=rec.kernel, deploy=rec.deploy,
-                per_call=list(rec.per_call), speedup=o.speedup, speed_source=f"cost data ({rec.speed_data})"
+                per_call=list(rec.per_call), speedup=o.speedup, speed_source=f"cost data ({rec.speed_data}"
+                + (", x mean blocks visited + predictor)" if c.use.block_sparse is not None else ")")
                 if o.speedup is not None else NO_COST_DATA, served=o.served, within_budget=o.served and not why,
-                chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound))
+                chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound,
+                sparsity=o.sparsity, per_call_sparsity=rec.sparsity() if c.use.block_sparse is not None else []))
         shared = [k.label for k in units[_unit(key)] if k != key]
         reason = choice.reason + (f"; one rule with {', '.join(shared)} (same module and layer)" if shared else "")
         plans.append(SitePlan(key.label, key.module, key.layer, site.role, choice.name, reason, choice.speed_source))
@@ -392,6 +578,6 @@ def _notes(sites: _Sites, cands, per_key, budget: Budget, labels, table: Table, 
                           for r in recs)
             counts.append(f"{label}: {ok}/{len(per_key)}")
         notes.append("sites where some candidate keeps the per-site budget, per call: " + ", ".join(counts)
-                     + ". A spec has no step-window rule, so each site's choice holds at every call and is made "
-                       "at its worst call")
+                     + ". A recipe has no step window, so each site's choice holds at every call and is made at "
+                       "its worst call (block sparsity's only: disabled_until_timestep)")
     return notes

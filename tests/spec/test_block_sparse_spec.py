@@ -262,8 +262,9 @@ def test_target_sparsity_needs_a_calibration():
         resolve(site(), CPU, spec(block_sparse=BlockSparse(target_sparsity=0.6)), emulate=True)
     assert str(e.value) == (
         "default asks for block_sparse.target_sparsity=0.6, which needs a calibration that turns it into a cdf or "
-        "top_k per site (none runs it yet); give block_sparse.cdf (the predicted attention mass to keep, e.g. 0.9) "
-        "or block_sparse.top_k (the fraction of key tiles to keep)")
+        "top_k per site: run qattn_fx.calibrate_block_sparse(model, calls, target_sparsity=...) and compile with the "
+        "spec it returns, or give block_sparse.cdf (the predicted attention mass to keep, e.g. 0.9) or "
+        "block_sparse.top_k (the fraction of key tiles to keep)")
 
 
 def test_lse_sites_are_refused_with_the_reason():
