@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 
 from . import cost
+from .block_sparse import sparse_speedup
+from .block_sparse_spec import BlockSparse
 from .hardware import Hardware
 from .recipes import AUTO
 from .site import Site
@@ -34,8 +36,14 @@ def _static(size) -> int | None:
     return node.maybe_as_int() if node is not None else None
 
 
-def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | None]:
+def cost_rule(kernel: str, site: Site, hardware: Hardware,
+              block_sparse: BlockSparse | None = None) -> tuple[bool, str | None]:
     """Whether ``auto`` keeps ``site`` dense instead of running ``kernel`` on ``hardware``, and what to say.
+
+    With ``block_sparse`` the kernel visits part of the blocks: ``top_k`` predicts the dense kernel's speedup
+    scaled by the fraction ``top_k`` visited plus the predictor's cost (:func:`qattn_fx.block_sparse.sparse_speedup`);
+    ``cdf`` visits a data-dependent share, so nothing is predicted (``(False, "no prediction: ...")``, the
+    calibration measures it).
 
     * ``(True, "gluon_sage predicted 0.90x of cuDNN bf16 at Sq 4608, Skv 4608 (cost data: H200 2026-12-02)")``:
       the predicted speedup (:func:`qattn_fx.cost.predict`) is below :data:`MIN_PREDICTED_SPEEDUP`, or an upper
@@ -51,14 +59,20 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware) -> tuple[bool, str | 
     batch_heads = math.prod(leading) if None not in leading else None
     if (kernel, hardware.arch) not in cost.covered() or 0 in (q_len, batch_heads):  # an empty call costs nothing
         return False, None
+    if block_sparse is not None and block_sparse.top_k is None:
+        return False, (f"no prediction: {block_sparse.short_name} visits a data-dependent share of blocks "
+                       "(qattn_fx.calibrate measures it)")
     symbolic = (False, "no prediction: symbolic lengths")
     if kv_len is None or head_dim is None:
         return symbolic
     prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                               batch_heads=batch_heads)
-    if cost.no_gain(prediction.speedup, prediction.upper_bound, MIN_PREDICTED_SPEEDUP):
+    speedup, what = prediction.speedup, kernel
+    if block_sparse is not None:
+        speedup, what = sparse_speedup(speedup, 1.0 - block_sparse.top_k), f"{kernel} with {block_sparse.short_name}"
+    if cost.no_gain(speedup, prediction.upper_bound, MIN_PREDICTED_SPEEDUP):
         bound = "at most " if prediction.upper_bound else ""
         q = "symbolic" if q_len is None else q_len
-        return True, (f"{kernel} predicted {bound}{prediction.speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "
+        return True, (f"{what} predicted {bound}{speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "
                       f"(cost data: {prediction.data})")
     return symbolic if q_len is None or batch_heads is None else (False, None)

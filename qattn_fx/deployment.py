@@ -62,7 +62,7 @@ def deployment(site: Site, use: AttentionSpec, target: Target = None) -> Deploym
         found, reasons = first_serving(here, site, hardware, use)
         if found is not None:
             kernel = found[1].kernel
-            dense, said = cost_rule(kernel, site, hardware) if is_auto(use) else (False, None)
+            dense, said = cost_rule(kernel, site, hardware, use.block_sparse) if is_auto(use) else (False, None)
             clauses.append(DeploymentClause(hardware.arch, "dense" if dense else "kernel", None if dense else kernel,
                                             said or ""))
             continue

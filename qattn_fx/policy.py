@@ -169,12 +169,13 @@ def resolve(site: Site, hardware: Hardware | None = None, spec: Spec | None = No
     found, reasons = first_serving(candidates(use), site, hardware, use)
     if found is not None:
         row, req = found
-        dense, said = cost_rule(req.kernel, site, hardware) if is_auto(use) and apply_cost_rule else (False, None)
+        dense, said = (cost_rule(req.kernel, site, hardware, blocks) if is_auto(use) and apply_cost_rule
+                       else (False, None))
         if dense:
             return Decision(False, f"dense: {said}", recipe, None, None, source, notes, predicted_slower=said)
         slower = None
         if not is_auto(use):  # run as asked, but say where the cost data expect it to be slower than dense
-            predicted, why = cost_rule(req.kernel, site, hardware)
+            predicted, why = cost_rule(req.kernel, site, hardware, blocks)
             slower = why if predicted else None
             said = f"{PREDICTED_SLOWER}{why}; auto would keep it dense" if predicted else None
         return Decision(True, f"quantized: {use.describe_recipe()} on {req.kernel} ({hardware.arch})"

@@ -29,7 +29,8 @@ from .capture import ProbedModel, SiteCall, SiteKey
 from .candidates import Candidate, candidate_name, make_candidates, rank
 from .plan import Choice, Option, choose, merge_options, site_error, spec_for, violation
 from .result import Calibration, SitePlan, Table, TableRow
-from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted, sparse_speedup
+from ..block_sparse import sparse_speedup
+from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted
 
 log = logging.getLogger("qattn_fx")
 
@@ -87,7 +88,7 @@ class _Record:
 
     def sparse_speedup(self) -> float | None:
         """The predicted speedup: the recipe's (its slowest call) scaled by the mean fraction of blocks visited
-        (:func:`~qattn_fx.calibration.speed.sparse_speedup`): the time of the calls together, were their dense
+        (:func:`~qattn_fx.block_sparse.sparse_speedup`): the time of the calls together, were their dense
         times equal."""
         if not self.speed_known or self.speedup is None:
             return None
@@ -259,7 +260,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     **Block sparsity.** A candidate with ``block_sparse`` (``"int8-1-16-1+cdf0.9"``, ``"+top_k0.5"``) runs with the
     predictor's real lists at each site; the table's ``skipped`` column is the measured fraction of blocks skipped
     (:func:`qattn_fx.block_sparse.measure`), the mean over the calls. Its predicted speed is its recipe's scaled by
-    the mean fraction visited plus the predictor's cost (:func:`~qattn_fx.calibration.speed.sparse_speedup`), so
+    the mean fraction visited plus the predictor's cost (:func:`~qattn_fx.block_sparse.sparse_speedup`), so
     the plan takes the sparsest candidate inside the budget. A ``target_sparsity`` candidate (``"+target0.5"``) is
     first fitted per site (:func:`~qattn_fx.calibration.block.calibrate_block_sparse`); each distinct ``cdf``
     becomes a candidate.

@@ -1,7 +1,8 @@
 """Predicted speed of a candidate at one site, from the per-(kernel, arch) cost data that ``auto``'s cost rule uses.
 
 A block-sparse candidate's speed is its recipe's (the same candidate without ``block_sparse``) scaled by the
-blocks it visits: :func:`sparse_speedup`, with the predictor's cost :data:`BLOCK_PREDICTOR_COST`.
+blocks it visits: :func:`qattn_fx.block_sparse.sparse_speedup`, with the predictor's cost
+:data:`qattn_fx.block_sparse.PREDICTOR_COST`.
 
 A speed source is a callable ``(kernel, arch, *, q_len, kv_len, head_dim, batch_heads)`` returning the predicted
 (dense torch SDPA time) / (the kernel's time including its quantize passes) for one call as a
@@ -45,16 +46,3 @@ def predicted(source: SpeedSource, kernel: str, arch: str, *, q_len: int, kv_len
         raise ValueError(f"the speed source gave {value!r} for {kernel} on {arch}; valid: a positive finite speedup, "
                          "a qattn_fx.cost.Prediction, or None (no data)")
     return Prediction(float(value), False, "speed source")
-
-
-#: The block predictor's time (``qattn::predict_blocks`` and ``qattn::block_keep``) as a fraction of the
-#: attention kernel's time without block sparsity, at one site and call. An estimate until the GPU benchmark
-#: ``python -m benchmarks.attention_ops --block-sparse`` measures it.
-BLOCK_PREDICTOR_COST = 0.03
-
-
-def sparse_speedup(speedup: float, sparsity: float) -> float:
-    """The predicted speedup over dense SDPA of a kernel predicted ``speedup`` without block sparsity when it skips
-    the fraction ``sparsity`` of the blocks: its time scales by the fraction visited, plus the predictor's
-    (:data:`BLOCK_PREDICTOR_COST`): ``speedup / (1 - sparsity + BLOCK_PREDICTOR_COST)``."""
-    return speedup / (1.0 - sparsity + BLOCK_PREDICTOR_COST)

@@ -16,7 +16,7 @@ from benchmarks.common import local_qkv
 from qattn_fx import AttentionSpec, BlockSparse, Recipe, Spec, block_sparse
 from qattn_fx.calibration import calibrate
 from qattn_fx.calibration.candidates import make_candidates, parse_id
-from qattn_fx.calibration.speed import BLOCK_PREDICTOR_COST, sparse_speedup
+from qattn_fx.block_sparse import PREDICTOR_COST as BLOCK_PREDICTOR_COST, sparse_speedup
 
 SAGE = Recipe("int8", "fp8", 1, 16, 1)
 

@@ -244,6 +244,24 @@ def test_auto_picks_a_kernel_with_the_ability_or_keeps_the_site_dense():
         assert not d.quantized and f"no block sparsity (kernels with it: {with_lists})" in d.reason
 
 
+def test_the_cost_rule_weighs_the_blocks_top_k_visits():
+    """At a shape where the dense kernel is predicted slower than cuDNN bf16, top_k 0.5 is predicted faster (half the
+    blocks plus the predictor's cost), top_k 1 is not (the predictor adds to a dense run), and cdf predicts nothing
+    (its share of blocks depends on the data)."""
+    from qattn_fx.block_sparse import sparse_speedup
+    from qattn_fx.cost_rule import cost_rule
+
+    dense_kernel, said = cost_rule("gluon_sage", site(), SM90)
+    assert dense_kernel, "the shape must be one the cost data keep dense"
+    speedup = float(said.split(" predicted ")[1].split("x")[0])
+    assert resolve(site(), SM90, spec(block_sparse=BlockSparse(top_k=0.5))).quantized
+    full = resolve(site(), SM90, spec(block_sparse=BlockSparse(top_k=1.0)))
+    assert not full.quantized
+    assert f"gluon_sage with bs top_k 1 predicted {sparse_speedup(speedup, 0.0):.2f}x" in full.reason
+    assert cost_rule("gluon_sage", site(), SM90, BlockSparse(cdf=0.9)) == (
+        False, "no prediction: bs cdf 0.9 visits a data-dependent share of blocks (qattn_fx.calibrate measures it)")
+
+
 @pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
 def test_a_pinned_kernel_without_block_lists_raises_naming_those_with_them(kernel):
     if recipes.kernels.info(kernel).block_sparse:
