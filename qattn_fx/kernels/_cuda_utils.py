@@ -214,3 +214,23 @@ def cudnn_version_tuple(version: int) -> tuple[int, int, int]:
 
 def format_version(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
+
+
+def load_triton_source(package: str, source, stem: str, interpret: bool, loaded: dict):
+    """The Triton kernels of file ``source`` loaded as module ``<package>.<stem>_<interpreted|compiled>`` with
+    ``@triton.jit`` in interpreter (``interpret``) or compiled mode, once per mode (kept in ``loaded``, keyed by
+    ``interpret``): a test can run the interpreter beside compiled kernels in one process. Needs triton."""
+    import importlib.util
+
+    import triton
+
+    module = loaded.get(interpret)
+    if module is None:
+        name = f"{package}.{stem}_{'interpreted' if interpret else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(name, source)
+        module = importlib.util.module_from_spec(spec)
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpret
+            spec.loader.exec_module(module)
+        loaded[interpret] = module
+    return module

@@ -14,12 +14,12 @@ on one CUDA device (or CPU tensors under ``TRITON_INTERPRET=1``). Returns :class
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
 from ... import block_sparse
+from .._cuda_utils import load_triton_source
 from .reference import Pooled, kept_keys, tile_counts
 
 try:
@@ -57,16 +57,7 @@ def _kernels(interpret: bool):
     if triton is None:
         raise RuntimeError("qattn::predict_blocks on CUDA needs triton (the fused pooling kernel, "
                            f"qattn_fx.kernels.predict_blocks.triton); install triton: {_TRITON_ERROR}")
-    module = _MODULES.get(interpret)
-    if module is None:
-        name = f"{__package__}._pool_{'interpreted' if interpret else 'compiled'}"
-        spec = importlib.util.spec_from_file_location(name, _KERNEL_SOURCE)
-        module = importlib.util.module_from_spec(spec)
-        with triton.knobs.runtime.scope():
-            triton.knobs.runtime.interpret = interpret
-            spec.loader.exec_module(module)
-        _MODULES[interpret] = module
-    return module
+    return load_triton_source(__package__, _KERNEL_SOURCE, "_pool", interpret, _MODULES)
 
 
 def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: torch.Tensor, sim: torch.Tensor):

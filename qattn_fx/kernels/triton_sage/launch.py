@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from pathlib import Path
 from typing import Optional
 
@@ -12,7 +11,7 @@ import torch
 from ... import block_sparse
 from .. import _sage_common as common
 from .. import requirements as kernel_requirements
-from .._cuda_utils import empty_bshd
+from .._cuda_utils import empty_bshd, load_triton_source
 from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
 
 try:  # GPU libraries are optional at import time; the kernel raises a clear error without them.
@@ -46,16 +45,7 @@ def kernel_module(interpret: bool):
     """:mod:`.kernel` loaded with ``@triton.jit`` in interpreter (``interpret``) or compiled mode, once each."""
     if triton is None:
         raise RuntimeError(f"triton_sage needs triton: {_TRITON_ERROR}")
-    module = _MODULES.get(interpret)
-    if module is None:
-        name = f"{__package__}._kernel_{'interpreted' if interpret else 'compiled'}"
-        spec = importlib.util.spec_from_file_location(name, _KERNEL_SOURCE)
-        module = importlib.util.module_from_spec(spec)
-        with triton.knobs.runtime.scope():
-            triton.knobs.runtime.interpret = interpret
-            spec.loader.exec_module(module)
-        _MODULES[interpret] = module
-    return module
+    return load_triton_source(__package__, _KERNEL_SOURCE, "_kernel", interpret, _MODULES)
 
 
 def sparse_config_error(config: KernelConfig) -> Optional[str]:
