@@ -409,15 +409,20 @@ def _calibrate(args) -> int:
                        hardware=hardware, labels=labels, progress=lambda line: print(line, flush=True))
     print()
     print(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(result.spec.to_json(indent=1) + "\n")
-    print(f"wrote the spec to {out}")
+    _write_spec(result.spec, args.out)
     if args.table:
         print(f"wrote the calibration to {result.save(args.table)}")
     if args.plot:
         print(f"wrote the plot to {result.plot(args.plot)}")
     return 0
+
+
+def _write_spec(spec, path: str) -> None:
+    """Write a calibrated spec as JSON to ``path`` (creating its folder) and say so."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(spec.to_json(indent=1) + "\n")
+    print(f"wrote the spec to {out}")
 
 
 def _calibrate_block_sparse(args, model, calls, candidates, what) -> int:
@@ -432,10 +437,7 @@ def _calibrate_block_sparse(args, model, calls, candidates, what) -> int:
     result = calibrate_block_sparse(model, calls, args.block_sparse_target, spec=spec, per=args.per,
                                     mode=args.block_sparse_mode)
     print(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(result.spec.to_json(indent=1) + "\n")
-    print(f"wrote the spec to {out}")
+    _write_spec(result.spec, args.out)
     if args.table:
         table = Path(args.table)
         table.parent.mkdir(parents=True, exist_ok=True)
