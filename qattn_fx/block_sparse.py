@@ -85,9 +85,10 @@ def from_mask(visit: torch.Tensor) -> Blocks:
         raise ValueError(f"visit must be a bool (B, H, NQ, NK) tensor; got {visit.dtype} of shape {tuple(visit.shape)}")
     nk = visit.shape[-1]
     cols = torch.arange(nk, device=visit.device, dtype=torch.int32).expand(visit.shape)
-    keyed = torch.where(visit, cols, torch.full_like(cols, nk))
-    index = keyed.sort(dim=-1).values
-    index = torch.where(index == nk, torch.full_like(index, -1), index).contiguous()
+    # a visited tile goes to its rank among the visited ones; the others to a spare column, cut off after
+    slot = torch.where(visit, visit.cumsum(-1) - 1, nk)
+    index = torch.full((*visit.shape[:-1], nk + 1), -1, dtype=torch.int32, device=visit.device)
+    index = index.scatter(-1, slot, cols)[..., :nk].contiguous()
     return Blocks(index, visit.sum(-1, dtype=torch.int32).contiguous())
 
 

@@ -73,7 +73,8 @@ CASES = ([(f"{c} int8 k16", c, {}) for c in _SERIAL_CONFIGS] + [
         dict(bias=1, lse=1, tail=1, sparse=1)),
        ("128,3,permk,mmasum fp8 k16 skip2 sparse", "128,3,permk,mmasum", dict(qk="fp8", skip=2, sparse=1)),
        (f"{AHEAD} int8 k1 bias sparse", AHEAD, dict(k_block=1, bias=1, sparse=1)),
-       ("64,3,ahead,mmasum bf16q k16 tail sparse", "64,3,ahead,mmasum", dict(qk="bf16q", tail=1, sparse=1))])
+       ("128,3,ahead,permk,mmasum bf16q k16 tail sparse", "128,3,ahead,permk,mmasum",
+        dict(qk="bf16q", tail=1, sparse=1))])
 
 
 def _inputs(d=128, s=4096, h=4, qk="int8", k_block=16):

@@ -57,7 +57,10 @@ def predict_blocks_op(q: torch.Tensor, k: torch.Tensor, key_bias: Optional[torch
                       diagonal: bool, similarity: float, label: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     _check(q, k, key_bias, keep, mode, sink_tiles, similarity)
     scale = sm_scale if runtime_scale is None else float(runtime_scale)
-    blocks = predictor.predict(q, k, key_bias, scale, float(keep), mode, sink_tiles, diagonal, similarity)
+    # keep on the CPU (a constant): read here; on the device (a schedule's, from the timestep): used there, so the
+    # op neither synchronizes nor breaks a CUDA-graph capture
+    keep = float(keep) if keep.device.type == "cpu" else keep
+    blocks = predictor.predict(q, k, key_bias, scale, keep, mode, sink_tiles, diagonal, similarity)
     block_sparse.record(label, blocks)
     return blocks.index, blocks.count
 

@@ -143,6 +143,37 @@ def test_op_replays_in_a_cuda_graph():
         assert torch.equal(index, want[0]) and torch.equal(count, want[1]), seed
 
 
+@pytest.mark.parametrize("mode", ["cdf", "top_k"])
+def test_a_keep_on_the_device_selects_there_and_captures_in_a_graph(mode):
+    """A step schedule's keep (``qattn::block_keep``) lives on the GPU: the op uses it there, with the lists of the
+    same keep on the CPU (keep 1: every block), and captures in a CUDA graph whose replays follow the keep."""
+    s = dict(b=1, hq=4, sq=4096, d=128)
+    q, k = make(s["b"], s["hq"], s["sq"], s["d"], seed=20), make(s["b"], s["hq"], s["sq"], s["d"], seed=21)
+    scale = 1 / math.sqrt(s["d"])
+    keep = torch.tensor([0.5], device="cuda")
+
+    def run():
+        return ops.predict_blocks(q, k, None, scale, None, keep, mode, 1, True, 0.6)
+
+    for value in (0.5, 1.0):
+        keep.fill_(value)
+        want = op(q, k, None, value, mode, 1, True, 0.6)
+        got = run()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), value
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+        with torch.cuda.graph(graph, stream=stream):
+            index, count = run()
+    torch.cuda.current_stream().wait_stream(stream)
+    for value in (1.0, 0.5):
+        keep.fill_(value)
+        graph.replay()
+        want = op(q, k, None, value, mode, 1, True, 0.6)
+        assert torch.equal(index, want[0]) and torch.equal(count, want[1]), value
+
+
 def test_op_on_cuda_without_triton_names_the_requirement(monkeypatch):
     monkeypatch.setattr(fused, "triton", None)
     monkeypatch.setattr(fused, "_TRITON_ERROR", ImportError("No module named 'triton'"))

@@ -72,7 +72,8 @@ def _check(args, config, lists, what, key_bias=None):
                               mmasum=bool(cfg.mmasum))
     finite = want_lse > float("-inf")
     assert torch.equal(lse > float("-inf"), finite), label
-    torch.testing.assert_close(lse[finite], want_lse[finite].float(), rtol=0, atol=2e-3)
+    atol = 1e-2 if args[0].dtype == torch.float8_e4m3fn else 2e-3  # FP8 Q/K logits: the MMA's ~22-bit sums
+    torch.testing.assert_close(lse[finite], want_lse[finite].float(), rtol=0, atol=atol)
     empty = block_sparse.row_mask((count == 0)[..., None], args[0].shape[2])[..., 0]  # rows listing nothing
     assert torch.equal(out[empty], torch.zeros_like(out[empty])) and (lse[empty] == float("-inf")).all(), label
     return out, lse, tail
@@ -86,7 +87,6 @@ CASES = {  # name: (config, inputs, density, key bias, expect a tail split)
     "int8-32760-keys-tail": (SPARSE, dict(hq=5, hkv=5, sq=4000, skv=32760), 0.3, False, True),  # partial q tile
     "key-order-k1": (str(gs.KEY_ORDER_TUNED_CONFIGS[0]), dict(blocks=(1, 1), b=2, hq=2, hkv=2, sq=1000, skv=1500),
                      0.5, False, False),
-    "bn64-tail": ("64,3,ahead,mmasum", dict(b=2, hq=2, hkv=2, sq=1000, skv=1450), 0.5, True, True),
 }
 
 

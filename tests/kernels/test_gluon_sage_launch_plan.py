@@ -389,14 +389,15 @@ def test_sparse_plan_passes_the_lists_last_with_the_sparse_constexpr(case, confi
     assert len(gs_plan.GEOMETRIES) == 2
 
 
-@pytest.mark.parametrize("config", [str(gs.TRIO_DEFAULT_CONFIG), str(gs.QUAD_TUNED_CONFIGS[0]), "128,2,trio"])
-def test_sparse_launches_refuse_trio_and_quad_naming_the_valid_configs(config, monkeypatch):
+@pytest.mark.parametrize("config", [str(gs.TRIO_DEFAULT_CONFIG), str(gs.QUAD_TUNED_CONFIGS[0]), "128,2,trio",
+                                    "64,3,ahead,mmasum"])
+def test_sparse_launches_refuse_trio_quad_and_64_key_tiles_naming_the_valid_configs(config, monkeypatch):
     q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
     cfg = gs.GluonConfig.parse(config)
     out, lse, _, _ = _outputs(q, v, False, None, cfg)
-    message = (rf"^gluon_sage config {cfg} \({cfg.consumers} consumers, {cfg.rows} query rows per CTA\) cannot run "
-               r"block-sparse calls, .* valid: two-consumer configs \(no 'trio', no 'quad'\), e\.g\. "
-               rf"'{gs.SPARSE_TUNED_CONFIGS[0]}'")
+    message = (rf"^gluon_sage config {cfg} \({cfg.consumers} consumers, {cfg.rows} query rows per CTA, "
+               rf"{cfg.block_n}-key tiles\) cannot run block-sparse calls, .* valid: two-consumer configs with "
+               rf"block_n 128 \(no 'trio', no 'quad'\), e\.g\. '{gs.SPARSE_TUNED_CONFIGS[0]}'")
     with pytest.raises(ValueError, match=message):
         gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.1, out, lse, False, cfg, blocks=_lists(q, k) + (None,))
     with _recorded_launches(monkeypatch) as launches, gs.use_config(cfg), pytest.raises(ValueError, match=message):
@@ -407,7 +408,7 @@ def test_sparse_launches_refuse_trio_and_quad_naming_the_valid_configs(config, m
 
 def test_sparse_plan_refuses_a_tail_not_cut_at_128_keys():
     q, qs, k, ks, v, vs, qb, kb = _inputs("int8")
-    config = gs.GluonConfig(64, 3, ahead=1, mmasum=1)
+    config = SPARSE
     tail = gs.tail_split.TailPlan(ctas=64, main=60, splits=4, kv_split=576)
     out, lse, ws, _ = _outputs(q, v, False, tail, config)
     with pytest.raises(ValueError, match=r"splits the tail at multiples of 128 keys .*; got kv_split=576$"):

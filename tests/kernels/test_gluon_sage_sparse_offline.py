@@ -48,7 +48,6 @@ CASES = [  # (config, options): the configs that serve block-sparse calls, over 
     (gs.KEY_ORDER_TUNED_CONFIGS[0], dict(k_block=1)),
     (gs.KEY_ORDER_TUNED_CONFIGS[1], dict(qk="bf16", d=64, tail=True)),
     (gs.SKIP_KEY_ORDER_TUNED_CONFIGS[0], dict(k_block=1, bias=True, skip=2)),
-    ("64,3,ahead,mmasum", dict(tail=True)),
 ]
 
 

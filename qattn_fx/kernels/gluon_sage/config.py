@@ -173,14 +173,16 @@ SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig
 
 
 def check_sparse_config(config: GluonConfig) -> None:
-    """Block-sparse launches run two consumer warpgroups per CTA (128 query rows: one query tile of the lists);
-    ``ValueError`` naming the config and the valid ones otherwise."""
-    if config.consumers != CONSUMERS:
+    """Block-sparse launches run two consumer warpgroups per CTA (128 query rows: one query tile of the lists) with
+    128-key tiles (one listed key tile per ring slot: 64-key tiles under a split tail disagreed with the emulation
+    on the H100, 2026-12-06); ``ValueError`` naming the config and the valid ones otherwise."""
+    if config.consumers != CONSUMERS or config.block_n != 128:
         valid = ", ".join(f"'{c}'" for c in dict.fromkeys(SPARSE_TUNED_CONFIGS + SPARSE_SKIP_TUNED_CONFIGS
                                                           + KEY_ORDER_TUNED_CONFIGS))
         raise ValueError(f"gluon_sage config {config} ({config.consumers} consumers, {config.rows} query rows per "
-                         f"CTA) cannot run block-sparse calls, whose CTA is one {CONSUMERS * ROWS_PER_CONSUMER}-row "
-                         f"query tile of the lists; valid: two-consumer configs (no 'trio', no 'quad'), e.g. {valid}")
+                         f"CTA, {config.block_n}-key tiles) cannot run block-sparse calls, whose CTA is one "
+                         f"{CONSUMERS * ROWS_PER_CONSUMER}-row query tile of the lists visiting 128-key tiles; "
+                         f"valid: two-consumer configs with block_n 128 (no 'trio', no 'quad'), e.g. {valid}")
 
 
 def quad_serves(head_dim: int, key_bias: bool) -> bool:

@@ -45,7 +45,8 @@ def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_
     else:
         pool_fn = pool
     # keep >= 1: every non-empty key tile, nothing to pool
-    pooled = _unpooled(q, k, key_bias) if float(keep) >= 1.0 else pool_fn(q, k, key_bias)
+    on_host = not isinstance(keep, torch.Tensor) or keep.device.type == "cpu"
+    pooled = _unpooled(q, k, key_bias) if on_host and float(keep) >= 1.0 else pool_fn(q, k, key_bias)
     return select(pooled, q.shape[2], k.shape[2], sm_scale, keep, mode, sink_tiles, diagonal, similarity)
 
 

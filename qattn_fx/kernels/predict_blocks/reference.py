@@ -102,11 +102,12 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
     b, hq, nq, _ = pooled.q_mean.shape
     hkv, nk = pooled.k_mean.shape[1], pooled.k_mean.shape[2]
     device = pooled.q_mean.device
-    keep = float(keep)
+    on_host = not isinstance(keep, torch.Tensor) or keep.device.type == "cpu"
+    keep = float(keep) if on_host else keep.reshape(()).float()  # a device tensor stays there (no host sync)
     g = hq // hkv
     k_mean, k_sim = (t.repeat_interleave(g, 1) for t in (pooled.k_mean, pooled.k_sim))
     nonempty = pooled.k_kept[:, None, None, :].expand(b, hq, nq, nk)
-    if keep >= 1.0:
+    if on_host and keep >= 1.0:
         visit = nonempty.clone()
     else:
         scores = (pooled.q_mean @ k_mean.transpose(-1, -2)) * sm_scale
@@ -123,6 +124,8 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
             n_keep = torch.ceil(n * keep - n * _CEIL_SLACK).clamp_min(1)  # 0.15 · 100 = 15, not 16
             chosen = torch.arange(nk, device=device) < n_keep
         visit = torch.zeros_like(nonempty).scatter(-1, order, chosen) & nonempty
+        if not on_host:  # keep >= 1 (a dense step of a schedule): every non-empty tile, decided on the device
+            visit = torch.where(keep >= 1.0, nonempty, visit)
         if similarity > 0:
             visit |= (pooled.q_sim < similarity)[..., None] & nonempty
             visit |= (k_sim < similarity)[:, :, None, :] & nonempty
@@ -131,7 +134,7 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
     if diagonal:
         middle = torch.arange(nq, device=device) * block_sparse.BLOCK_ROWS + block_sparse.BLOCK_ROWS // 2
         col = (torch.clamp(middle, max=sq - 1) * skv // sq) // block_sparse.BLOCK_KEYS
-        visit[:, :, torch.arange(nq, device=device), col] = True
+        visit |= torch.arange(nk, device=device) == col[:, None]  # (an OR, not an index_put: CUDA-graph safe)
     return block_sparse.from_mask(visit & nonempty)
 
 
