@@ -217,8 +217,10 @@ def test_emulated_sites_carry_it_and_say_what_deployment_lacks():
     assert d.quantized and d.kernel == "reference" and d.block_sparse == bs
     assert d.reason == ("quantized (emulated): int8 Q/K 1/16, fp8 V per-channel, smooth K, block-sparse cdf 0.9, "
                         "sinks 1, diag, sim 0.6 on reference (cpu)")
-    if not any(r.block_sparse for n in ("gluon_sage", "triton_sage") for r in recipes.kernels.requirements(n)):
-        assert "on sm_90: dense (TRITON: no block sparsity (kernels with it: reference))" in d.deployment
+    assert str(d.deployment) == (
+        "on sm_90: gluon_sage (no prediction: bs cdf 0.9 visits a data-dependent share of blocks (qattn_fx.calibrate "
+        "measures it)); on sm_100: dense (TRTLLM, TRTLLM_ATTN: no block sparsity (kernels with it: reference, "
+        "triton_sage, gluon_sage))")
     ref = resolve(site(), CPU, spec("REFERENCE", block_sparse=bs))
     assert ref.quantized and ref.block_sparse == bs
 
@@ -233,15 +235,14 @@ def test_auto_applies_it_only_where_asked():
     assert resolve(site(layer=4), SM90, rules).block_sparse is None
 
 
-def test_auto_picks_a_kernel_with_the_ability_or_keeps_the_site_dense():
+def test_auto_picks_a_kernel_with_the_ability_and_keeps_dense_where_none_has_it():
     bs = BlockSparse(cdf=0.9)
     d = resolve(site(), SM90, spec(block_sparse=bs))
-    served = [r.kernel for row in recipes.matching_rows("auto", SAGE) for r in row.implementations if r.block_sparse]
-    if served:  # a Hopper kernel with block lists: auto takes it, with the lists
-        assert d.quantized and d.block_sparse == bs and recipes.kernels.info(d.kernel).block_sparse
-    else:  # none: dense, saying why, rather than quantized without the sparsity asked for
-        with_lists = recipes.kernels.names_with("block_sparse")
-        assert not d.quantized and f"no block sparsity (kernels with it: {with_lists})" in d.reason
+    assert d.quantized and d.block_sparse == bs and d.kernel == "gluon_sage"
+    blackwell = Hardware.supported_install("sm_100")  # its Sage kernels (trtllm-gen) take no block lists
+    d = resolve(site(), blackwell, spec(block_sparse=bs))
+    assert not d.quantized and d.block_sparse is None
+    assert "no block sparsity (kernels with it: reference, triton_sage, gluon_sage)" in d.reason
 
 
 def test_the_cost_rule_weighs_the_blocks_top_k_visits():
@@ -262,17 +263,11 @@ def test_the_cost_rule_weighs_the_blocks_top_k_visits():
         False, "no prediction: bs cdf 0.9 visits a data-dependent share of blocks (qattn_fx.calibrate measures it)")
 
 
-@pytest.mark.parametrize("kernel", ["gluon_sage", "triton_sage"])
-def test_a_pinned_kernel_without_block_lists_raises_naming_those_with_them(kernel):
-    if recipes.kernels.info(kernel).block_sparse:
-        pytest.skip(f"{kernel} visits block lists")
-    if "TRITON" not in recipes.block_sparse_backends():  # no TRITON kernel has them: the spec itself is refused
-        with pytest.raises(ValueError, match=r"block_sparse is not accepted for backend='TRITON'; valid: auto, "
-                                             r"REFERENCE \(backends with a kernel that visits block lists: reference"):
-            spec("TRITON", kernel=kernel, block_sparse=BlockSparse(cdf=0.9))
-        return
-    with pytest.raises(ValueError, match=rf"kernel '{kernel}' cannot serve .*no block sparsity \(kernels with it: "):
-        resolve(site(), SM90, spec("TRITON", kernel=kernel, block_sparse=BlockSparse(cdf=0.9)))
+def test_a_backend_without_block_lists_is_refused_naming_those_with_them():
+    with pytest.raises(ValueError, match=r"^block_sparse is not accepted for backend='CUDNN'; valid: TRITON, auto, "
+                                         r"REFERENCE \(backends with a kernel that visits block lists: reference, "
+                                         r"triton_sage, gluon_sage\)"):
+        spec("CUDNN", recipe=Recipe("fp8", "fp8", 0, 0, 0), block_sparse=BlockSparse(cdf=0.9))
 
 
 def test_target_sparsity_needs_a_calibration():

@@ -403,16 +403,11 @@ def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
     assert not case.model.is_cache_enabled
 
 
-def _block_sparse_spec_or_skip(keep: float = 0.5, disabled_until: float | None = None):
-    """The dit_step +bs spec, or a skip while the spec has no ``block_sparse`` key (issue #44's spec key)."""
+def _block_sparse_spec(keep: float = 0.5, disabled_until: float | None = None):
+    """The dit_step +bs spec of the default spec."""
     from benchmarks import dit_step
 
-    try:
-        return dit_step.block_sparse_spec(qattn_fx.Spec(), keep, disabled_until)
-    except ValueError as e:
-        if "block_sparse" not in str(e):
-            raise
-        pytest.skip(f"the attention spec has no block_sparse key on this branch yet ({e})")
+    return dit_step.block_sparse_spec(qattn_fx.Spec(), keep, disabled_until)
 
 
 def test_dit_step_block_sparse_rows_and_dense_steps():
@@ -451,7 +446,7 @@ def test_dit_step_block_sparse_rows_and_dense_steps():
 def test_dit_step_block_sparse_spec_sets_every_attention_spec():
     from benchmarks import dit_step
 
-    _block_sparse_spec_or_skip()
+    _block_sparse_spec()
     row = dit_step.Row("x", "qattn gluon_sage, cross dense", block_keep=0.25, block_dense_steps=2)
     data = dit_step.spec_of(row, steps=8).to_dict()
     setting = data["default"]["block_sparse"]  # (to_dict may leave out values at their defaults)
@@ -467,7 +462,7 @@ def test_dit_step_block_sparse_loop_with_dense_steps_compiles_once():
     from benchmarks import dit_step
     from qattn_fx import block_sparse
 
-    spec = _block_sparse_spec_or_skip(0.5, dit_step.dense_until_timestep(1, 3))
+    spec = _block_sparse_spec(0.5, dit_step.dense_until_timestep(1, 3))
     case = dit_step.build_wan(device="cpu", **TINY_DIT["wan"])  # 480p, 1 frame: 1560 tokens, 13 key tiles
     torch._dynamo.reset()
     counters.clear()
