@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -26,16 +25,16 @@ from ..site import Decision, Site
 from ..spec import DENSE, AttentionSpec, Spec
 from .budget import Budget, Errors, errors, flat_output, worst
 from .capture import ProbedModel, SiteCall, SiteKey
-from .candidates import Candidate, candidate_name, make_candidates, rank
+from .candidates import Candidate, make_candidates, rank
 from .plan import Choice, Option, choose, merge_options, site_error, spec_for, violation
+from .records import Record, Unit, unit_of
 from .result import Calibration, SitePlan, Table, TableRow
-from ..block_sparse import sparse_speedup
+from .sparse import fit_targets, normalized_t, step_windows, timestep_of
 from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted
 
 log = logging.getLogger("qattn_fx")
 
 Call = tuple[tuple, dict]
-Unit = tuple[str, "int | None"]
 
 
 def _as_calls(calls: Iterable[Any]) -> list[Call]:
@@ -59,49 +58,12 @@ def _target(hardware: Hardware | str | None) -> Hardware | None:
     raise ValueError(f"hardware={hardware!r} is invalid; valid: a Hardware, an arch such as 'sm_90', or None")
 
 
-@dataclass
-class _Record:
-    """One (site, candidate): errors per call, and what served it."""
-
-    per_call: list
-    served: bool = True
-    why: str = ""
-    kernel: str | None = None
-    deploy: str | None = None
-    speedup: float | None = None
-    speed_known: bool = True
-    upper_bound: bool = False
-    speed_data: str = ""
-    deploy_note: str = ""
-    #: Block-sparse candidates: (blocks skipped, blocks) per call, summed over the site's runs in that call
-    #: (``speedup`` is then the recipe's, without block sparsity: :meth:`sparse_speedup` scales it).
-    blocks: list = field(default_factory=list)
-
-    def sparsity(self) -> list[float | None]:
-        """The measured fraction of blocks skipped per call (None: not block-sparse, or not run in that call)."""
-        return [None if b is None or not b[1] else b[0] / b[1] for b in self.blocks]
-
-    def mean_sparsity(self) -> float | None:
-        """The mean over the calls of :meth:`sparsity` (None: not block-sparse or never run)."""
-        found = [x for x in self.sparsity() if x is not None]
-        return sum(found) / len(found) if found else None
-
-    def sparse_speedup(self) -> float | None:
-        """The predicted speedup: the recipe's (its slowest call) scaled by the mean fraction of blocks visited
-        (:func:`~qattn_fx.block_sparse.sparse_speedup`): the time of the calls together, were their dense
-        times equal."""
-        if not self.speed_known or self.speedup is None:
-            return None
-        mean = self.mean_sparsity()
-        return self.speedup if mean is None else sparse_speedup(self.speedup, mean)
-
-
 class _Sites:
     """Decides, runs and measures candidates at sites (shared by measuring and applying, so both decide alike)."""
 
     def __init__(self, emulate: bool, target: Hardware | None, speed: SpeedSource, calls: int):
         self.emulate, self.target, self.speed, self.calls = emulate, target, speed, calls
-        self.records: dict[tuple[SiteKey, str], _Record] = {}
+        self.records: dict[tuple[SiteKey, str], Record] = {}
         self.order: list[SiteKey] = []
         self.sites: dict[SiteKey, Site] = {}
         self.here = "cpu"
@@ -188,7 +150,7 @@ class _Sites:
             self.order.append(sc.key)
         cells = []
         for c in candidates:
-            rec = self.records.setdefault((sc.key, c.name), _Record([None] * self.calls, blocks=[None] * self.calls))
+            rec = self.records.setdefault((sc.key, c.name), Record([None] * self.calls, blocks=[None] * self.calls))
             decision = self.decide(sc, Spec(default=c.use))
             if not decision.quantized:
                 rec.served, rec.why = False, decision.reason.removeprefix("dense: ")
@@ -226,14 +188,8 @@ class _Sites:
 
 
 def _as_bf16(site: Site) -> Site:
-    import dataclasses
-
     return dataclasses.replace(site, dtype=torch.bfloat16,
                                kv_dtypes=None if site.kv_dtypes is None else (torch.bfloat16,) * 2)
-
-
-def _unit(key: SiteKey) -> Unit:
-    return (key.module, key.layer)
 
 
 def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict | str,
@@ -281,7 +237,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     call_list = _as_calls(calls)
     labels = _labels(labels, len(call_list))
     say = progress or log.info
-    cands, fitted = _fit_targets(model, call_list, cands, say)
+    cands, fitted = fit_targets(model, call_list, cands, say)
     sites = _Sites(emulate, _target(hardware), cost_data if speed is None else speed, len(call_list))
     sites.timestep_scale = float(timestep_scale)
     probed = ProbedModel(model)
@@ -296,7 +252,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                     f"q/kv {s.q_len}/{s.kv_len}, d {s.head_dim}): " + "; ".join(cells))
                 return sc.dense
 
-            sites.timestep = _timestep_of(kwargs)
+            sites.timestep = timestep_of(kwargs)
             refs.append(flat_output(probed.run(measure, args, kwargs)))
             if i == 0:
                 _check_served(sites)
@@ -307,8 +263,8 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
                 f"{n} cos {v[i].cos:.6f}" for n, v in e2e.items()))
     if not sites.order:
         raise ValueError("the model ran no scaled_dot_product_attention call on these calls: nothing to calibrate")
-    times = [_t(kwargs, timestep_scale) for _, kwargs in call_list]
-    windows, window_notes = _step_windows(sites, cands, times, budget)
+    times = [normalized_t(kwargs, timestep_scale) for _, kwargs in call_list]
+    windows, window_notes = step_windows(sites, cands, times, budget)
     cands = tuple(sorted(cands + tuple(windows), key=rank))
     options, per_key = _options(sites, cands)
     plan = {u: choose(o, budget).name for u, o in options.items()}
@@ -319,8 +275,8 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
         found = []
         with torch.no_grad():
             for i, (args, kwargs) in enumerate(call_list):
-                sites.timestep = _timestep_of(kwargs)
-                out = probed.run(_apply(sites, lambda key: _named(p[_unit(key)], by_name)), args, kwargs)
+                sites.timestep = timestep_of(kwargs)
+                out = probed.run(_apply(sites, lambda key: _named(p[unit_of(key)], by_name)), args, kwargs)
                 found.append(errors(flat_output(out), refs[i]))
         return found
 
@@ -331,110 +287,13 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     assert all(choices[u].name == plan[u] for u in plan)
     unit_sites = {}
     for key in sites.order:
-        unit_sites.setdefault(_unit(key), sites.sites[key])
+        unit_sites.setdefault(unit_of(key), sites.sites[key])
     spec = spec_for(plan, options, cands, budget, unit_sites, limit=limit)
     table, site_plans = _table(sites, cands, per_key, choices, budget, limit)
     return Calibration(budget=budget, spec=spec, table=table, sites=site_plans, e2e=e2e, plan_e2e=plan_e2e,
                        calls=labels, candidates=[c.to_dict() for c in cands], emulate=emulate,
                        hardware=_hardware_text(sites, emulate),
                        notes=fitted + window_notes + _notes(sites, cands, per_key, budget, labels, table, limit))
-
-
-def _t(kwargs: dict, scale: float) -> float | None:
-    """A call's normalized timestep (its ``timestep`` argument's max over ``scale``, as ``qattn::block_keep``
-    reads it), or None without one."""
-    t = _timestep_of(kwargs)
-    return None if t is None else float(t.float().reshape(-1).max()) / scale
-
-
-def _step_windows(sites: _Sites, cands, times: list, budget: Budget) -> tuple[list[Candidate], list[str]]:
-    """Gated block-sparse candidates where a sparse candidate breaks the per-site budget only at the early (high
-    t) calls: the module docstring of :func:`calibrate`. Their records are derived from those measured (no run)."""
-    if len(times) < 2 or any(t is None for t in times) or not budget.site_bounds:
-        return [], []
-    units: dict[Unit, list[SiteKey]] = {}
-    for key in sites.order:
-        units.setdefault(_unit(key), []).append(key)
-    names = {c.name for c in cands}
-    added: dict[str, Candidate] = {}
-    found: list[str] = []
-    for c in cands:
-        blocks = c.use.block_sparse
-        if blocks is None or blocks.gated:
-            continue
-        base = next((b for b in cands if b.use == dataclasses.replace(c.use, block_sparse=None)), None)
-        if base is None:
-            continue
-        for unit, keys in units.items():
-            recs = [sites.records[(k, c.name)] for k in keys]
-            if not all(r.served for r in recs):
-                continue
-            holds: dict[float, bool] = {}
-            for i, t in enumerate(times):
-                measured = [r.per_call[i] for r in recs if r.per_call[i] is not None]
-                if measured:
-                    holds[t] = holds.get(t, True) and budget.site_violation(worst(measured)) is None
-            until = None
-            for t in sorted(holds):  # the largest t up to which every call keeps the budget
-                if not holds[t]:
-                    break
-                until = t
-            if until is None or until <= 0 or until >= max(holds) or until > 1:
-                continue  # it never holds, holds at every call, or the gate cannot say it
-            use = dataclasses.replace(c.use, block_sparse=dataclasses.replace(blocks, disabled_until_timestep=until))
-            name = candidate_name(use)
-            if name not in names and name not in added:
-                added[name] = Candidate(name, use, c.table_rank)
-                _derive(sites, added[name], c, base, times, until)
-            found.append(f"{unit[0] or 'sdpa'}: {name}")
-    notes = [] if not found else [
-        "step windows (block-sparse candidates that break the per-site budget only at early calls, dense while t is "
-        "above the gate): " + ", ".join(found)]
-    return list(added.values()), notes
-
-
-def _derive(sites: _Sites, gated: Candidate, sparse: Candidate, base: Candidate, times: list, until: float) -> None:
-    """``gated``'s records at every site: ``sparse``'s at the calls with t <= ``until``, ``base``'s (every block
-    visited: the same output) at the others, where no block is skipped."""
-    for key in sites.order:
-        s, b = sites.records[(key, sparse.name)], sites.records[(key, base.name)]
-        late = [t <= until for t in times]
-        sites.records[(key, gated.name)] = _Record(
-            per_call=[se if ok else be for se, be, ok in zip(s.per_call, b.per_call, late)],
-            served=s.served and b.served, why=s.why or b.why, kernel=s.kernel, deploy=s.deploy, speedup=s.speedup,
-            speed_known=s.speed_known, upper_bound=s.upper_bound, speed_data=s.speed_data, deploy_note=s.deploy_note,
-            blocks=[sb if ok or sb is None else (0, sb[1]) for sb, ok in zip(s.blocks, late)])
-
-
-def _fit_targets(model, call_list, cands, say) -> tuple[tuple[Candidate, ...], list[str]]:
-    """Candidates with ``block_sparse.target_sparsity`` replaced by what
-    :func:`~qattn_fx.calibration.block.calibrate_block_sparse` fits per site: each distinct ``cdf`` becomes a
-    candidate of its own (measured at every site; the budget picks). Also the notes saying what was fitted."""
-    from .block import calibrate_block_sparse  # noqa: PLC0415
-
-    targets = [c for c in cands if c.use.block_sparse is not None and c.use.block_sparse.target_sparsity is not None]
-    if not targets:
-        return cands, []
-    uses, notes = [c.use for c in cands if c not in targets], []
-    for c in targets:
-        blocks = c.use.block_sparse
-        fit = calibrate_block_sparse(model, call_list, spec=Spec(default=c.use))
-        for keep in sorted(set(fit.keep.values())):
-            uses.append(dataclasses.replace(c.use, block_sparse=dataclasses.replace(blocks, cdf=keep,
-                                                                                   target_sparsity=None)))
-        fitted = ", ".join(f"{m} cdf {fit.keep[m]:g} (skips {fit.sparsity[m]:.2f})" for m in fit.keep)
-        notes.append(f"{c.name}: target_sparsity {blocks.target_sparsity:g} fitted per site (calibrate_block_sparse) "
-                     f"to {fitted}; each distinct cdf is a candidate")
-        say(notes[-1])
-    return make_candidates(list(dict.fromkeys(uses))), notes
-
-
-def _timestep_of(kwargs: dict) -> torch.Tensor | None:
-    """A call's ``timestep`` keyword argument as a tensor (what a gated site reads), or None."""
-    t = kwargs.get("timestep")
-    if t is None or torch.is_tensor(t):
-        return t
-    return torch.tensor([float(t)])
 
 
 def _check_served(sites: _Sites) -> None:
@@ -491,7 +350,7 @@ def _options(sites: _Sites, cands) -> tuple[dict[Unit, list[Option]], dict[SiteK
         per_key[key] = row
     units: dict[Unit, list[list[Option]]] = {}
     for key, row in per_key.items():
-        units.setdefault(_unit(key), []).append(row)
+        units.setdefault(unit_of(key), []).append(row)
     return {u: merge_options(rows) for u, rows in units.items()}, per_key
 
 
@@ -528,9 +387,9 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
     rows, plans = [], []
     units: dict[Unit, list[SiteKey]] = {}
     for key in sites.order:
-        units.setdefault(_unit(key), []).append(key)
+        units.setdefault(unit_of(key), []).append(key)
     for key in sites.order:
-        site, choice = sites.sites[key], choices[_unit(key)]
+        site, choice = sites.sites[key], choices[unit_of(key)]
         for c, o in zip(cands, per_key[key]):
             rec = sites.records[(key, c.name)]
             why = o.why_not_served if not o.served else (violation(o, budget, limit) or "")
@@ -543,7 +402,7 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
                 if o.speedup is not None else NO_COST_DATA, served=o.served, within_budget=o.served and not why,
                 chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound,
                 sparsity=o.sparsity, per_call_sparsity=rec.sparsity() if c.use.block_sparse is not None else []))
-        shared = [k.label for k in units[_unit(key)] if k != key]
+        shared = [k.label for k in units[unit_of(key)] if k != key]
         reason = choice.reason + (f"; one rule with {', '.join(shared)} (same module and layer)" if shared else "")
         plans.append(SitePlan(key.label, key.module, key.layer, site.role, choice.name, reason, choice.speed_source))
     return Table(rows), plans
