@@ -45,8 +45,11 @@ class SiteKey:
 class SiteCall:
     """One run of one site: its identity, the policy's view (real shapes), its operands and the dense output.
 
-    ``q``/``k``/``v``/``attn_mask``/``scale``/``enable_gqa`` are SDPA's arguments as the model passed them;
-    ``dense`` is ``F.scaled_dot_product_attention`` of them.
+    ``q``/``k``/``v``/``attn_mask``/``scale``/``enable_gqa`` are SDPA's arguments as the model passed them
+    (``attn_mask`` per key where a quantized site reads the mask so: :mod:`qattn_fx.fx.masks`); ``query_mask``: the
+    kept queries, boolean ``(B, 1, Sq, 1)``, of a mask that also masks queries (None otherwise), whose rows the
+    model's graph sets to 0 after the site, so they are 0 in ``dense`` (``F.scaled_dot_product_attention`` of the
+    arguments) and in every candidate's output (:meth:`finish`), and no candidate's Q scale sees them.
     """
 
     key: SiteKey
@@ -58,6 +61,11 @@ class SiteCall:
     scale: float | None
     enable_gqa: bool
     dense: torch.Tensor
+    query_mask: torch.Tensor | None = None
+
+    def finish(self, out: torch.Tensor) -> torch.Tensor:
+        """A site output with the masked queries' rows at 0, as the model's graph has them."""
+        return out if self.query_mask is None else torch.where(self.query_mask, out, 0.0)
 
 
 Handler = Callable[[SiteCall], torch.Tensor]
@@ -113,11 +121,12 @@ class ProbedModel:
         make = lambda target, args, name: call.graph.call_function(target, args)  # noqa: E731
         with call.graph.inserting_before(call.node):
             mask = a["attn_mask"] if mask_read is None else mask_read.key_mask(make)
+            rows = None if mask_read is None else mask_read.query_rows(make)
             node = call.graph.call_function(probe, (a["query"], a["key"], a["value"]), {
                 "attn_mask": mask, "dropout_p": a["dropout_p"], "is_causal": a["is_causal"],
-                "scale": a["scale"], "enable_gqa": a["enable_gqa"]})
+                "scale": a["scale"], "enable_gqa": a["enable_gqa"], "query_mask": rows})
             node.meta.update(call.node.meta)
-            out = node if mask_read is None else mask_read.finish(node, make)
+            out = node if mask_read is None else mask_read.finish(node, make, rows)
             out.meta.update(call.node.meta)  # the SDPA output's meta: what later sites read of their inputs
         call.node.replace_all_uses_with(out)
         call.graph.erase_node(call.node)
@@ -125,9 +134,12 @@ class ProbedModel:
     def _probe(self, key: SiteKey, site: Site) -> Callable:
         owner = self
 
-        def qattn_probe(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        def qattn_probe(q, k, v, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                        query_mask=None):
             dense = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            if query_mask is not None:
+                dense = torch.where(query_mask, dense, 0.0)
             handler = owner._handler
             if handler is None:
                 return dense
@@ -135,7 +147,7 @@ class ProbedModel:
             real = dataclasses.replace(
                 site, q_shape=shape(q), k_shape=shape(k), v_shape=shape(v), dtype=q.dtype,
                 kv_dtypes=(k.dtype, v.dtype), mask_shape=None if attn_mask is None else shape(attn_mask))
-            return handler(SiteCall(key, real, q, k, v, attn_mask, scale, bool(enable_gqa), dense))
+            return handler(SiteCall(key, real, q, k, v, attn_mask, scale, bool(enable_gqa), dense, query_mask))
 
         qattn_probe.__name__ = qattn_probe.__qualname__ = f"qattn_probe_{_identifier(key.label)}"
         return qattn_probe

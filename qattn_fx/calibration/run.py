@@ -99,10 +99,10 @@ class _Sites:
         if blocks is not None and blocks.gated and timestep is None:
             raise ValueError(f"{blocks.describe()} at {sc.key.label} needs the call's timestep: give each call a "
                              "'timestep' keyword argument")
-        return quantized_attention(sc.q, sc.k, sc.v, decision.recipe, kernel=decision.kernel, sm_scale=sc.scale,
-                                   out_dtype=sc.q.dtype, attn_mask=sc.attn_mask, enable_gqa=sc.enable_gqa,
-                                   block_sparse=blocks, skip_label=sc.key.label, timestep=timestep,
-                                   timestep_scale=scale)
+        return sc.finish(quantized_attention(
+            sc.q, sc.k, sc.v, decision.recipe, kernel=decision.kernel, sm_scale=sc.scale, out_dtype=sc.q.dtype,
+            attn_mask=sc.attn_mask, enable_gqa=sc.enable_gqa, block_sparse=blocks, skip_label=sc.key.label,
+            timestep=timestep, timestep_scale=scale, query_mask=sc.query_mask))
 
     def deployed(self, sc: SiteCall, use: AttentionSpec, decision: Decision) -> tuple[str | None, str, str, str]:
         """(kernel, arch, why not, note) of what the candidate runs where it deploys, for the speed lookup. A

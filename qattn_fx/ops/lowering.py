@@ -318,6 +318,11 @@ def quantized_attention(
     key_bias = emit(ops.key_bias.default, (attn_mask, k), "key_bias") if attn_mask is not None else None
     k_call = k
     skip = _skip_threshold(emit, k, skip_softmax, timestep, timestep_scale)
+    # masked queries' Q reaches no Q scale spanning tokens and no pooled query tile: kept queries' quantization and
+    # block lists never depend on it
+    spans = recipe is not None and _q_scale_spans_tokens(recipe)
+    if query_mask is not None and (block_sparse is not None or spans):
+        q = emit(torch.where, (query_mask, q, 0.0), "q_masked")
     blocks = _predict_blocks(emit, q, k, key_bias, sm_scale, runtime_scale, block_sparse, timestep, timestep_scale,
                              skip_label)
     if recipe is None:
@@ -329,8 +334,6 @@ def quantized_attention(
         k = emit(ops.mask_keys.default, (k, key_bias), "k_masked")
     if recipe.smooth_k:
         k = emit(ops.smooth_k.default, (k,) if key_bias is None else (k, key_bias), "k_smooth")
-    if query_mask is not None and _q_scale_spans_tokens(recipe):  # masked queries' Q reaches no Q scale
-        q = emit(torch.where, (query_mask, q, 0.0), "q_masked")
     if _q_in_kernel(recipe, entry, value_of(q).dtype):
         q_data, q_scale, q_gs = q, None, None  # the kernel quantizes Q itself, with quantize_per_block's numerics
     else:

@@ -248,3 +248,27 @@ def test_inductor_compiles_the_gated_site_once():
                 model(q, k, v, torch.tensor([t]))
     assert len(backend.graph_modules) == 1 and measured.sites["sdpa"].calls == 4
     assert 0 < measured.sites["sdpa"].skipped
+
+
+def test_masked_queries_of_a_symmetric_mask_reach_no_block_list():
+    """A symmetric padding mask (``m_i & m_j``, built in the graph as HunyuanVideo-1.5 does): what masked queries
+    hold moves neither the predictor's pooled query tiles nor any kept query's output (the pass zeroes their Q before
+    the predictor and their rows after)."""
+    q, k, v = _inputs(sq=512, skv=512)
+    m = torch.ones(1, 512, dtype=torch.bool)
+    m[0, 200:300] = False  # a gap across query tiles 1 and 2
+    junk = q.clone()
+    junk[:, :, 200:300] = 1e4 * torch.randn_like(junk[:, :, 200:300])
+
+    def symmetric(q, k, v, m):
+        row = m.view(1, 1, 1, 512).repeat(1, 1, 512, 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=row & row.transpose(2, 3))
+
+    backend = qattn_fx.backend(Spec(default=AttentionSpec(recipe=SAGE, block_sparse=BlockSparse(
+        top_k=0.5, sink_tiles=0, diagonal=False, similarity=0.0))), emulate=True, compiler="eager")
+    fn = torch.compile(symmetric, backend=backend)
+    with torch.no_grad():
+        clean, dirty = fn(q, k, v, m), fn(junk, k, v, m)
+    assert [s.rewritten for s in backend.report.sites] == [True]
+    assert _nodes(backend, "predict_blocks") and clean[:, :, 200:300].eq(0).all()
+    assert torch.equal(clean, dirty)
