@@ -7,7 +7,8 @@ label="") -> (block_index, block_count)``
 * ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``: bf16/fp16/fp32, any strides; ``key_bias`` ``(B|1, Skv)`` fp32 or
   None (``-inf``: masked key); ``sm_scale`` (or the 0-d CPU ``runtime_scale`` that replaces it).
 * ``keep``: a one-element float tensor, the ``cdf`` mass or the ``top_k`` fraction (a tensor so that a step
-  schedule can make it 1, every block, without recompiling); ``mode`` ``cdf`` / ``top_k``; ``sink_tiles`` and
+  schedule can make it 1, every block, without recompiling; on the device it is used there, without a host sync:
+  :func:`~qattn_fx.kernels.predict_blocks.reference.host_keep`); ``mode`` ``cdf`` / ``top_k``; ``sink_tiles`` and
   ``diagonal``: key tiles always visited; ``similarity``: the self-similarity guard (0: off).
 * Returns int32 ``block_index (B, Hq, ceil(Sq/128), ceil(Skv/128))`` and ``block_count (B, Hq, ceil(Sq/128))``,
   contiguous, on q's device.
@@ -57,9 +58,6 @@ def predict_blocks_op(q: torch.Tensor, k: torch.Tensor, key_bias: Optional[torch
                       diagonal: bool, similarity: float, label: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     _check(q, k, key_bias, keep, mode, sink_tiles, similarity)
     scale = sm_scale if runtime_scale is None else float(runtime_scale)
-    # keep on the CPU (a constant): read here; on the device (a schedule's, from the timestep): used there, so the
-    # op neither synchronizes nor breaks a CUDA-graph capture
-    keep = float(keep) if keep.device.type == "cpu" else keep
     blocks = predictor.predict(q, k, key_bias, scale, keep, mode, sink_tiles, diagonal, similarity)
     block_sparse.record(label, blocks)
     return blocks.index, blocks.count

@@ -44,9 +44,8 @@ def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_
         pool_fn = fused.pool
     else:
         pool_fn = pool
-    # keep >= 1: every non-empty key tile, nothing to pool
-    on_host = not isinstance(keep, torch.Tensor) or keep.device.type == "cpu"
-    pooled = _unpooled(q, k, key_bias) if on_host and float(keep) >= 1.0 else pool_fn(q, k, key_bias)
+    held = reference.host_keep(keep)  # keep >= 1 on the host: every non-empty key tile, nothing to pool
+    pooled = _unpooled(q, k, key_bias) if held is not None and held >= 1.0 else pool_fn(q, k, key_bias)
     return select(pooled, q.shape[2], k.shape[2], sm_scale, keep, mode, sink_tiles, diagonal, similarity)
 
 

@@ -93,6 +93,15 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     return Pooled(q_mean, q_sim, k_mean, k_sim, tile_counts(weight, block_sparse.BLOCK_KEYS) > 0)
 
 
+def host_keep(keep: float | torch.Tensor) -> float | None:
+    """``keep`` as a number where the host holds it (a number, or a CPU tensor: a constant), else None (a tensor on
+    the device, a step schedule's from the timestep: the selection uses it there, neither synchronizing nor breaking
+    a CUDA-graph capture)."""
+    if isinstance(keep, torch.Tensor) and keep.device.type != "cpu":
+        return None
+    return float(keep)
+
+
 def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | torch.Tensor, mode: str = "cdf",
            sink_tiles: int = 0, diagonal: bool = False, similarity: float = 0.0) -> block_sparse.Blocks:
     """Steps 2-5 from the pooled tiles of a call of ``sq`` queries and ``skv`` keys (any implementation of step 1
@@ -102,8 +111,9 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
     b, hq, nq, _ = pooled.q_mean.shape
     hkv, nk = pooled.k_mean.shape[1], pooled.k_mean.shape[2]
     device = pooled.q_mean.device
-    on_host = not isinstance(keep, torch.Tensor) or keep.device.type == "cpu"
-    keep = float(keep) if on_host else keep.reshape(()).float()  # a device tensor stays there (no host sync)
+    held = host_keep(keep)
+    on_host = held is not None
+    keep = held if on_host else keep.reshape(()).float()  # a device tensor stays there (no host sync)
     g = hq // hkv
     k_mean, k_sim = (t.repeat_interleave(g, 1) for t in (pooled.k_mean, pooled.k_sim))
     nonempty = pooled.k_kept[:, None, None, :].expand(b, hq, nq, nk)
@@ -148,4 +158,4 @@ def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_
                   similarity)
 
 
-__all__ = ["MODES", "Pooled", "kept_keys", "pool", "predict", "select", "tile_counts"]
+__all__ = ["MODES", "Pooled", "host_keep", "kept_keys", "pool", "predict", "select", "tile_counts"]
