@@ -195,8 +195,18 @@ def local_qkv(b: int, h: int, sq: int, skv: int, d: int, *, sharpness: float = 4
         angle = torch.arange(n, device=device, dtype=torch.float32)[None, :, None, None] * omega + phase
         return torch.cat([angle.cos(), angle.sin()], -1).expand(b, n, h, d) * (2.0 / d) ** 0.5 * d ** 0.25
 
-    q = sharpness * features(sq) + noise * torch.randn(b, sq, h, d, generator=g, device=device)
-    k = sharpness * features(skv) + noise * torch.randn(b, skv, h, d, generator=g, device=device)
+    return _features_qkv(features(sq), features(skv), b, sharpness=sharpness, noise=noise, sink=sink, g=g)
+
+
+def _features_qkv(q_feats: torch.Tensor, k_feats: torch.Tensor, b: int, *, sharpness: float, noise: float, sink: int,
+                  g: torch.Generator) -> tuple:
+    """Q and K as ``sharpness · features + noise · N(0, 1)`` (features ``(1|B, S, H, D)``, fp32), the first ``sink``
+    keys sharing a direction with every query (at the local peak's height), V ~ N(0, 1): bf16 ``(B, H, S, D)`` views
+    of ``(B, S, H, D)`` buffers. Draws from ``g`` in the order noise Q, noise K, sink, V."""
+    sq, skv, h, d = q_feats.shape[1], k_feats.shape[1], q_feats.shape[2], q_feats.shape[3]
+    device = q_feats.device
+    q = sharpness * q_feats + noise * torch.randn(b, sq, h, d, generator=g, device=device)
+    k = sharpness * k_feats + noise * torch.randn(b, skv, h, d, generator=g, device=device)
     if sink:
         u = torch.randn(1, 1, h, d, generator=g, device=device)
         u = u / u.norm(dim=-1, keepdim=True) * d ** 0.25  # u·u / sqrt(d) = 1
@@ -226,16 +236,7 @@ def grid_qkv(b: int, h: int, grid: tuple[int, int, int], d: int, *, windows=((1.
     pos = pos.reshape(-1, 3).float().to(device)  # (S, 3), raster order
     angle = torch.einsum("sc,hkc->shk", pos, omega) + phase  # (S, H, D/2)
     feats = torch.cat([angle.cos(), angle.sin()], -1)[None] * (2.0 / d) ** 0.5 * d ** 0.25
-    s = pos.shape[0]
-    q = sharpness * feats + noise * torch.randn(b, s, h, d, generator=g, device=device)
-    k = sharpness * feats + noise * torch.randn(b, s, h, d, generator=g, device=device)
-    if sink:
-        u = torch.randn(1, 1, h, d, generator=g, device=device)
-        u = u / u.norm(dim=-1, keepdim=True) * d ** 0.25  # u·u / sqrt(d) = 1
-        q = q + sharpness * u
-        k[:, :sink] += sharpness * u
-    v = torch.randn(b, s, h, d, generator=g, device=device)
-    return tuple(x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))
+    return _features_qkv(feats, feats, b, sharpness=sharpness, noise=noise, sink=sink, g=g)
 
 
 def quantized_inputs(shape, recipe: str, seed: int = 0, *, bf16_q: bool = False) -> tuple:
