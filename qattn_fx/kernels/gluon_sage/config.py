@@ -174,8 +174,8 @@ SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig
 
 def check_sparse_config(config: GluonConfig) -> None:
     """Block-sparse launches run two consumer warpgroups per CTA (128 query rows: one query tile of the lists) with
-    128-key tiles (one listed key tile per ring slot: 64-key tiles under a split tail disagreed with the emulation
-    on the H100, 2026-12-06); ``ValueError`` naming the config and the valid ones otherwise."""
+    128-key tiles (one listed key tile per ring slot; 64-key tiles under a split tail do not match the emulation,
+    so they are not served); ``ValueError`` naming the config and the valid ones otherwise."""
     if config.consumers != CONSUMERS or config.block_n != 128:
         valid = ", ".join(f"'{c}'" for c in dict.fromkeys(SPARSE_TUNED_CONFIGS + SPARSE_SKIP_TUNED_CONFIGS
                                                           + KEY_ORDER_TUNED_CONFIGS))
