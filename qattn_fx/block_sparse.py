@@ -28,12 +28,11 @@ both sides share and imports no kernel.
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Iterator, NamedTuple
 
 import torch
 
-from .skip_softmax import Measurement, _innermost, _pushed
+from .recording import Collectors, Measurement
 
 #: Query rows per block: one gluon_sage CTA of two consumer warpgroups; triton_sage's BLOCK_M divides it.
 BLOCK_ROWS = 128
@@ -140,12 +139,12 @@ def check(index: torch.Tensor | None, count: torch.Tensor | None, b: int, hq: in
         raise ValueError(f"block_index is on {index.device} and block_count on {count.device}; they must share one")
 
 
-_ACTIVE = threading.local()
+_ACTIVE = Collectors()
 
 
 def active() -> Measurement | None:
     """The measurement being collected (innermost :func:`measure`), or None."""
-    return _innermost(_ACTIVE)
+    return _ACTIVE.innermost()
 
 
 @contextlib.contextmanager
@@ -153,7 +152,7 @@ def measure() -> Iterator[Measurement]:
     """Collect, per site label, the blocks each block-sparse call skipped (``skipped``) of all its blocks
     (``tiles``); the predictor records every call it makes inside the block (one synchronization per call: for
     measuring, not for timing)."""
-    with _pushed(_ACTIVE, Measurement()) as measurement:
+    with _ACTIVE.pushed(Measurement()) as measurement:
         yield measurement
 
 
