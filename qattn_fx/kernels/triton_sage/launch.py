@@ -177,15 +177,6 @@ def _loop_end(config: KernelConfig, skv: int, interpret: bool, sparse: bool = Fa
     return (skv // config.block_n) * config.block_n
 
 
-def _check_blocks(q, k, block_index, block_count) -> None:
-    """``ValueError`` unless the block lists fit this call (:func:`qattn_fx.block_sparse.check`) and live on Q's
-    device."""
-    block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    if block_index is not None and block_index.device != q.device:
-        raise ValueError(f"{KERNEL}: block_index/block_count are on {block_index.device}; they must be on Q's "
-                         f"device {q.device}")
-
-
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
               out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None,
               block_index: Optional[torch.Tensor] = None, block_count: Optional[torch.Tensor] = None):
@@ -200,8 +191,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     more than :data:`~qattn_fx.kernels._sage_common.MAX_GRID_Y` (batch, head) pairs run in batch chunks (the lists
     too).
     """
-    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    _check_blocks(q, k, block_index, block_count)
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias, block_index, block_count)
     sparse = block_index is not None
     cap = check_device(q)
     interpret = interpreter_active()
@@ -269,8 +259,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     from .._offline import launch_signature
 
     kernel = kernel_module(False)._sage_fwd
-    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    _check_blocks(q, k, block_index, block_count)
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias, block_index, block_count)
     if block_index is not None and sparse_config_error(config):
         raise ValueError(sparse_config_error(config))
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
