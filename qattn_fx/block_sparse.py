@@ -28,12 +28,11 @@ both sides share and imports no kernel.
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Iterator, NamedTuple
 
 import torch
 
-from .skip_softmax import Measurement, _innermost, _pushed
+from .recording import Collectors, Measurement
 
 #: Query rows per block: one gluon_sage CTA of two consumer warpgroups; triton_sage's BLOCK_M divides it.
 BLOCK_ROWS = 128
@@ -118,9 +117,12 @@ def row_mask(visit: torch.Tensor, sq: int) -> torch.Tensor:
     return visit.repeat_interleave(BLOCK_ROWS, 2)[:, :, :sq]
 
 
-def check(index: torch.Tensor | None, count: torch.Tensor | None, b: int, hq: int, sq: int, skv: int) -> None:
+def check(index: torch.Tensor | None, count: torch.Tensor | None, b: int, hq: int, sq: int, skv: int,
+          device: torch.device | None = None) -> None:
     """``ValueError`` unless ``(index, count)`` are lists for a call of ``b`` batches, ``hq`` query heads, ``sq``
-    queries and ``skv`` keys (shapes, dtypes, contiguity, devices; values are the predictor's contract)."""
+    queries and ``skv`` keys (shapes, dtypes, contiguity, one device: ``device``, Q's, when given; values are the
+    predictor's contract). The attention ops run it at their boundary; the Sage kernels' direct entries run it too
+    (:func:`qattn_fx.kernels._sage_common.validate`)."""
     if index is None and count is None:
         return
     if index is None or count is None:
@@ -138,14 +140,16 @@ def check(index: torch.Tensor | None, count: torch.Tensor | None, b: int, hq: in
             raise ValueError(f"{name} must be contiguous; got strides {t.stride()}")
     if index.device != count.device:
         raise ValueError(f"block_index is on {index.device} and block_count on {count.device}; they must share one")
+    if device is not None and index.device != device:
+        raise ValueError(f"block_index and block_count are on {index.device}; they must be on Q's device {device}")
 
 
-_ACTIVE = threading.local()
+_ACTIVE = Collectors()
 
 
 def active() -> Measurement | None:
     """The measurement being collected (innermost :func:`measure`), or None."""
-    return _innermost(_ACTIVE)
+    return _ACTIVE.innermost()
 
 
 @contextlib.contextmanager
@@ -153,7 +157,7 @@ def measure() -> Iterator[Measurement]:
     """Collect, per site label, the blocks each block-sparse call skipped (``skipped``) of all its blocks
     (``tiles``); the predictor records every call it makes inside the block (one synchronization per call: for
     measuring, not for timing)."""
-    with _pushed(_ACTIVE, Measurement()) as measurement:
+    with _ACTIVE.pushed(Measurement()) as measurement:
         yield measurement
 
 

@@ -2,15 +2,16 @@
 sparsity chosen before Q·Kᵀ on top of a recipe of the ``scaled`` family. The tiles, the lists and the measured
 sparsity: :mod:`qattn_fx.block_sparse`; the predictor's rule: :mod:`qattn_fx.kernels.predict_blocks.reference`.
 
-A leaf module (it imports only :mod:`qattn_fx.validate`), so the recipes, the spec and the lowering share it.
+A leaf module (it imports only :mod:`qattn_fx.validate` and :mod:`qattn_fx.sparsity_key`), so the recipes, the spec
+and the lowering share it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import KW_ONLY, InitVar, dataclass
 
-from .validate import check_bool, check_int, check_range, from_fields, path_at, show
+from .sparsity_key import SparsityKey
+from .validate import check_bool, check_int, check_range, path_at, show
 
 #: The self-similarity guard's default (SpargeAttn's ``simthreshd1``): a query or key tile whose tokens' mean
 #: pairwise cosine is below it is not summarized by its mean, so it visits (is visited by) every tile.
@@ -18,7 +19,7 @@ DEFAULT_SIMILARITY = 0.6
 
 
 @dataclass(frozen=True)
-class BlockSparse:
+class BlockSparse(SparsityKey, key="block_sparse", short="bs", controls=("cdf", "top_k", "target_sparsity")):
     """Block sparsity on top of a recipe: which blocks of 128 query rows x 128 keys a site visits, predicted from
     the unquantized Q and K before the attention op (``qattn::predict_blocks``, :mod:`qattn_fx.block_sparse`).
 
@@ -50,14 +51,8 @@ class BlockSparse:
     _: KW_ONLY
     where: InitVar[str] = "block_sparse"
 
-    CONTROLS = ("cdf", "top_k", "target_sparsity")
-
     def __post_init__(self, where: str) -> None:
-        given = [name for name in self.CONTROLS if getattr(self, name) is not None]
-        if len(given) != 1:
-            got = ", ".join(f"{name}={show(getattr(self, name))}" for name in self.CONTROLS)
-            raise ValueError(f"{where} needs exactly one of {' / '.join(self.CONTROLS)} (they are mutually "
-                             f"exclusive); got {got}")
+        self._check_one_control(where)
         for name in ("cdf", "top_k"):
             path, value = path_at(where, name), getattr(self, name)
             check_range(path, value, 0.0, 1.0)
@@ -83,13 +78,8 @@ class BlockSparse:
         """The predictor's ``keep``: the ``cdf`` mass or the ``top_k`` fraction (None for ``target_sparsity``)."""
         return self.cdf if self.cdf is not None else self.top_k
 
-    @property
-    def gated(self) -> bool:
-        """Whether a timestep gate applies (``disabled_until_timestep`` > 0; 0 is "off", as for Skip-Softmax)."""
-        return bool(self.disabled_until_timestep)
-
-    # -- names ---------------------------------------------------------------------------------------------------
-    def _setting(self) -> str:
+    # -- names (short_name: SparsityKey's, ``bs cdf 0.9``, ``bs top_k 0.5``, ``bs target 0.5``) ------------------
+    def _short_setting(self) -> str:
         if self.cdf is not None:
             return f"cdf {self.cdf:g}"
         if self.top_k is not None:
@@ -99,25 +89,9 @@ class BlockSparse:
     def describe(self) -> str:
         """``block-sparse cdf 0.9, sinks 1, diag, sim 0.6``; ``no diag``, ``no sim guard`` when off; ``, dense while
         t > 0.9`` with a gate."""
-        parts = [f"block-sparse {self._setting()}", f"sinks {self.sink_tiles}", "diag" if self.diagonal else "no diag",
-                 f"sim {self.similarity:g}" if self.similarity else "no sim guard"]
-        if self.gated:
-            parts.append(f"dense while t > {self.disabled_until_timestep:g}")
-        return ", ".join(parts)
-
-    @property
-    def short_name(self) -> str:
-        """The name in a table cell: ``bs cdf 0.9``, ``bs top_k 0.5``, ``bs target 0.5``; `` t<=0.9`` with a
-        gate."""
-        return f"bs {self._setting()}" + (f" t<={self.disabled_until_timestep:g}" if self.gated else "")
-
-    def to_dict(self) -> dict:
-        """Every field but the unset ones (the control not chosen, no gate)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: dict, *, where: str = "block_sparse") -> "BlockSparse":
-        return from_fields(cls, data, where)
+        parts = [f"block-sparse {self._short_setting()}", f"sinks {self.sink_tiles}",
+                 "diag" if self.diagonal else "no diag", f"sim {self.similarity:g}" if self.similarity else "no sim guard"]
+        return ", ".join(parts) + self._gate()
 
 
 __all__ = ["BlockSparse", "DEFAULT_SIMILARITY"]

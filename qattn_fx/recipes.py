@@ -23,8 +23,9 @@ import torch
 from . import kernels
 from .block_sparse_spec import BlockSparse  # noqa: F401  (re-exported: the spec key beside SkipSoftmax)
 from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)
+from .sparsity_key import SparsityKey
 from .validate import (check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, from_fields, path_at,
-                       show, unique)
+                       unique)
 
 QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
 VDType = Literal["fp8", "mxfp8", "nvfp4"]
@@ -345,7 +346,8 @@ def _describe(rows: Iterable[Row]) -> str:
 
 
 @dataclass(frozen=True)
-class SkipSoftmax:
+class SkipSoftmax(SparsityKey, key="skip_softmax", short="skip",
+                  controls=("target_sparsity", "threshold", "threshold_scale_factor")):
     """Skip-Softmax (BLASST) on top of a recipe: exactly one of ``threshold`` (λ of the tile test
     ``exp(tile max - running max) < λ``, vLLM-Omni's meaning), ``threshold_scale_factor`` (TensorRT-LLM's
     ``SkipSoftmaxAttentionConfig``: λ = factor / Skv) or ``target_sparsity`` (the fraction of tiles to skip:
@@ -363,23 +365,12 @@ class SkipSoftmax:
     _: KW_ONLY
     where: InitVar[str] = "skip_softmax"
 
-    CONTROLS = ("target_sparsity", "threshold", "threshold_scale_factor")
-
     def __post_init__(self, where: str) -> None:
-        given = [name for name in self.CONTROLS if getattr(self, name) is not None]
-        if len(given) != 1:
-            got = ", ".join(f"{name}={show(getattr(self, name))}" for name in self.CONTROLS)
-            raise ValueError(f"{where} needs exactly one of {' / '.join(self.CONTROLS)} (they are mutually "
-                             f"exclusive); got {got}")
+        self._check_one_control(where)
         check_range(path_at(where, "target_sparsity"), self.target_sparsity, 0.0, 1.0)
         check_range(path_at(where, "threshold"), self.threshold, 0.0, math.inf)
         check_range(path_at(where, "threshold_scale_factor"), self.threshold_scale_factor, 0.0, math.inf)
         check_range(path_at(where, "disabled_until_timestep"), self.disabled_until_timestep, 0.0, 1.0)
-
-    @property
-    def gated(self) -> bool:
-        """Whether a timestep gate applies (``disabled_until_timestep`` > 0; 0 is vLLM-Omni's "off")."""
-        return bool(self.disabled_until_timestep)
 
     def _setting(self) -> tuple[str, str]:
         """``("λ=", "0.01")``, ``("λ=", "1000/Skv")`` or ``("", "target 0.5")``: what is set, and its prefix in
@@ -394,21 +385,11 @@ class SkipSoftmax:
         """``skip-softmax λ=0.01``, ``skip-softmax λ=1000/Skv``, ``skip-softmax target 0.5``; ``, dense while
         t > 0.9`` with a gate."""
         prefix, what = self._setting()
-        gate = f", dense while t > {self.disabled_until_timestep:g}" if self.gated else ""
-        return f"skip-softmax {prefix}{what}{gate}"
+        return f"skip-softmax {prefix}{what}{self._gate()}"
 
-    @property
-    def short_name(self) -> str:
-        """The name in a table cell: ``skip 0.01``, ``skip 1000/Skv``, ``skip target 0.5``; `` t<=0.9`` with a
-        gate."""
-        return f"skip {self._setting()[1]}" + (f" t<={self.disabled_until_timestep:g}" if self.gated else "")
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: dict, *, where: str = "skip_softmax") -> "SkipSoftmax":
-        return from_fields(cls, data, where)
+    def _short_setting(self) -> str:
+        """What :attr:`short_name` shows: ``skip 0.01``, ``skip 1000/Skv``, ``skip target 0.5``."""
+        return self._setting()[1]
 
 
 def recipe_table_markdown() -> str:

@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
+
+from .recording import Collectors, Measurement, SiteSparsity
 
 LOG2E = 1.4426950408889634
 
@@ -121,41 +122,8 @@ def expand_mask(skipped: torch.Tensor, sq: int, skv: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Measured sparsity
+# Measured sparsity (the collectors and the per-site counts are :mod:`qattn_fx.recording`'s)
 # ------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SiteSparsity:
-    """Tiles skipped and tiles tested at one site, over every call recorded."""
-
-    skipped: int = 0
-    tiles: int = 0
-    calls: int = 0
-
-    @property
-    def sparsity(self) -> float:
-        return self.skipped / self.tiles if self.tiles else 0.0
-
-
-@dataclass
-class Measurement:
-    """Per-site skip counts (site label → :class:`SiteSparsity`), filled inside :func:`measure`."""
-
-    sites: dict[str, SiteSparsity] = field(default_factory=dict)
-
-    def add(self, label: str, skipped: int, tiles: int) -> None:
-        entry = self.sites.setdefault(label, SiteSparsity())
-        entry.skipped += int(skipped)
-        entry.tiles += int(tiles)
-        entry.calls += 1
-
-    def sparsity(self) -> dict[str, float]:
-        return {label: s.sparsity for label, s in self.sites.items()}
-
-    def overall(self) -> float:
-        tiles = sum(s.tiles for s in self.sites.values())
-        return sum(s.skipped for s in self.sites.values()) / tiles if tiles else 0.0
 
 
 @dataclass
@@ -192,45 +160,26 @@ class Margins:
         return min(1.0, float(torch.nextafter(finite[need - 1], torch.tensor(math.inf)).exp2()))
 
 
-_ACTIVE = threading.local()
-_MARGINS = threading.local()
-
-
-def _innermost(local: threading.local):
-    """The top of ``local``'s stack (:func:`_pushed`), or None."""
-    stack = getattr(local, "stack", None)
-    return stack[-1] if stack else None
-
-
-@contextlib.contextmanager
-def _pushed(local: threading.local, item):
-    """``item`` on top of this thread's stack in ``local`` for the block; yields it."""
-    stack = getattr(local, "stack", None)
-    if stack is None:
-        stack = local.stack = []
-    stack.append(item)
-    try:
-        yield item
-    finally:
-        stack.pop()
+_ACTIVE = Collectors()
+_MARGINS = Collectors()
 
 
 def margins_collector() -> Margins | None:
     """The innermost :func:`collect_margins` collector, or None."""
-    return _innermost(_MARGINS)
+    return _MARGINS.innermost()
 
 
 @contextlib.contextmanager
 def collect_margins() -> Iterator[Margins]:
     """Collect the tile margins of every Skip-Softmax call of the reference kernel inside the block, per site
     label (:func:`qattn_fx.calibrate_skip_softmax` runs the user's calls in emulation inside one)."""
-    with _pushed(_MARGINS, Margins()) as collector:
+    with _MARGINS.pushed(Margins()) as collector:
         yield collector
 
 
 def active() -> Measurement | None:
     """The measurement being collected (innermost :func:`measure`), or None."""
-    return _innermost(_ACTIVE)
+    return _ACTIVE.innermost()
 
 
 @contextlib.contextmanager
@@ -240,7 +189,7 @@ def measure() -> Iterator[Measurement]:
     The reference kernel counts exactly; gluon_sage counts on the GPU (an atomic per skipped tile and a
     synchronization per call to read it: for measuring, not for timing). Calls of other kernels record nothing.
     """
-    with _pushed(_ACTIVE, Measurement()) as measurement:
+    with _ACTIVE.pushed(Measurement()) as measurement:
         yield measurement
 
 

@@ -1,10 +1,9 @@
 """Helpers shared by several test files: recipe inputs for the Triton kernel tests, opcheck on float8 outputs, the
-environment of a test's subprocess."""
+environment of a test's subprocess, and the GPU tests' CUDA-graph capture and no-host-sync checks."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from pathlib import Path
 
@@ -44,6 +43,34 @@ def fp8_comparable_allclose():
         yield
     finally:
         torch.allclose = original
+
+
+def capture_graph(fn, warmups: int = 1):
+    """``fn()`` captured in a CUDA graph after ``warmups`` eager calls, all on a side stream (what a call builds,
+    compiles or allocates once happens before the capture); returns ``(graph, the captured call's result)``, the
+    current stream ordered after the capture. Needs CUDA."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, captured
+
+
+def without_host_sync(fn):
+    """``fn()`` with every host synchronization an error (``torch.cuda.set_sync_debug_mode("error")``), the device
+    synchronized before and after; returns its result. Needs CUDA."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        result = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return result
 
 
 @contextlib.contextmanager

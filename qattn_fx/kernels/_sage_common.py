@@ -22,7 +22,7 @@ from typing import ClassVar, Iterator, Optional
 
 import torch
 
-from .. import config, formats
+from .. import block_sparse, config, formats
 from . import requirements as _requirements_of
 from ._cuda_utils import FifoCache, layout_key
 from .op_inputs import check_scaled_inputs
@@ -159,17 +159,24 @@ def head_dims(kernel: str) -> tuple[int, ...]:
 _VALID_LAYOUTS = FifoCache(maxsize=256)
 
 
-def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias=None) -> None:
+def validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias=None, block_index=None,
+             block_count=None) -> None:
     """``ValueError`` naming the argument for inputs the Sage kernels cannot take (layouts: the triton_sage module
     docstring): the op boundary's checks (:func:`qattn_fx.kernels.op_inputs.check_scaled_inputs`, their messages
-    prefixed with the kernel's name) after what only these kernels add (their head dims, no fp32 Q/K). The policy
-    keeps such sites dense before they get here. It reads shapes, strides and dtypes only, so it runs once per
-    layout (:data:`_VALID_LAYOUTS`)."""
+    prefixed with the kernel's name) after what only these kernels add (their head dims, no fp32 Q/K), then the
+    op boundary's check of the block lists (:func:`qattn_fx.block_sparse.check`, on Q's device). The kernels' direct
+    entries (``attention``, ``compile_for``) run it, the one check of a call that does not come through the op; the
+    policy keeps sites these kernels cannot take dense before they get here. The input checks read shapes, strides
+    and dtypes only, so they run once per layout (:data:`_VALID_LAYOUTS`)."""
     key = (kernel, layout_key(q), q_scale is None, layout_key(k), k_scale is None, layout_key(v), layout_key(key_bias),
            q_block, k_block, key_bias is None or key_bias.device == k.device)
     if key not in _VALID_LAYOUTS:
         _VALID_LAYOUTS.get_or_build(key, lambda: _validate(kernel, q, q_scale, k, k_scale, v, v_scale, q_block,
                                                            k_block, key_bias))
+    try:
+        block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
+    except ValueError as e:
+        raise ValueError(f"{kernel}: {e}") from None
 
 
 def _validate(kernel: str, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias) -> bool:

@@ -136,7 +136,7 @@ def _scaled(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
     if return_lse and not kernels.info(kernel).lse:
         fail(f"kernel {kernel!r} returns no LSE; kernels that do: "
              f"{kernels.names_with('lse')}")
-    block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
     blocks = None if block_index is None else block_sparse.Blocks(block_index, block_count)
     fn = _kernel_call(kernel, "scaled", key_bias, skip_threshold, skip_label, blocks)
     args = (q, q_scale, k, k_scale, v, v_scale, q_block, k_block, _scale_value(sm_scale, runtime_scale), out_dtype)

@@ -108,6 +108,27 @@ def test_emulated_skips_need_the_contract_tile():
         emulation.emulate(*args, SM_SCALE, 64, skip_threshold=0.1)
 
 
+def test_measurements_nest_per_thread_and_per_kind():
+    """Skip-Softmax's and block sparsity's ``measure()`` share :mod:`qattn_fx.recording`'s collectors: the innermost
+    block of each kind collects, the two kinds apart, and another thread sees none of them."""
+    import threading
+
+    from qattn_fx import block_sparse
+
+    assert skip_softmax.active() is None and block_sparse.active() is None
+    with skip_softmax.measure() as outer, block_sparse.measure() as blocks:
+        skip_softmax.record("a", 1, 4)
+        with skip_softmax.measure() as inner:
+            skip_softmax.record("a", 2, 4)
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append((skip_softmax.active(), block_sparse.active())))
+        worker.start()
+        worker.join()
+        assert skip_softmax.active() is outer and block_sparse.active() is blocks
+    assert seen == [(None, None)] and skip_softmax.active() is None and block_sparse.active() is None
+    assert outer.sparsity() == {"a": 0.25} and inner.sparsity() == {"a": 0.5} and blocks.sites == {}
+
+
 def test_op_takes_the_threshold_only_where_a_kernel_does(local_args):
     thr = torch.tensor([0.01])
     with skip_softmax.measure() as measured:

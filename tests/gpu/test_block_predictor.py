@@ -17,6 +17,8 @@ import math
 import pytest
 import torch
 
+import support
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 pytest.importorskip("triton")
@@ -128,14 +130,7 @@ def test_op_replays_in_a_cuda_graph():
     q, k = q.clone(), k.clone()
     key_bias = padding(1, s["skv"])
     op(q, k, key_bias, 0.5)  # compile and warm up outside the capture
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        op(q, k, key_bias, 0.5)
-        with torch.cuda.graph(graph, stream=stream):
-            index, count = op(q, k, key_bias, 0.5)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, (index, count) = support.capture_graph(lambda: op(q, k, key_bias, 0.5))
     for seed in (12, 13):
         q.copy_(make(s["b"], s["hq"], s["sq"], s["d"], seed=seed))
         graph.replay()
@@ -160,13 +155,7 @@ def test_a_keep_on_the_device_selects_there_and_captures_in_a_graph(mode):
         want = op(q, k, None, value, mode, 1, True, 0.6)
         got = run()
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), value
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-        with torch.cuda.graph(graph, stream=stream):
-            index, count = run()
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, (index, count) = support.capture_graph(run)
     for value in (1.0, 0.5):
         keep.fill_(value)
         graph.replay()

@@ -305,22 +305,8 @@ def test_no_host_sync_and_cuda_graph():
     full = (*args, SM_SCALE, torch.bfloat16)
     kw = dict(block_index=lists.index, block_count=lists.count)
     expected = ts.scaled_attention(*full, **kw)  # autotunes and compiles outside the checks
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        again = ts.scaled_attention(*full, **kw)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.equal(again, expected)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        ts.scaled_attention(*full, **kw)
-        with torch.cuda.graph(graph, stream=stream):
-            captured = ts.scaled_attention(*full, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(support.without_host_sync(lambda: ts.scaled_attention(*full, **kw)), expected)
+    graph, captured = support.capture_graph(lambda: ts.scaled_attention(*full, **kw))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected)

@@ -31,6 +31,8 @@ import math
 import pytest
 import torch
 
+import support
+
 import qattn_fx.ops  # noqa: F401  (registers the ops)
 from qattn_fx import formats
 from qattn_fx.ops import quantized_attention
@@ -225,18 +227,12 @@ def test_cudnn_fp8_cuda_graph_capture_and_replay():
     _need(((9, 0), (10, 0), (10, 3)), "cudnn_fp8")
     q, k, v = gaussian(1, 4, 4, 512, 512, 128)
     args = quantize("cudnn_fp8", q, k, v)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up builds the graph, handle and constants outside capture
-        for _ in range(2):
-            eager = ops.scaled_attention(*args, 0.088, torch.bfloat16, "cudnn_fp8")
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = ops.scaled_attention(*args, 0.088, torch.bfloat16, "cudnn_fp8")
+    # the warm-ups build the cuDNN graph, handle and constants outside the capture
+    graph, captured = support.capture_graph(lambda: ops.scaled_attention(*args, 0.088, torch.bfloat16, "cudnn_fp8"),
+                                            warmups=2)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    assert torch.equal(captured, ops.scaled_attention(*args, 0.088, torch.bfloat16, "cudnn_fp8"))
     q2, k2, v2 = gaussian(1, 4, 4, 512, 512, 128, seed=3)
     new = quantize("cudnn_fp8", q2, k2, v2)
     for dst, src in zip(args[:6], new[:6]):  # new data (and scales) into the captured buffers

@@ -139,6 +139,9 @@ def test_check_names_the_argument_and_the_expected_shape():
         block_sparse.check(good.index.transpose(0, 1).contiguous().transpose(0, 1), good.count, 2, 4, 300, 400)
     with pytest.raises(ValueError, match="block_index is on cpu and block_count on meta"):
         block_sparse.check(good.index, good.count.to("meta"), 2, 4, 300, 400)
+    block_sparse.check(*good, 2, 4, 300, 400, torch.device("cpu"))
+    with pytest.raises(ValueError, match="^block_index and block_count are on cpu; they must be on Q's device meta$"):
+        block_sparse.check(*good, 2, 4, 300, 400, torch.device("meta"))
     with pytest.raises(ValueError, match="bool"):
         block_sparse.from_mask(torch.ones(2, 3, 4))
 

@@ -277,6 +277,9 @@ def test_invalid_lists_and_configs_are_refused():
         ts.attention(*args, 0.125, torch.float32, block_index=lists.index)
     with pytest.raises(ValueError, match="block_count must be int32"):
         ts.attention(*args, 0.125, torch.float32, block_index=lists.index, block_count=lists.count.long())
+    with pytest.raises(ValueError, match="^triton_sage: block_index and block_count are on meta; they must be on Q's "
+                       "device cpu$"):
+        ts.attention(*args, 0.125, torch.float32, block_index=lists.index.to("meta"), block_count=lists.count.to("meta"))
     with ts.use_config("256,64,8,1"), pytest.raises(
             ValueError, match=r"config BM256_BN64_w8_s1 is invalid for block-sparse calls .*BLOCK_M dividing 128"):
         ts.attention(*args, 0.125, torch.float32, block_index=lists.index, block_count=lists.count)

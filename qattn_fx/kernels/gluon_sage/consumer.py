@@ -104,34 +104,27 @@ def _consume(st, CID: gl.constexpr):
     bufs = st.bufs
     ptrs = st.ptrs
     prog = st.prog
-    QK_KIND: gl.constexpr = flags.QK_KIND
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
-    MMASUM: gl.constexpr = flags.MMASUM
-    SPLIT_TAIL: gl.constexpr = flags.SPLIT_TAIL
     SKIP: gl.constexpr = flags.SKIP
     q_desc = bufs.q_desc
-    k_desc = bufs.k_desc
-    b = prog.b
-    hk = prog.hk
     kv0 = prog.kv0
     SEQ_Q = prog.SEQ_Q
     SEQ_KV = prog.kv_len
-    stride_ksn = prog.stride_ksn
 
     BM: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     HEAD_DIM_V: gl.constexpr = bufs.v_desc.block_type.shape[2]
     NW: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = mma_layout(NW, BLOCK_N, k_desc.dtype.primitive_bitwidth)
-    QUANT_Q: gl.constexpr = quantizes_q(q_desc.dtype, k_desc.dtype)  # this warpgroup quantizes its Q rows itself
+    s_layout: gl.constexpr = mma_layout(NW, BLOCK_N, bufs.k_desc.dtype.primitive_bitwidth)
+    QUANT_Q: gl.constexpr = quantizes_q(q_desc.dtype, bufs.k_desc.dtype)  # this warpgroup quantizes its Q rows itself
     o_layout: gl.constexpr = mma_layout(NW, HEAD_DIM_V, 8)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    if QK_KIND == 0:
+    if flags.QK_KIND == 0:
         s_init = gl.full([BM, BLOCK_N], C_INT8_ACC_BITS, gl.int32, s_layout)  # S + 1.5·2^23 read as fp32
     else:
         s_init = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
@@ -144,18 +137,18 @@ def _consume(st, CID: gl.constexpr):
     row0 = prog.start_m + CID * BM
     offs_m = row0 + gl.arange(0, BM, layout=row_s)
     m_valid = offs_m < SEQ_Q
-    ks_ptr = ptrs.KS + b * prog.stride_ksb + hk * prog.stride_ksh
-    if SPLIT_TAIL and K_BLOCK > 0:  # a tail piece's keys start at kv0 (a multiple of K_BLOCK); its K scales there
-        ks_ptr += (kv0 // K_BLOCK) * stride_ksn
-    kb_ptr = ptrs.KB + b * prog.stride_kbb
-    if SPLIT_TAIL:
+    ks_ptr = ptrs.KS + prog.b * prog.stride_ksb + prog.hk * prog.stride_ksh
+    if flags.SPLIT_TAIL and K_BLOCK > 0:  # a tail piece's keys start at kv0 (a multiple of K_BLOCK); its K scales there
+        ks_ptr += (kv0 // K_BLOCK) * prog.stride_ksn
+    kb_ptr = ptrs.KB + prog.b * prog.stride_kbb
+    if flags.SPLIT_TAIL:
         kb_ptr += kv0
     q = bufs.q_smem.index(CID).reshape([BM, HEAD_DIM])
     rs = _row_scales(q, ks_ptr, ptrs, prog, flags, row0, offs_m, m_valid, row_s, QUANT_Q)
 
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
     acc = gl.zeros([BM, HEAD_DIM_V], gl.float32, o_layout)
-    if MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
+    if flags.MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
         l_zero = gl.zeros([BM, 8], gl.float32, sum_layout(NW))
         l_i = l_zero
         ones = bufs.ones_smem.index(CID)
@@ -170,7 +163,7 @@ def _consume(st, CID: gl.constexpr):
     else:
         visits = (0, 0)  # unused
         n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
-    ksrc = (ks_ptr, stride_ksn, bufs.ks_smem, SEQ_KV)
+    ksrc = (ks_ptr, prog.stride_ksn, bufs.ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
     if flags.HAS_BIAS and flags.SPARSE:
         bias_tiles = _visit_bias_tiles(ptrs, first, n_tiles, flags)

@@ -187,12 +187,12 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     of skipped tiles is added.
 
     ``block_index`` / ``block_count``: the key tiles each 128-row query tile visits (:mod:`qattn_fx.block_sparse`,
-    checked by :func:`~qattn_fx.block_sparse.check`, on ``q``'s device); such launches run two-consumer configs
+    checked by :func:`~qattn_fx.kernels._sage_common.validate`, on ``q``'s device); such launches run two-consumer configs
     (:func:`tuner_for`; a forced ``trio`` or ``quad`` config raises ``ValueError``), their tail split cut at
     multiples of 128 keys (:func:`tail_plan`).
     """
-    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    blocks = _block_args(q, k, block_index, block_count)
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias, block_index, block_count)
+    blocks = None if block_index is None else (block_index, block_count)
     skip = _skip_args(q, skip_threshold, skip_count)
     q, k = _aligned(q), _aligned(k)
     reason = ineligible(q, k, v)
@@ -262,16 +262,6 @@ def visit_bounds(block_index: torch.Tensor, block_count: torch.Tensor, tail: Opt
         span = torch.stack([key_range[:, 0] // keys, (key_range[:, 1] + keys - 1) // keys], -1).to(torch.int32)
         bounds.append(span[:, None, None, :].expand(*entries.shape[:-1], 2))
     return torch.searchsorted(entries, torch.cat(bounds, -1).contiguous(), out_int32=True)
-
-
-def _block_args(q, k, block_index, block_count) -> Optional[tuple]:
-    """``(block_index, block_count)`` for the kernel after :func:`qattn_fx.block_sparse.check`, or ``None``."""
-    block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    if block_index is None:
-        return None
-    if block_index.device != q.device:
-        raise ValueError(f"gluon_sage: block_index and block_count must be on {q.device}; got {block_index.device}")
-    return block_index, block_count
 
 
 def _skip_args(q, skip_threshold, skip_count) -> Optional[tuple]:

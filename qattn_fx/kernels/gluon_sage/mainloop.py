@@ -186,16 +186,15 @@ def _ahead_step(i, j, j_next, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, 
     during its softmax; returns that ``S`` and (:func:`_k_scales_ahead`) its K scales. ``flags``, ``lp``: as
     :func:`_softmax_pv`'s; with ``BIAS`` the tile's key bias (:func:`_key_bias`) is added to its logits."""
     QK_KIND: gl.constexpr = flags.QK_KIND
-    K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
-    KS_TMA: gl.constexpr = flags.KS_TMA
     MMASUM: gl.constexpr = flags.MMASUM
-    if KS_TMA:
-        EARLY: gl.constexpr = _scales_read_early(KS_TMA, K_BLOCK)
+    if flags.KS_TMA:
+        EARLY: gl.constexpr = _scales_read_early(flags.KS_TMA, flags.K_BLOCK)
         if not EARLY:  # else ks holds tile j's scales, read from the ring in the previous step
             ks = _k_scales_at_use(i, j, ks, lp.ksrc, col_s, grp_layout, flags)
-        t, rs_t = _scale_logits(s, ks, lp.rs, QK_KIND, K_BLOCK, BLOCK_N)  # first: S_{j+1} then takes S_j's registers
+        # first: S_{j+1} then takes S_j's registers
+        t, rs_t = _scale_logits(s, ks, lp.rs, QK_KIND, flags.K_BLOCK, BLOCK_N)
         s_next = _qk_issue(i + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
         if EARLY:  # tile j+1's K and scales have arrived (waited just above): the shared load's latency then
             # passes under this tile's exponentials instead of stalling the next tile's scaling
@@ -205,7 +204,7 @@ def _ahead_step(i, j, j_next, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, 
     else:  # the global load first, as early as possible (this order measured faster for this path)
         ks_next = _k_scales_ahead(i + 1, j_next, lp.ksrc, col_s, grp_layout, flags)
         s_next = _qk_issue(i + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
-        t, rs_t = _scale_logits(s, ks, lp.rs, QK_KIND, K_BLOCK, BLOCK_N)
+        t, rs_t = _scale_logits(s, ks, lp.rs, QK_KIND, flags.K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, _key_bias(j, lp.kbsrc, col_s, BLOCK_N, BIAS, flags.PERMK), BIAS)
     m_new = _running_max(t, rs_t, m_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, False, BIAS)
     p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, False, MMASUM, BIAS)
@@ -268,10 +267,8 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
     (their bias is 0);
     ``lp``: the warpgroup's :class:`TileLoop`."""
     QK_KIND: gl.constexpr = flags.QK_KIND
-    K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
-    KS_TMA: gl.constexpr = flags.KS_TMA
     TARRIVE: gl.constexpr = flags.TARRIVE
     HAS_BIAS: gl.constexpr = flags.HAS_BIAS
     # Tiles 0 .. n_tiles-2 are full; the last one is masked (a branch per tile inside the loop miscompiles in
@@ -282,7 +279,8 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
     ks = _k_scales_ahead(0, j0, lp.ksrc, col_s, grp_layout, flags)
     if flags.AHEAD:
         s = _qk(0, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
-        if _scales_read_early(KS_TMA, K_BLOCK):  # the ahead steps carry the scales of the tile they get S of
+        # the ahead steps carry the scales of the tile they get S of
+        if _scales_read_early(flags.KS_TMA, flags.K_BLOCK):
             ks = _tile_k_scales(0, j0, lp.ksrc, col_s, grp_layout, flags)
         if HAS_BIAS:
             b0, b1 = bias_tiles
@@ -310,7 +308,8 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
         s = _qk(n_tiles - 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     j_last = _key_tile(n_tiles - 1, lp.visits, flags)
-    if not (flags.AHEAD and _scales_read_early(KS_TMA, K_BLOCK)):  # (else ks already holds the last tile's scales)
+    # (with the ahead schedule's early reads, ks already holds the last tile's scales)
+    if not (flags.AHEAD and _scales_read_early(flags.KS_TMA, flags.K_BLOCK)):
         ks = _k_scales_at_use(n_tiles - 1, j_last, ks, lp.ksrc, col_s, grp_layout, flags)
     kb = _key_bias(j_last, lp.kbsrc, col_s, BLOCK_N, HAS_BIAS)
     if SKIP:

@@ -10,40 +10,32 @@ def _produce_tile(i, j, bufs, coords, flags, PERMUTED: gl.constexpr):
     launches), each into its ring slot once the consumers have freed it (``bufs``: :class:`~.state.Buffers`;
     ``coords``: ``(b, hk, ks_base, kp_x, kp_g, kv0)``, :func:`_producer`'s). ``PERMUTED``: K through the permuting
     5-D view (:func:`.descriptors.permuted_k`), for full tiles only."""
-    K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
     k_desc = bufs.k_desc
-    v_desc = bufs.v_desc
-    ks_desc = bufs.ks_desc
-    kp_desc = bufs.kp_desc
-    k_smem = bufs.k_smem
-    v_smem = bufs.v_smem
-    ks_smem = bufs.ks_smem
     k_ready = bufs.k_ready
-    v_ready = bufs.v_ready
-    kv_free = bufs.kv_free
     b, hk, ks_base, kp_x, kp_g, kv0 = coords
     slot = i % STAGES
     phase = (i // STAGES) & 1
     # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
-    mbarrier.wait(kv_free.index(slot), phase ^ 1)  # event i - STAGES: visit i - STAGES's K slot is free
+    mbarrier.wait(bufs.kv_free.index(slot), phase ^ 1)  # event i - STAGES: visit i - STAGES's K slot is free
     if flags.KS_TMA:
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + ks_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(ks_desc, [ks_base + j * (BLOCK_N // K_BLOCK)], k_ready.index(slot),
-                                        ks_smem.index(i % (2 * STAGES)))
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + bufs.ks_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(bufs.ks_desc, [ks_base + j * (BLOCK_N // flags.K_BLOCK)], k_ready.index(slot),
+                                        bufs.ks_smem.index(i % (2 * STAGES)))
     else:
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
     if PERMUTED:
-        tma.async_copy_global_to_shared(kp_desc, [kp_g + j * (BLOCK_N // 16), 0, 0, 0, kp_x], k_ready.index(slot),
-                                        k_smem.index(slot).reshape(kp_desc.block_type.shape))
+        tma.async_copy_global_to_shared(bufs.kp_desc, [kp_g + j * (BLOCK_N // 16), 0, 0, 0, kp_x], k_ready.index(slot),
+                                        bufs.k_smem.index(slot).reshape(bufs.kp_desc.block_type.shape))
     else:
         tma.async_copy_global_to_shared(k_desc, [b, hk, kv0 + j * BLOCK_N, 0], k_ready.index(slot),
-                                        k_smem.index(slot))
+                                        bufs.k_smem.index(slot))
     # event i - STAGES + 1: visit i - STAGES's V slot is free (events before 0 count as passed)
-    mbarrier.wait(kv_free.index((i + 1) % STAGES), (((i + 1) // STAGES) & 1) ^ 1)
-    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [b, hk, 0, kv0 + j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
+    mbarrier.wait(bufs.kv_free.index((i + 1) % STAGES), (((i + 1) // STAGES) & 1) ^ 1)
+    mbarrier.expect(bufs.v_ready.index(slot), bufs.v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(bufs.v_desc, [b, hk, 0, kv0 + j * BLOCK_N], bufs.v_ready.index(slot),
+                                    bufs.v_smem.index(slot))
 
 
 @jit
@@ -56,9 +48,7 @@ def _producer(st):
     bufs = st.bufs
     prog = st.prog
     K_BLOCK: gl.constexpr = flags.K_BLOCK
-    BLOCK_N: gl.constexpr = flags.BLOCK_N
     q_desc = bufs.q_desc
-    q_smem = bufs.q_smem
     b = prog.b
     hk = prog.hk
     kv0 = prog.kv0
@@ -75,12 +65,12 @@ def _producer(st):
     coords = (b, hk, ks_base, hk * prog.kp_xh, kp_g, kv0)
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
-    NC: gl.constexpr = q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
+    NC: gl.constexpr = bufs.q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
     if not quantizes_q(q_desc.dtype, bufs.k_desc.dtype):
         mbarrier.expect(bufs.q_bar, NC * q_desc.block_type.nbytes)
         for i in gl.static_range(NC):
             tma.async_copy_global_to_shared(q_desc, [b, prog.h, prog.start_m + i * BM, 0], bufs.q_bar,
-                                            q_smem.index(i))
+                                            bufs.q_smem.index(i))
     if flags.SPARSE:  # the listed tiles as the lists number them, from key 0 (a split piece's too: fewer registers)
         visits, n_tiles, _ = _visits(st.ptrs, prog, flags)
         visits = (visits[0], 0)
@@ -89,7 +79,7 @@ def _producer(st):
         if n_tiles > 0:
             _produce_tile(n_tiles - 1, _key_tile(n_tiles - 1, visits, flags), bufs, coords, flags, 0)
     else:
-        n_tiles = gl.cdiv(prog.kv_len, BLOCK_N)
+        n_tiles = gl.cdiv(prog.kv_len, flags.BLOCK_N)
         for j in range(n_tiles - 1):
             _produce_tile(j, j, bufs, coords, flags, flags.PERMK)
         _produce_tile(n_tiles - 1, n_tiles - 1, bufs, coords, flags, 0)

@@ -85,8 +85,10 @@ allowed there). The interpreter's fp32→fp8 cast and its bf16 ``dot`` are not e
 kernel rounds P onto the e4m3 grid itself (RNE, exact) and upcasts bf16/fp16 Q/K to fp32 (exact products);
 compiled kernels use the hardware paths.
 
-Layout: :mod:`.config` (launch configs, forcing), :mod:`.kernel` (the Triton source), :mod:`.launch` (the host
-side); the constants, input checks and helpers shared with gluon_sage are in :mod:`.._sage_common`.
+Layout: :mod:`.config` (launch configs, forcing); the Triton source in three files, :mod:`.tiles` (one tile's
+loads, softmax and P·V, the schedules' steps), :mod:`.walk` (the block-sparse walk) and :mod:`.kernel`
+(``_sage_fwd``), each loaded per Triton mode by :mod:`.source`; :mod:`.launch` (the host side). The constants,
+input checks and helpers shared with gluon_sage are in :mod:`.._sage_common`.
 """
 
 from .._offline import ptxas_report

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -11,7 +10,8 @@ import torch
 from ... import block_sparse
 from .. import _sage_common as common
 from .. import requirements as kernel_requirements
-from .._cuda_utils import empty_bshd, load_triton_source
+from .._cuda_utils import empty_bshd
+from . import source
 from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
 
 try:  # GPU libraries are optional at import time; the kernel raises a clear error without them.
@@ -29,10 +29,8 @@ KERNEL = "triton_sage"
 HEAD_DIMS = _REQUIREMENTS.head_dims.allowed
 CAPABILITIES = _REQUIREMENTS.capabilities
 
-_KERNEL_SOURCE = Path(__file__).with_name("kernel.py")
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
                  "PV_SPLIT", "HAS_BIAS", "SPARSE", "SQ_BUCKET", "SKV_BUCKET"]
-_MODULES: dict[bool, object] = {}  # the kernel source, loaded per Triton mode (interpreted or not)
 _TUNED: dict[str, object] = {}  # the autotuned wrapper of the compiled kernel
 
 
@@ -42,10 +40,11 @@ def interpreter_active() -> bool:
 
 
 def kernel_module(interpret: bool):
-    """:mod:`.kernel` loaded with ``@triton.jit`` in interpreter (``interpret``) or compiled mode, once each."""
+    """:mod:`.kernel` loaded with ``@triton.jit`` in interpreter (``interpret``) or compiled mode, once each
+    (:mod:`.source`)."""
     if triton is None:
         raise RuntimeError(f"triton_sage needs triton: {_TRITON_ERROR}")
-    return load_triton_source(__package__, _KERNEL_SOURCE, "_kernel", interpret, _MODULES)
+    return source.load("kernel", interpret)
 
 
 def sparse_config_error(config: KernelConfig) -> Optional[str]:
@@ -178,15 +177,6 @@ def _loop_end(config: KernelConfig, skv: int, interpret: bool, sparse: bool = Fa
     return (skv // config.block_n) * config.block_n
 
 
-def _check_blocks(q, k, block_index, block_count) -> None:
-    """``ValueError`` unless the block lists fit this call (:func:`qattn_fx.block_sparse.check`) and live on Q's
-    device."""
-    block_sparse.check(block_index, block_count, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    if block_index is not None and block_index.device != q.device:
-        raise ValueError(f"{KERNEL}: block_index/block_count are on {block_index.device}; they must be on Q's "
-                         f"device {q.device}")
-
-
 def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm_scale: float,
               out_dtype: torch.dtype, *, return_lse: bool = False, key_bias: Optional[torch.Tensor] = None,
               block_index: Optional[torch.Tensor] = None, block_count: Optional[torch.Tensor] = None):
@@ -201,8 +191,7 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
     more than :data:`~qattn_fx.kernels._sage_common.MAX_GRID_Y` (batch, head) pairs run in batch chunks (the lists
     too).
     """
-    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    _check_blocks(q, k, block_index, block_count)
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias, block_index, block_count)
     sparse = block_index is not None
     cap = check_device(q)
     interpret = interpreter_active()
@@ -270,8 +259,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     from .._offline import launch_signature
 
     kernel = kernel_module(False)._sage_fwd
-    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
-    _check_blocks(q, k, block_index, block_count)
+    common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias, block_index, block_count)
     if block_index is not None and sparse_config_error(config):
         raise ValueError(sparse_config_error(config))
     _, _, args, meta = _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_dtype,
@@ -280,6 +268,6 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
                                block_index=block_index, block_count=block_count)
     meta.update(INTERP_LOOP_END=0, **config.meta())
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
+    ast_source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(ast_source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
                           options={"num_warps": config.num_warps, "num_stages": config.num_stages})
