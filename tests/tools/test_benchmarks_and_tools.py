@@ -368,7 +368,10 @@ def test_dit_step_stack_rows():
     plain = dit_step.parse_args([])
     assert (plain.linears, plain.cache) == ("bf16", "none")
     assert [r.name for r in dit_step.plan(plain)][:3] == ["compiled dense (torch SDPA)", "compiled, no attention", auto]
-    for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"]):
+    assert (args.fp8_gemms, plain.fp8_gemms) == ("cublas", "cublas")
+    assert dit_step.parse_args(["--linears", "fp8", "--fp8-gemms", "autotune"]).fp8_gemms == "autotune"
+    for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"],
+                ["--fp8-gemms", "triton"]):
         with pytest.raises(SystemExit):
             dit_step.parse_args(bad)
 
