@@ -1,5 +1,6 @@
 """Every compiled SDPA call is served within the recipe's bound or kept dense with a reason, never a crash: a
-property test over operand layouts, dtypes, masks (junk in masked keys), GQA and dynamic shapes (issue #43), and the same with block sparsity on.
+property test over operand layouts, dtypes, masks (junk in masked keys), GQA and dynamic shapes (issue #43), and
+the same with block sparsity on.
 
 Drawn per call: each of Q, K, V stored in any :data:`support.LAYOUTS` layout (transposed last two dims, head-last
 and sequence-first permutes, broadcast batch or heads, gaps in every dim, storage offsets, ...); K/V batch 1
