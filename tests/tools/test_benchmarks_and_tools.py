@@ -459,6 +459,7 @@ def test_dit_step_block_sparse_spec_sets_every_attention_spec():
     assert dit_step.spec_of(dit_step.Row("y", "qattn auto (default spec)")) == qattn_fx.Spec()
 
 
+@pytest.mark.slow
 def test_dit_step_block_sparse_loop_with_dense_steps_compiles_once():
     """A +bs0.5 variant with its first step dense (emulated, on a tiny Wan): one graph for the whole loop, the
     predictor's lists skipping blocks on the sparse steps only."""
