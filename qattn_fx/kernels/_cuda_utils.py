@@ -216,6 +216,15 @@ def format_version(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
+def triton_interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now; False without triton."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    return bool(triton.knobs.runtime.interpret)
+
+
 def load_triton_source(package: str, source, stem: str, interpret: bool, loaded: dict):
     """The Triton kernels of file ``source`` loaded as module ``<package>.<stem>_<interpreted|compiled>`` with
     ``@triton.jit`` in interpreter (``interpret``) or compiled mode, once per mode (kept in ``loaded``, keyed by

@@ -20,6 +20,7 @@ import torch
 
 from ... import block_sparse
 from .._cuda_utils import load_triton_source
+from .._cuda_utils import triton_interpreting as interpreter_active
 from .reference import Pooled, kept_keys, tile_counts
 
 try:
@@ -46,11 +47,6 @@ def require() -> None:
     """``RuntimeError`` naming the requirement unless triton imports."""
     if triton is None:
         _kernels(False)
-
-
-def interpreter_active() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
 
 
 def _kernels(interpret: bool):

@@ -11,6 +11,7 @@ from ... import block_sparse
 from .. import _sage_common as common
 from .. import requirements as kernel_requirements
 from .._cuda_utils import empty_bshd
+from .._cuda_utils import triton_interpreting as interpreter_active
 from . import source
 from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
 
@@ -32,11 +33,6 @@ CAPABILITIES = _REQUIREMENTS.capabilities
 _AUTOTUNE_KEY = ["HEAD_DIM", "HEAD_DIM_V", "QK_KIND", "Q_BLOCK", "K_BLOCK", "V_SEQ_MAJOR", "RETURN_LSE",
                  "PV_SPLIT", "HAS_BIAS", "SPARSE", "SQ_BUCKET", "SKV_BUCKET"]
 _TUNED: dict[str, object] = {}  # the autotuned wrapper of the compiled kernel
-
-
-def interpreter_active() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
 
 
 def kernel_module(interpret: bool):

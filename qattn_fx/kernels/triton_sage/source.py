@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._cuda_utils import load_triton_source
+from .._cuda_utils import load_triton_source, triton_interpreting
 
 #: file stem → its modules, keyed by ``interpret``.
 _MODULES: dict[str, dict[bool, object]] = {}
@@ -27,6 +27,4 @@ def load(stem: str, interpret: bool):
 def sibling(stem: str):
     """Source file ``<stem>.py`` loaded in the Triton mode in effect now: called at the top of a source file being
     loaded, the mode that file is loaded in."""
-    import triton
-
-    return load(stem, bool(triton.knobs.runtime.interpret))
+    return load(stem, triton_interpreting())
