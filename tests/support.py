@@ -1,5 +1,6 @@
 """Helpers shared by several test files: recipe inputs for the Triton kernel tests, opcheck on float8 outputs, the
-environment of a test's subprocess, and the GPU tests' CUDA-graph capture and no-host-sync checks."""
+environment of a test's subprocess, and the GPU tests' device-capability markers, CUDA-graph capture and no-host-sync
+checks."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 import qattn_fx.ops  # noqa: F401  (registers qattn::* ops)
@@ -43,6 +45,31 @@ def fp8_comparable_allclose():
         yield
     finally:
         torch.allclose = original
+
+
+def gpu_capability() -> tuple[int, int] | None:
+    """This machine's CUDA compute capability, or None without CUDA."""
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+
+
+def needs_capability(*capabilities: tuple[int, int], reason: str):
+    """A ``skipif`` marker: the test runs only on a CUDA device of one of ``capabilities``."""
+    return pytest.mark.skipif(gpu_capability() not in capabilities, reason=reason)
+
+
+@contextlib.contextmanager
+def triton_sage_compiled(monkeypatch, qattn_config, config):
+    """For a GPU test of triton_sage: compiled kernels (``TRITON_INTERPRET`` unset), no config from the environment
+    (``qattn_config``: the fixture of tests/conftest.py), ``config`` forced (None: autotuned); unforced after."""
+    from qattn_fx.kernels import triton_sage as ts  # noqa: PLC0415  (imports triton)
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    qattn_config(triton_sage_config=None)
+    ts.set_config(config)
+    try:
+        yield
+    finally:
+        ts.set_config(None)
 
 
 def capture_graph(fn, warmups: int = 1):

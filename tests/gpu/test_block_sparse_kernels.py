@@ -36,11 +36,7 @@ DEV = "cuda"
 SM_SCALE = 1 / math.sqrt(128)
 
 
-def _capability():
-    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
-
-
-needs_sm89_90 = pytest.mark.skipif(_capability() not in ts.CAPABILITIES, reason="triton_sage needs sm_89 or sm_90")
+needs_sm89_90 = support.needs_capability(*ts.CAPABILITIES, reason="triton_sage needs sm_89 or sm_90")
 
 #: Configs run per device (forced): sm_90's autotuned key tile (128: one sub-tile per listed key tile) plain and
 #: pipelined, and 64-key tiles (two sub-tiles per key tile); sm_89 runs 8-warp 64-key tiles without ``pipe``.
@@ -51,22 +47,20 @@ ALL_CONFIGS = sorted({c for cs in CONFIGS.values() for c in cs})
 
 @pytest.fixture(autouse=True)
 def _compiled_mode(monkeypatch, qattn_config):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    qattn_config(triton_sage_config=None)
-    ts.set_config(None)
-    yield
-    ts.set_config(None)
+    with support.triton_sage_compiled(monkeypatch, qattn_config, None):
+        yield
 
 
 def config_here(config: str | None) -> ts.KernelConfig | None:
     """``config`` parsed, or a skip when this device does not run it (``None``: autotuned)."""
-    if config is not None and config not in CONFIGS.get(_capability(), []):
-        pytest.skip(f"{config} is not run on sm_{_capability()[0]}{_capability()[1]}")
+    here = support.gpu_capability()
+    if config is not None and config not in CONFIGS.get(here, []):
+        pytest.skip(f"{config} is not run on sm_{here[0]}{here[1]}")
     return None if config is None else ts.KernelConfig.parse(config)
 
 
 def block_n_of(config: ts.KernelConfig | None) -> int:
-    return config.block_n if config is not None else ts.BLOCK_N_BY_CAPABILITY[_capability()]
+    return config.block_n if config is not None else ts.BLOCK_N_BY_CAPABILITY[support.gpu_capability()]
 
 
 # ------------------------------------------------------------------------------------------------------------------

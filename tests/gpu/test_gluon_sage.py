@@ -26,9 +26,7 @@ from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
 from qattn_fx.kernels import emulation, reference  # noqa: E402
 
 DEV = "cuda"
-needs_sm90 = pytest.mark.skipif(
-    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != gs.CAPABILITY,
-    reason="gluon_sage needs sm_90")
+needs_sm90 = support.needs_capability(gs.CAPABILITY, reason="gluon_sage needs sm_90")
 
 make_qkv = functools.partial(support.make_qkv, hq=8, hkv=4, sq=1000, skv=1500, d=128, device=DEV)
 assert_close_to_reference = functools.partial(support.assert_close_to_reference, name="gluon_sage")

@@ -29,9 +29,7 @@ from qattn_fx.kernels import emulation  # noqa: E402
 from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
 
 DEV = "cuda"
-needs_sm90 = pytest.mark.skipif(
-    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != gs.CAPABILITY,
-    reason="gluon_sage needs sm_90")
+needs_sm90 = support.needs_capability(gs.CAPABILITY, reason="gluon_sage needs sm_90")
 
 SPARSE = str(gs.SPARSE_TUNED_CONFIGS[0])  # 128,3,ahead,permk,mmasum: the permk class's two-consumer default
 

@@ -1,4 +1,4 @@
-"""Ring attention's local call on the H200: the aten attention ops that return the LSE, rewritten by the pass to
+"""Ring attention's local call on an sm_90 GPU: the aten attention ops that return the LSE, rewritten by the pass to
 ``qattn::scaled_attention_lse`` on gluon_sage and triton_sage, against the ops themselves and the reference.
 
 Run: ``pytest -m gpu tests/gpu/test_lse_calls_on_kernels.py -v -s``.
@@ -10,13 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import support
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import qattn_fx  # noqa: E402
 from qattn_fx import AttentionSpec, Recipe, Spec  # noqa: E402
 
-needs_sm90 = pytest.mark.skipif(
-    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != (9, 0), reason="needs sm_90")
+needs_sm90 = support.needs_capability((9, 0), reason="needs sm_90")
 SAGE = Recipe("int8", "fp8", 1, 16, 1)
 
 

@@ -25,8 +25,7 @@ from qattn_fx import AttentionSpec, Recipe, Spec, kernels  # noqa: E402
 from qattn_fx.kernels import emulation, reference  # noqa: E402
 
 DEV = "cuda"
-needs_sm90 = pytest.mark.skipif(
-    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != (9, 0), reason="needs sm_90")
+needs_sm90 = support.needs_capability((9, 0), reason="needs sm_90")
 SAGE = Recipe("int8", "fp8", 1, 16, 1)
 KERNEL_SPECS = {
     "gluon_sage": (Spec(default=AttentionSpec("TRITON", SAGE, kernel="gluon_sage")), None),

@@ -29,9 +29,7 @@ from qattn_fx.kernels import emulation, reference  # noqa: E402
 from qattn_fx.kernels import gluon_sage as gs  # noqa: E402
 
 DEV = "cuda"
-needs_sm90 = pytest.mark.skipif(
-    not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) != gs.CAPABILITY,
-    reason="gluon_sage needs sm_90")
+needs_sm90 = support.needs_capability(gs.CAPABILITY, reason="gluon_sage needs sm_90")
 
 #: (config, Q/K recipe, blocks): the permk class (trio), the key-order class (two consumers, serial), bf16 Q/K, fp8.
 CASES = [("128,3,trio,permk,tarrive,mmasum", "int8", (1, 16)), ("128,3,permk,mmasum", "int8", (1, 16)),

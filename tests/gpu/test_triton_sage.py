@@ -55,11 +55,8 @@ DEFAULT_CONFIG = ts.KernelConfig(128, 64, 8, 3)
 
 @pytest.fixture(autouse=True)
 def _compiled_mode(monkeypatch, qattn_config):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    qattn_config(triton_sage_config=None)
-    ts.set_config(DEFAULT_CONFIG)
-    yield
-    ts.set_config(None)
+    with support.triton_sage_compiled(monkeypatch, qattn_config, DEFAULT_CONFIG):
+        yield
 
 
 # ------------------------------------------------------------------------------------------------------------------
