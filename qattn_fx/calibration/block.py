@@ -38,8 +38,8 @@ from ..kernels import predict_blocks as predictor
 from ..ops import quantized_attention
 from ..policy import resolve, select
 from ..spec import DENSE, Match, Rule, Spec
-from .capture import ProbedModel, SiteCall
-from .skip import PER, _calls
+from .capture import ProbedModel, SiteCall, kwargs_or_pairs
+from .skip import PER
 
 #: The ``cdf`` values tried (denser near 1, where the predicted mass of local maps concentrates).
 CDF_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.985, 0.99,
@@ -138,7 +138,7 @@ def calibrate_block_sparse(model: Callable, calls: Iterable, target_sparsity: fl
     if not values or not all(0 < v <= 1 for v in values):
         raise ValueError(f"grid={values} is invalid; valid: values in (0, 1]")
     base = Spec.coerce(spec)
-    call_list = _calls(calls)
+    call_list = kwargs_or_pairs(calls)
     counts: dict[str, list[list[int]]] = {}  # module path -> per grid value [skipped, blocks]
     sites: dict[str, tuple] = {}  # module path -> (its attention spec in ``base``, target)
 

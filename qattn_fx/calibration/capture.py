@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -155,3 +155,19 @@ class ProbedModel:
 
 def _identifier(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
+
+
+def kwargs_or_pairs(calls: Iterable) -> list[tuple[tuple, dict]]:
+    """The sparsity calibrations' ``calls`` (kwargs dicts or ``(args, kwargs)`` pairs) as ``(args, kwargs)`` pairs;
+    ``ValueError`` naming the accepted forms otherwise or when there is none."""
+    out = []
+    for call in calls:
+        if isinstance(call, dict):
+            out.append(((), call))
+        elif isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], dict):
+            out.append((tuple(call[0]), call[1]))
+        else:
+            raise ValueError(f"calls must hold kwargs dicts or (args, kwargs) pairs; got {type(call).__name__}")
+    if not out:
+        raise ValueError("calls is empty; valid: at least one call of the model (a kwargs dict or (args, kwargs))")
+    return out

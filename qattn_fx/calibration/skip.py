@@ -26,6 +26,7 @@ from .. import recipes, skip_softmax
 from ..policy import select
 from ..recipes import SkipSoftmax
 from ..spec import DENSE, Match, Rule, Spec
+from .capture import kwargs_or_pairs
 
 PER = ("site", "model")
 
@@ -62,20 +63,6 @@ def _probe_spec(spec: Spec) -> Spec:
                 rules=tuple(Rule(r.match, _with_skip(r.use, probe)) for r in spec.rules))
 
 
-def _calls(calls: Iterable) -> list[tuple[tuple, dict]]:
-    out = []
-    for call in calls:
-        if isinstance(call, dict):
-            out.append(((), call))
-        elif isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], dict):
-            out.append((tuple(call[0]), call[1]))
-        else:
-            raise ValueError(f"calls must hold kwargs dicts or (args, kwargs) pairs; got {type(call).__name__}")
-    if not out:
-        raise ValueError("calls is empty; valid: at least one call of the model (a kwargs dict or (args, kwargs))")
-    return out
-
-
 def calibrate_skip_softmax(model: Callable, calls: Iterable, target_sparsity: float | None = None, *,
                            spec: Spec | dict | str | Path | None = None, per: str = "site",
                            disabled_until_timestep: float | None = None, timestep: str = "timestep",
@@ -100,7 +87,7 @@ def calibrate_skip_softmax(model: Callable, calls: Iterable, target_sparsity: fl
                     timestep_scale=timestep_scale)
     compiled = torch.compile(model, backend=owner)
     with torch.no_grad(), skip_softmax.collect_margins() as margins:
-        for args, kwargs in _calls(calls):
+        for args, kwargs in kwargs_or_pairs(calls):
             compiled(*args, **kwargs)
     sites = {}  # module path -> (label, its attention spec in ``base``, target)
     for record, site in zip(owner.report.sites, owner._sites):
