@@ -95,6 +95,41 @@ def test_below_the_measured_range_a_gain_is_not_extrapolated(monkeypatch):
     assert 1.2 < mid.speedup < 1.4 and not mid.upper_bound
 
 
+@pytest.mark.parametrize("measured, gpu, same", [
+    ("NVIDIA H200", "NVIDIA H200", True),
+    ("NVIDIA H100", "NVIDIA H100 80GB HBM3", True),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100", True),
+    ("NVIDIA H100", "NVIDIA H100 NVL", True),
+    ("NVIDIA H100", "NVIDIA H200", False),
+    ("NVIDIA H20", "NVIDIA H200", False),
+])
+def test_a_run_speaks_for_the_gpus_that_share_its_name(measured, gpu, same):
+    assert cost.same_gpu(measured, gpu) is same
+
+
+def test_the_gpus_own_points_are_preferred_over_the_architectures(monkeypatch):
+    """Points measured on the running GPU decide alone; a GPU without points of its own gets every point of the
+    architecture; the label names the GPU whose points spoke."""
+    h200 = next(iter(cost_data.SOURCES))
+    monkeypatch.setitem(cost_data.SOURCES, "h100_run", {**cost_data.SOURCES[h200], "device": "NVIDIA H100",
+                                                        "date": "2026-12-06"})
+    points = (cost.Point("k", h200, "a", 24, 4096, 4096, 128, 1.2),
+              cost.Point("k", "h100_run", "a", 24, 4096, 4096, 128, 0.9))
+    monkeypatch.setitem(cost._TABLE, ("k", "sm_90"), points)
+    kwargs = dict(q_len=4096, kv_len=4096, head_dim=128, batch_heads=24)
+    on_h100 = cost.predict("k", "sm_90", gpu="NVIDIA H100 80GB HBM3", **kwargs)
+    assert on_h100.speedup == 0.9 and on_h100.data == "H100 2026-12-06"
+    assert cost.predict("k", "sm_90", gpu="NVIDIA H200", **kwargs).speedup == 1.2
+    unknown = cost.predict("k", "sm_90", gpu="NVIDIA GH200 480GB", **kwargs)
+    assert unknown.speedup == 0.9 and unknown.data.startswith("H200/H100")  # the smallest where points share x
+    assert cost.predict("k", "sm_90", **kwargs) == unknown
+    site_h100 = Hardware(SM90.device, SM90.capability, SM90.libraries, gpu="NVIDIA H100 80GB HBM3")
+    site_h200 = Hardware(SM90.device, SM90.capability, SM90.libraries, gpu="NVIDIA H200")
+    call = Site(q_shape=(1, 24, 4096, 128), k_shape=(1, 24, 4096, 128), v_shape=(1, 24, 4096, 128), role="self")
+    monkeypatch.setattr(cost, "covered", lambda: (("k", "sm_90"),))
+    assert cost_rule("k", call, site_h100)[0] and not cost_rule("k", call, site_h200)[0]
+
+
 def test_short_keys_limit_the_prediction_whatever_the_query_length():
     cross = cost.predicted_speedup("flashinfer_fa3_fp8", "sm_90", q_len=32760, kv_len=512, head_dim=128,
                                    batch_heads=40)
