@@ -4,6 +4,7 @@ without guards on symbolic lengths."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -44,6 +45,23 @@ def test_the_shipped_data_is_what_its_command_prints(monkeypatch):
     assert words[:3] == ["python", "-m", "benchmarks.cost_table"] and words[-2:] == [">", "qattn_fx/cost_data.py"]
     with open(cost_data.__file__) as f:
         assert f.read() == cost_table.render(words[3:-2])
+
+
+def test_runs_on_two_gpus_of_one_arch_keep_their_own_points(tmp_path):
+    """A later run replaces a point of the same GPU; a run on another GPU adds its own beside it."""
+    def run(name, device, speedup):
+        row = {"kernel": "gluon_sage", "method": "gluon_sage/int8-1-16-1", "shape": "flux-1024", "B": 1, "H": 24,
+               "Sq": 4608, "Skv": 4608, "D": 128, "speedup": speedup}
+        path = tmp_path / name
+        path.write_text(json.dumps({"rows": [row], "env": {"device": device, "capability": [9, 0]},
+                                    "settings": {"timer": "graph"}}))
+        return str(path)
+
+    arguments = [run("2026-12-01_h200.json", "NVIDIA H200", 0.8), run("2026-12-02_h200.json", "NVIDIA H200", 0.9),
+                 run("2026-12-06_h100.json", "NVIDIA H100 80GB HBM3", 0.85)]
+    sources, points = cost_table.read_points(arguments)
+    assert sorted((p[1], p[-1]) for p in points.values()) == [("2026-12-02_h200", 0.9), ("2026-12-06_h100", 0.85)]
+    assert sources["2026-12-06_h100"]["device"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_measured_self_attention_points_are_predicted_as_measured():
