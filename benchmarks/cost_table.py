@@ -6,7 +6,9 @@ Each argument is a JSON file written by ``python -m benchmarks.attention_ops --o
 ``:`` and the methods to take from it (``gluon_sage/int8-1-16-1``, ``cudnn_fp8``; default: every qattn_fx method
 in the file). A point is one row of a qattn_fx kernel: its shape, and its ``speedup``: the cuDNN bf16 SDPA time of
 the same run divided by the kernel's time with its quantize passes (``ms_total``). A later argument's point for the
-same (method, shape) replaces an earlier one, so list older runs first. The file's date is the ``YYYY-MM-DD`` its
+same (method, shape) on the same GPU replaces an earlier one, so list older runs first; runs on different GPUs of
+one architecture (an H100 and an H200) each keep their points, and ``auto`` uses the running GPU's
+(:func:`qattn_fx.cost.predict`). The file's date is the ``YYYY-MM-DD`` its
 name starts with (``benchmarks/results/`` naming), the device and architecture come from its ``env``.
 
 The output is a Python module that records this command; ``tests/spec/test_cost.py`` re-runs it and checks that the
@@ -47,10 +49,11 @@ def _arch(capability: list[int]) -> str:
     return f"sm_{capability[0]}{capability[1]}"
 
 
-def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple[str, str], tuple]]:
-    """(sources by key, points by (method, shape)) from the arguments, later arguments replacing earlier points."""
+def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple[str, str, str], tuple]]:
+    """(sources by key, points by (method, shape, device)) from the arguments, later arguments replacing earlier
+    points."""
     sources: dict[str, dict] = {}
-    points: dict[tuple[str, str], tuple] = {}
+    points: dict[tuple[str, str, str], tuple] = {}
     for argument in arguments:
         path, methods = parse_argument(argument)
         date = _DATE.match(path.name)
@@ -70,7 +73,7 @@ def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple[str, 
         for r in rows:
             if methods is not None and r["method"] not in methods:
                 continue
-            points[(r["method"], r["shape"])] = (r["kernel"], key, r["shape"], r["B"] * r["H"], r["Sq"], r["Skv"],
+            points[(r["method"], r["shape"], sources[key]["device"])] = (r["kernel"], key, r["shape"], r["B"] * r["H"], r["Sq"], r["Skv"],
                                                  r["D"], round(r["speedup"], 4))
     return sources, points
 
@@ -96,7 +99,8 @@ def render(arguments: list[str]) -> str:
             lines += [f"        {_literal(name)}: {_literal(value)}," for name, value in source.items()]
             lines.append("    },")
     lines += ["}", "", "#: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)", "POINTS = ("]
-    for point in sorted(points.values(), key=lambda p: (p[0], p[6], p[5], p[4], p[3])):  # kernel, d, Skv, Sq, BH
+    for point in sorted(points.values(), key=lambda p: (p[0], p[6], p[5], p[4], p[3], p[1])):  # kernel, d, Skv, Sq,
+        # BH, source
         lines.append(f"    {_literal(point)},")
     lines.append(")")
     return "\n".join(lines) + "\n"

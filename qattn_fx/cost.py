@@ -16,10 +16,11 @@ cross-512 (40, 32760, 512, 128), and for gluon_sage cross-512 and head_dim 64 at
 joint attention (cogvideox (48, 17776, 17776, 64)). The time of a quantized
 call is Inductor-compiled quantize + kernel, as a model pays it, timed as CUDA-graph replays (gluon_sage; cuDNN FP8
 but at cross-512) or with CUDA events (triton_sage, FA3 FP8, cuDNN FP8 at cross-512), which add the host's per-call
-work and so understate short calls. Other recipes of a kernel, masked calls (key bias) and other GPUs of the
-architecture are predicted from the same points (a key-padding-masked call runs about as fast as the unmasked one on
-both Sage kernels, and torch SDPA slows down with a mask more than they do:
-docs/kernel-profile.md, "Key-padding masks").
+work and so understate short calls. Other recipes of a kernel and masked calls (key bias) are predicted from the
+same points (a key-padding-masked call runs about as fast as the unmasked one on both Sage kernels, and torch SDPA
+slows down with a mask more than they do: docs/kernel-profile.md, "Key-padding masks"). **Per GPU:** where a
+kernel has points measured on the GPU the call runs on (``gpu=``, :attr:`qattn_fx.hardware.Hardware.gpu`), only
+those count; a GPU without points of its own (or no ``gpu``) is predicted from every point of its architecture.
 There is no data for any other (kernel, arch): :func:`predicted_speedup` returns ``None``.
 
 **Between the points.** For the points of the kernel and architecture at the call's head_dim (a head_dim without
@@ -65,6 +66,11 @@ class Point:
     @property
     def arch(self) -> str:
         return cost_data.SOURCES[self.source]["arch"]
+
+    @property
+    def gpu(self) -> str:
+        """The GPU of the run, as its result file names it (``NVIDIA H100 80GB HBM3``)."""
+        return cost_data.SOURCES[self.source]["device"]
 
     @property
     def work(self) -> int:
@@ -126,6 +132,19 @@ def _curve(pairs: list[tuple[int, float]], x: int) -> tuple[float, bool]:
     return ys[i] + t * (ys[i + 1] - ys[i]), False
 
 
+def same_gpu(measured: str, gpu: str) -> bool:
+    """Whether a run on ``measured`` (a result file's device, ``NVIDIA H200``) speaks for ``gpu`` (a
+    :attr:`~qattn_fx.hardware.Hardware.gpu`, ``NVIDIA H200 141GB HBM3e`` or ``NVIDIA H200``): the same name, or one
+    that goes on from it after a space (the memory size and kind)."""
+    return gpu == measured or gpu.startswith(measured + " ") or measured.startswith(gpu + " ")
+
+
+def _for_gpu(points: tuple[Point, ...], gpu: str | None) -> tuple[Point, ...]:
+    """The points measured on ``gpu`` where there are any, else all (the other GPUs of the architecture)."""
+    own = tuple(p for p in points if gpu is not None and same_gpu(p.gpu, gpu))
+    return own or points
+
+
 def _data_label(points: tuple[Point, ...]) -> str:
     devices = dict.fromkeys(cost_data.SOURCES[p.source]["device"].removeprefix("NVIDIA ") for p in points)
     newest = max(cost_data.SOURCES[p.source]["date"] for p in points)
@@ -141,9 +160,14 @@ def _check_length(name: str, value: object, *, optional: bool = False) -> None:
 
 
 def predict(kernel: str, arch: str, *, q_len: int | None, kv_len: int, head_dim: int,
-            batch_heads: int | None) -> Prediction | None:
+            batch_heads: int | None, gpu: str | None = None) -> Prediction | None:
     """The predicted speedup of one call of ``kernel`` on ``arch`` (``sm_90``) over cuDNN bf16 SDPA, with whether it
     is an upper bound; ``None`` when there is no data for (kernel, arch).
+
+    ``gpu`` (:attr:`qattn_fx.hardware.Hardware.gpu`, ``NVIDIA H100 80GB HBM3``): where the kernel has points
+    measured on that GPU, only those count (an H100 and an H200 differ in memory bandwidth, and so in the gain at
+    a shape); else every point of the architecture does. :attr:`Prediction.data` names the GPU whose points gave
+    the prediction.
 
     ``q_len`` or ``batch_heads`` may be ``None`` (not known, e.g. a symbolic length): the prediction then uses the
     key-length curve alone and is an upper bound. The model: this module's docstring.
@@ -155,6 +179,7 @@ def predict(kernel: str, arch: str, *, q_len: int | None, kv_len: int, head_dim:
     points = _TABLE.get((kernel, arch))
     if points is None:
         return None
+    points = _for_gpu(points, gpu)
     measured = sorted({p.head_dim for p in points})
     known = q_len is not None and batch_heads is not None
     best: tuple[float, bool] | None = None
@@ -172,12 +197,13 @@ def predict(kernel: str, arch: str, *, q_len: int | None, kv_len: int, head_dim:
 
 
 def predicted_speedup(kernel: str, arch: str, *, q_len: int, kv_len: int, head_dim: int,
-                      batch_heads: int) -> float | None:
+                      batch_heads: int, gpu: str | None = None) -> float | None:
     """Predicted (torch SDPA cuDNN bf16 time) / (``kernel``'s time including its quantize passes) for one attention
     call of ``batch_heads`` = B·H query heads, ``q_len`` queries, ``kv_len`` keys and ``head_dim`` on ``arch``
     (``"sm_90"``); ``None`` when there is no data for (kernel, arch). Where the numbers come from and what is done
-    between and outside the measured shapes: this module's docstring."""
+    between and outside the measured shapes: this module's docstring; ``gpu``: :func:`predict`'s."""
     _check_length("q_len", q_len)
     _check_length("batch_heads", batch_heads)
-    prediction = predict(kernel, arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim, batch_heads=batch_heads)
+    prediction = predict(kernel, arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim, batch_heads=batch_heads,
+                         gpu=gpu)
     return None if prediction is None else prediction.speedup

@@ -66,7 +66,7 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware,
     if kv_len is None or head_dim is None:
         return symbolic
     prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
-                              batch_heads=batch_heads)
+                              batch_heads=batch_heads, gpu=hardware.gpu)
     speedup, what = prediction.speedup, kernel
     if block_sparse is not None:
         speedup, what = sparse_speedup(speedup, 1.0 - block_sparse.top_k), f"{kernel} with {block_sparse.short_name}"

@@ -27,12 +27,15 @@ class Hardware:
 
     ``capability`` is the CUDA compute capability ``(major, minor)`` or ``None`` for a CPU;
     ``libraries`` maps distribution names (``flashinfer-python``, ``nvidia-cudnn-frontend``, ``triton``) and
-    ``cudnn`` (the cuDNN backend library torch loaded) to version strings.
+    ``cudnn`` (the cuDNN backend library torch loaded) to version strings; ``gpu`` is the GPU's product name as
+    CUDA reports it (``NVIDIA H100 80GB HBM3``), ``None`` for a CPU or a machine written by hand. The cost data
+    (:mod:`qattn_fx.cost`) prefer the measurements of that GPU over others of the same architecture.
     """
 
     device: str = "cpu"
     capability: tuple[int, int] | None = None
     libraries: dict[str, str] = field(default_factory=dict)
+    gpu: str | None = None
 
     @property
     def arch(self) -> str:
@@ -47,7 +50,7 @@ class Hardware:
 
     def describe(self) -> str:
         libs = ", ".join(f"{k} {v}" for k, v in sorted(self.libraries.items()))
-        return f"{self.arch}" + (f" ({libs})" if libs else "")
+        return (f"{self.arch}" + (f", {self.gpu}" if self.gpu else "") + (f" ({libs})" if libs else ""))
 
     @classmethod
     def for_arch(cls, arch: str, libraries: dict[str, str] | None = None) -> "Hardware":
@@ -101,7 +104,8 @@ def detect(device: torch.device | str | None = None) -> Hardware:
 
 @functools.lru_cache(maxsize=None)
 def _detect_cuda(index: int) -> Hardware:
-    return Hardware("cuda", tuple(torch.cuda.get_device_capability(index)), _libraries(True))
+    return Hardware("cuda", tuple(torch.cuda.get_device_capability(index)), _libraries(True),
+                    torch.cuda.get_device_name(index))
 
 
 @functools.lru_cache(maxsize=2)

@@ -30,7 +30,7 @@ from .plan import Choice, Option, choose, merge_options, site_error, spec_for, v
 from .records import Record, Unit, unit_of
 from .result import Calibration, SitePlan, Table, TableRow
 from .sparse import fit_targets, normalized_t, step_windows, timestep_of
-from .speed import NO_COST_DATA, SpeedSource, cost_data, predicted
+from .speed import NO_COST_DATA, SpeedSource, cost_data_on, predicted
 
 log = logging.getLogger("qattn_fx")
 
@@ -56,6 +56,16 @@ def _target(hardware: Hardware | str | None) -> Hardware | None:
     if isinstance(hardware, str):
         return Hardware.supported_install(hardware)
     raise ValueError(f"hardware={hardware!r} is invalid; valid: a Hardware, an arch such as 'sm_90', or None")
+
+
+def _deployment_gpu(target: Hardware | None, emulate: bool) -> str | None:
+    """The GPU whose cost data rank the candidates: the target's where it names one, else this machine's when the
+    candidates run on its kernels (no emulation), else none (every point of the target's architecture)."""
+    if target is not None and target.gpu is not None:
+        return target.gpu
+    if not emulate and target is None and torch.cuda.is_available():
+        return detect().gpu
+    return None
 
 
 class _Sites:
@@ -238,7 +248,9 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     labels = _labels(labels, len(call_list))
     say = progress or log.info
     cands, fitted = fit_targets(model, call_list, cands, say)
-    sites = _Sites(emulate, _target(hardware), cost_data if speed is None else speed, len(call_list))
+    target = _target(hardware)
+    sites = _Sites(emulate, target, cost_data_on(_deployment_gpu(target, emulate)) if speed is None else speed,
+                   len(call_list))
     sites.timestep_scale = float(timestep_scale)
     probed = ProbedModel(model)
     refs: list[torch.Tensor] = []

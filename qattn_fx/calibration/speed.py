@@ -13,6 +13,7 @@ A speed source is a callable ``(kernel, arch, *, q_len, kv_len, head_dim, batch_
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -30,9 +31,17 @@ NO_COST_DATA = "no cost data: table order"
 
 
 def cost_data(kernel: str, arch: str, *, q_len: int, kv_len: int, head_dim: int,
-              batch_heads: int) -> Prediction | None:
-    """:func:`qattn_fx.cost.predict` for one call: None where (kernel, arch) has no cost data."""
-    return cost.predict(kernel, arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim, batch_heads=batch_heads)
+              batch_heads: int, gpu: str | None = None) -> Prediction | None:
+    """:func:`qattn_fx.cost.predict` for one call (``gpu``: that GPU's points first): None where (kernel, arch) has
+    no cost data."""
+    return cost.predict(kernel, arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim, batch_heads=batch_heads,
+                        gpu=gpu)
+
+
+def cost_data_on(gpu: str | None) -> SpeedSource:
+    """:func:`cost_data` with the points of ``gpu`` (a :attr:`~qattn_fx.hardware.Hardware.gpu`) first: the default
+    speed source of a calibration whose candidates deploy on that GPU."""
+    return functools.partial(cost_data, gpu=gpu)
 
 
 def predicted(source: SpeedSource, kernel: str, arch: str, *, q_len: int, kv_len: int, head_dim: int,

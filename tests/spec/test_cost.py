@@ -4,6 +4,7 @@ without guards on symbolic lengths."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -44,6 +45,23 @@ def test_the_shipped_data_is_what_its_command_prints(monkeypatch):
     assert words[:3] == ["python", "-m", "benchmarks.cost_table"] and words[-2:] == [">", "qattn_fx/cost_data.py"]
     with open(cost_data.__file__) as f:
         assert f.read() == cost_table.render(words[3:-2])
+
+
+def test_runs_on_two_gpus_of_one_arch_keep_their_own_points(tmp_path):
+    """A later run replaces a point of the same GPU; a run on another GPU adds its own beside it."""
+    def run(name, device, speedup):
+        row = {"kernel": "gluon_sage", "method": "gluon_sage/int8-1-16-1", "shape": "flux-1024", "B": 1, "H": 24,
+               "Sq": 4608, "Skv": 4608, "D": 128, "speedup": speedup}
+        path = tmp_path / name
+        path.write_text(json.dumps({"rows": [row], "env": {"device": device, "capability": [9, 0]},
+                                    "settings": {"timer": "graph"}}))
+        return str(path)
+
+    arguments = [run("2026-12-01_h200.json", "NVIDIA H200", 0.8), run("2026-12-02_h200.json", "NVIDIA H200", 0.9),
+                 run("2026-12-06_h100.json", "NVIDIA H100 80GB HBM3", 0.85)]
+    sources, points = cost_table.read_points(arguments)
+    assert sorted((p[1], p[-1]) for p in points.values()) == [("2026-12-02_h200", 0.9), ("2026-12-06_h100", 0.85)]
+    assert sources["2026-12-06_h100"]["device"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_measured_self_attention_points_are_predicted_as_measured():
@@ -93,6 +111,41 @@ def test_below_the_measured_range_a_gain_is_not_extrapolated(monkeypatch):
     assert cost.no_gain(small.speedup, small.upper_bound, 1.0)
     mid = cost.predict("k", "sm_90", q_len=5793, kv_len=5793, head_dim=64, batch_heads=24)
     assert 1.2 < mid.speedup < 1.4 and not mid.upper_bound
+
+
+@pytest.mark.parametrize("measured, gpu, same", [
+    ("NVIDIA H200", "NVIDIA H200", True),
+    ("NVIDIA H100", "NVIDIA H100 80GB HBM3", True),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100", True),
+    ("NVIDIA H100", "NVIDIA H100 NVL", True),
+    ("NVIDIA H100", "NVIDIA H200", False),
+    ("NVIDIA H20", "NVIDIA H200", False),
+])
+def test_a_run_speaks_for_the_gpus_that_share_its_name(measured, gpu, same):
+    assert cost.same_gpu(measured, gpu) is same
+
+
+def test_the_gpus_own_points_are_preferred_over_the_architectures(monkeypatch):
+    """Points measured on the running GPU decide alone; a GPU without points of its own gets every point of the
+    architecture; the label names the GPU whose points spoke."""
+    h200 = next(iter(cost_data.SOURCES))
+    monkeypatch.setitem(cost_data.SOURCES, "h100_run", {**cost_data.SOURCES[h200], "device": "NVIDIA H100",
+                                                        "date": "2026-12-06"})
+    points = (cost.Point("k", h200, "a", 24, 4096, 4096, 128, 1.2),
+              cost.Point("k", "h100_run", "a", 24, 4096, 4096, 128, 0.9))
+    monkeypatch.setitem(cost._TABLE, ("k", "sm_90"), points)
+    kwargs = dict(q_len=4096, kv_len=4096, head_dim=128, batch_heads=24)
+    on_h100 = cost.predict("k", "sm_90", gpu="NVIDIA H100 80GB HBM3", **kwargs)
+    assert on_h100.speedup == 0.9 and on_h100.data == "H100 2026-12-06"
+    assert cost.predict("k", "sm_90", gpu="NVIDIA H200", **kwargs).speedup == 1.2
+    unknown = cost.predict("k", "sm_90", gpu="NVIDIA GH200 480GB", **kwargs)
+    assert unknown.speedup == 0.9 and unknown.data.startswith("H200/H100")  # the smallest where points share x
+    assert cost.predict("k", "sm_90", **kwargs) == unknown
+    site_h100 = Hardware(SM90.device, SM90.capability, SM90.libraries, gpu="NVIDIA H100 80GB HBM3")
+    site_h200 = Hardware(SM90.device, SM90.capability, SM90.libraries, gpu="NVIDIA H200")
+    call = Site(q_shape=(1, 24, 4096, 128), k_shape=(1, 24, 4096, 128), v_shape=(1, 24, 4096, 128), role="self")
+    monkeypatch.setattr(cost, "covered", lambda: (("k", "sm_90"),))
+    assert cost_rule("k", call, site_h100)[0] and not cost_rule("k", call, site_h200)[0]
 
 
 def test_short_keys_limit_the_prediction_whatever_the_query_length():
