@@ -17,6 +17,11 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="qattn_
 # (subprocesses the tests start, such as the examples, inherit it).
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 torch._inductor.config.cpp.vec_isa_ok = os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "1"
+# Under pytest-xdist every worker is a process of its own on a small machine: one compile thread and one intra-op
+# thread each, so that the workers do not oversubscribe the cores (the full suite is about 5 % faster on 2 cores).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch._inductor.config.compile_threads = 1
+    torch.set_num_threads(1)
 # Autotuning choices (gluon_sage) in memory only: tests neither read nor write the user's tuning cache.
 os.environ.setdefault("QATTN_TUNING_CACHE", "")
 
