@@ -18,8 +18,6 @@ import math
 from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Iterable, Literal
 
-import torch
-
 from . import kernels
 from .block_sparse_spec import BlockSparse  # noqa: F401  (re-exported: the spec key beside SkipSoftmax)
 from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)

@@ -149,11 +149,11 @@ class ConfigTuner:
             if self.capturing() or not tuning_enabled():
                 self._last_source = "default"
                 return self.default(key)
-            samples: dict[str, list[float]] = {config: [] for config in self.candidates}
+            samples: dict[str, list[float]] = {candidate: [] for candidate in self.candidates}
             for _ in range(self.rounds):
-                for config in self.candidates:
-                    samples[config].append(self.timer(lambda c=config: run(c)))
-            timings = {config: statistics.median(times) for config, times in samples.items()}
+                for candidate in self.candidates:
+                    samples[candidate].append(self.timer(lambda c=candidate: run(c)))
+            timings = {candidate: statistics.median(times) for candidate, times in samples.items()}
             best = min(self.candidates, key=timings.__getitem__)
             self._choices[entry], self._timings[entry] = best, timings
             self._store()
