@@ -26,6 +26,10 @@
 #                                2 calls, candidates on the real kernels (CALIB_ARGS, CALIB_S); writes
 #                                $OUT/calibrate/{spec.json,calibration.json,calibration.png}. Its GPU test:
 #                                GPU_TESTS=tests/gpu/test_calibrate_on_kernels.py ... gpu-tests
+#   cost-data                    python -m benchmarks.attention_ops at every shape of auto's cost data (the presets and the
+#                                head_dim-64 shapes of LTX-Video, SD3 and CogVideoX) for the kernels it covers, timed as
+#                                CUDA-graph replays, into $OUT/<date>_<gpu>_attention_ops_cost.json: the argument to add
+#                                to qattn_fx/cost_data.py's COMMAND for this GPU (CONTRIBUTING.md) (COST_ARGS)
 #   save-jit                     FlashInfer's JIT cache as $OUT/flashinfer.tgz (restored from .fi-cache/ next time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +61,11 @@ for s in "$@"; do
     bs-bench) skipjson=""; [ -e "$OUT/skip_softmax.json" ] && skipjson="--skip-json $OUT/skip_softmax.json"
         TAIL=60 step bs-bench ${BS_S:-560} python3 -m benchmarks.attention_ops --block-sparse --timer graph --out "$OUT/block_sparse.json" \
         --plot "$OUT/block_sparse.png" --max-seconds ${BS_MAX_S:-480} $skipjson ${BS_ARGS:-} ;;
+    cost-data) gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+        TAIL=70 step cost-data 580 python3 -m benchmarks.attention_ops --timer graph --rounds 2 --max-seconds 500 \
+        --only sdpa_cudnn_bf16,cudnn_fp8,flashinfer_fa3_fp8,gluon_sage/int8-1-16-1 --shape ltx-512:1:32:3872:3872:64 \
+        --shape sd3-1024:1:24:4429:4429:64 --shape ltx-704:1:32:9196:9196:64 --shape cogvideox:1:48:17776:17776:64 \
+        --out "$OUT/$(date +%F)_${gpu}_attention_ops_cost.json" ${COST_ARGS:-} ;;
     ops) TAIL=70 step ops 560 python3 -m benchmarks.attention_ops --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
     dit) TAIL=20 step dit ${DIT_S:-560} python3 -m benchmarks.dit_step --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
     ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \
