@@ -194,21 +194,6 @@ def compiled_recipe(recipe: Recipe, kernel: str) -> Callable:
     return torch.compile(attend, fullgraph=True, dynamic=False)
 
 
-def sdpa_callable(q, k, v, backend_name: str) -> Callable:
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
-
-    backend = getattr(SDPBackend, backend_name)
-    gqa = q.shape[1] != k.shape[1]
-
-    kwargs = {"enable_gqa": True} if gqa else {}
-
-    def run():
-        with sdpa_kernel([backend]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
-
-    return run
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # Measurement
 # ------------------------------------------------------------------------------------------------------------------
@@ -238,7 +223,7 @@ def measure_method(m: Method, q, k, v, ref, rows, s: Settings) -> tuple[dict, di
     further ``--rounds`` (a field that is not timed again, such as SDPA's ``ms_total``, mirrors ``ms_kernel``)."""
     row: dict[str, Any] = {"method": m.name, "kernel": m.kernel, "recipe": m.recipe.name if m.recipe else None}
     if m.kind == "sdpa":
-        fn = sdpa_callable(q, k, v, m.sdpa_backend)
+        fn = common.sdpa_callable(q, k, v, m.sdpa_backend)
         row.update(common.accuracy(fn(), ref, rows))
         row["ms_kernel"] = row["ms_total"] = _ms(fn, s)
         return row, {"ms_kernel": fn}

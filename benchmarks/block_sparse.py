@@ -171,9 +171,7 @@ def sdpa_baseline(q, k, v, device: str) -> Callable[[], torch.Tensor]:
     """torch SDPA pinned to cuDNN (on the CPU, for tests: unpinned)."""
     if device != "cuda":
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    from . import attention_ops  # noqa: PLC0415
-
-    return attention_ops.sdpa_callable(q, k, v, "CUDNN_ATTENTION")
+    return common.sdpa_callable(q, k, v, "CUDNN_ATTENTION")
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -407,3 +407,20 @@ def kernel_unavailable(kernel: str, cap: tuple[int, int], d: int) -> str | None:
             return f"triton_sage targets sm_89/sm_90, this is sm_{cap[0]}{cap[1]}"
         return importable("qattn_fx.kernels.triton_sage")
     return None
+
+
+def sdpa_callable(q, k, v, backend_name: str) -> Callable[[], torch.Tensor]:
+    """torch SDPA on ``q, k, v`` (``(B, H, S, D)``; GQA when the head counts differ) pinned to the backend
+    ``SDPBackend.<backend_name>`` (``CUDNN_ATTENTION``, ``FLASH_ATTENTION``), as a callable with no arguments."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    backend = getattr(SDPBackend, backend_name)
+    gqa = q.shape[1] != k.shape[1]
+
+    kwargs = {"enable_gqa": True} if gqa else {}
+
+    def run():
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    return run
