@@ -73,8 +73,8 @@ def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple[str, 
         for r in rows:
             if methods is not None and r["method"] not in methods:
                 continue
-            points[(r["method"], r["shape"], sources[key]["device"])] = (r["kernel"], key, r["shape"], r["B"] * r["H"], r["Sq"], r["Skv"],
-                                                 r["D"], round(r["speedup"], 4))
+            point = (r["kernel"], key, r["shape"], r["B"] * r["H"], r["Sq"], r["Skv"], r["D"], round(r["speedup"], 4))
+            points[(r["method"], r["shape"], sources[key]["device"])] = point
     return sources, points
 
 
@@ -99,8 +99,8 @@ def render(arguments: list[str]) -> str:
             lines += [f"        {_literal(name)}: {_literal(value)}," for name, value in source.items()]
             lines.append("    },")
     lines += ["}", "", "#: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)", "POINTS = ("]
-    for point in sorted(points.values(), key=lambda p: (p[0], p[6], p[5], p[4], p[3], p[1])):  # kernel, d, Skv, Sq,
-        # BH, source
+    # by kernel, head_dim, Skv, Sq, B·H, then source (the runs of several GPUs side by side)
+    for point in sorted(points.values(), key=lambda p: (p[0], p[6], p[5], p[4], p[3], p[1])):
         lines.append(f"    {_literal(point)},")
     lines.append(")")
     return "\n".join(lines) + "\n"

@@ -146,7 +146,7 @@ def _for_gpu(points: tuple[Point, ...], gpu: str | None) -> tuple[Point, ...]:
 
 
 def _data_label(points: tuple[Point, ...]) -> str:
-    devices = dict.fromkeys(cost_data.SOURCES[p.source]["device"].removeprefix("NVIDIA ") for p in points)
+    devices = dict.fromkeys(p.gpu.removeprefix("NVIDIA ") for p in points)
     newest = max(cost_data.SOURCES[p.source]["date"] for p in points)
     return f"{'/'.join(devices)} {newest}"
 

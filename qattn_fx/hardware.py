@@ -50,7 +50,7 @@ class Hardware:
 
     def describe(self) -> str:
         libs = ", ".join(f"{k} {v}" for k, v in sorted(self.libraries.items()))
-        return (f"{self.arch}" + (f", {self.gpu}" if self.gpu else "") + (f" ({libs})" if libs else ""))
+        return self.arch + (f", {self.gpu}" if self.gpu else "") + (f" ({libs})" if libs else "")
 
     @classmethod
     def for_arch(cls, arch: str, libraries: dict[str, str] | None = None) -> "Hardware":

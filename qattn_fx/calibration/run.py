@@ -58,20 +58,10 @@ def _target(hardware: Hardware | str | None) -> Hardware | None:
     raise ValueError(f"hardware={hardware!r} is invalid; valid: a Hardware, an arch such as 'sm_90', or None")
 
 
-def _deployment_gpu(target: Hardware | None, emulate: bool) -> str | None:
-    """The GPU whose cost data rank the candidates: the target's where it names one, else this machine's when the
-    candidates run on its kernels (no emulation), else none (every point of the target's architecture)."""
-    if target is not None and target.gpu is not None:
-        return target.gpu
-    if not emulate and target is None and torch.cuda.is_available():
-        return detect().gpu
-    return None
-
-
 class _Sites:
     """Decides, runs and measures candidates at sites (shared by measuring and applying, so both decide alike)."""
 
-    def __init__(self, emulate: bool, target: Hardware | None, speed: SpeedSource, calls: int):
+    def __init__(self, emulate: bool, target: Hardware | None, speed: SpeedSource | None, calls: int):
         self.emulate, self.target, self.speed, self.calls = emulate, target, speed, calls
         self.records: dict[tuple[SiteKey, str], Record] = {}
         self.order: list[SiteKey] = []
@@ -91,6 +81,17 @@ class _Sites:
                              f"hardware={here.arch!r}, or emulate=True to predict {self.target.arch} from the "
                              "emulation")
         return self.target if not self.emulate and self.target is not None else here
+
+    def speed_source(self, sc: SiteCall) -> SpeedSource:
+        """The calibration's speed source, else the cost data of the GPU the candidates deploy on (the points of
+        that GPU first, :func:`qattn_fx.cost.predict`): the target's where it names one, else without emulation the
+        GPU the site's tensors are on (its kernels run the candidates), else none (the architecture's points)."""
+        if self.speed is not None:
+            return self.speed
+        gpu = self.target.gpu if self.target is not None else None
+        if gpu is None and not self.emulate:
+            gpu = detect(sc.q.device).gpu
+        return cost_data_on(gpu)
 
     def decide(self, sc: SiteCall, spec: Spec) -> Decision:
         """The policy's decision for ``spec`` at this site, without ``auto``'s cost rule: every candidate a kernel
@@ -183,8 +184,8 @@ class _Sites:
             speed = None
             if kernel is not None:
                 s = sc.site
-                speed = predicted(self.speed, kernel, arch, q_len=s.q_len, kv_len=s.kv_len, head_dim=s.head_dim,
-                                  batch_heads=int(torch.Size(s.q_shape[:-2]).numel()))
+                speed = predicted(self.speed_source(sc), kernel, arch, q_len=s.q_len, kv_len=s.kv_len,
+                                  head_dim=s.head_dim, batch_heads=int(torch.Size(s.q_shape[:-2]).numel()))
             elif why:
                 rec.deploy_note = f"on {arch}: {why.removeprefix('dense: ')}"
             rec.speed_known = rec.speed_known and speed is not None
@@ -248,9 +249,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     labels = _labels(labels, len(call_list))
     say = progress or log.info
     cands, fitted = fit_targets(model, call_list, cands, say)
-    target = _target(hardware)
-    sites = _Sites(emulate, target, cost_data_on(_deployment_gpu(target, emulate)) if speed is None else speed,
-                   len(call_list))
+    sites = _Sites(emulate, _target(hardware), speed, len(call_list))
     sites.timestep_scale = float(timestep_scale)
     probed = ProbedModel(model)
     refs: list[torch.Tensor] = []

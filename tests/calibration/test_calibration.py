@@ -350,3 +350,19 @@ def test_cli_calibrate_writes_spec_table_and_plot(tmp_path, capsys):
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "qattn-fx: error: unknown budget key(s) ['cosine']" in capsys.readouterr().err
     assert json.loads((tmp_path / "spec.json").read_text())["default"] == "dense"
+
+
+def test_the_default_speed_source_is_the_cost_data_of_the_gpu_the_candidates_deploy_on():
+    """A target that names its GPU ranks by that GPU's points; without one (emulated) by the architecture's; a speed
+    source given to the calibration is used as it is."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from qattn_fx.calibration.run import _Sites
+
+    h100 = dataclasses.replace(qattn_fx.Hardware.supported_install("sm_90"), gpu="NVIDIA H100 80GB HBM3")
+    call = SimpleNamespace(q=torch.zeros(1))
+    assert _Sites(True, h100, None, 1).speed_source(call).keywords == {"gpu": "NVIDIA H100 80GB HBM3"}
+    assert _Sites(True, None, None, 1).speed_source(call).keywords == {"gpu": None}
+    assert _Sites(False, None, None, 1).speed_source(call).keywords == {"gpu": None}  # a CPU has no GPU name
+    assert _Sites(True, h100, cost_data, 1).speed_source(call) is cost_data

@@ -4,6 +4,7 @@ without guards on symbolic lengths."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -141,8 +142,8 @@ def test_the_gpus_own_points_are_preferred_over_the_architectures(monkeypatch):
     unknown = cost.predict("k", "sm_90", gpu="NVIDIA GH200 480GB", **kwargs)
     assert unknown.speedup == 0.9 and unknown.data.startswith("H200/H100")  # the smallest where points share x
     assert cost.predict("k", "sm_90", **kwargs) == unknown
-    site_h100 = Hardware(SM90.device, SM90.capability, SM90.libraries, gpu="NVIDIA H100 80GB HBM3")
-    site_h200 = Hardware(SM90.device, SM90.capability, SM90.libraries, gpu="NVIDIA H200")
+    site_h100 = dataclasses.replace(SM90, gpu="NVIDIA H100 80GB HBM3")
+    site_h200 = dataclasses.replace(SM90, gpu="NVIDIA H200")
     call = Site(q_shape=(1, 24, 4096, 128), k_shape=(1, 24, 4096, 128), v_shape=(1, 24, 4096, 128), role="self")
     monkeypatch.setattr(cost, "covered", lambda: (("k", "sm_90"),))
     assert cost_rule("k", call, site_h100)[0] and not cost_rule("k", call, site_h200)[0]
