@@ -46,11 +46,11 @@ for s in "$@"; do
   case $s in
     env) step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c "import torch, triton, cudnn, flashinfer; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__, cudnn.__version__, cudnn.backend_version(), flashinfer.__version__)"' ;;
     cpu-tests) TAIL=25 step cpu-tests 150 python3 -m pytest -q -rf -p no:cacheprovider -m "not gpu" -n 8 ${CPU_TESTS:-tests/fx/test_golden_graphs.py tests/backend/test_backend.py tests/models/test_diffusers_models.py tests/ops/test_attention_ops.py} ;;
-    lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
-    triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
-    gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
+    lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -n 0 -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
+    triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -n 0 -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
+    gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -n 0 -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
     gpu-tests) TAIL=45 step gpu-tests ${GPU_TESTS_S:-480} python3 -m pytest -q -rfEs -p no:cacheprovider -n ${GPU_N:-6} --durations=8 -k "${GPU_K:-}" ${GPU_TESTS:-tests/gpu/test_gluon_sage.py tests/gpu/test_triton_sage.py tests/gpu/test_shapes_and_masks.py tests/gpu/test_compiled_models.py} ;;
-    shapes-tests) TAIL=45 step shapes-tests ${SHAPES_TESTS_S:-300} python3 -m pytest -q -rfEs --durations=8 -k "${SHAPES_K:-}" tests/gpu/test_shapes_and_masks.py ;;
+    shapes-tests) TAIL=45 step shapes-tests ${SHAPES_TESTS_S:-300} python3 -m pytest -q -n 0 -rfEs --durations=8 -k "${SHAPES_K:-}" tests/gpu/test_shapes_and_masks.py ;;
     tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 -m benchmarks.tune --kernel gluon_sage --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     tune) TAIL=30 step tune ${TUNE_S:-240} python3 -m benchmarks.tune --kernel triton_sage --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
     skip-tests) TAIL=45 step skip-tests ${SKIP_TESTS_S:-300} python3 -m pytest -q -rfEs -p no:cacheprovider -n ${GPU_N:-6} --durations=8 -k "${SKIP_K:-}" tests/gpu/test_skip_softmax.py ;;
