@@ -3,6 +3,7 @@ config lists the GPU tests, the tuner and the untuned defaults use, and forcing 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Iterator, Optional
 
@@ -55,8 +56,10 @@ class GluonConfig(LaunchConfig):
     two (with ``mmasum``, whose few spills at 160 registers cost less than the ~50 instructions per tile it saves);
     ``quad``: four consumer warpgroups (256 query rows) at :data:`QUAD_CONSUMER_REGS` registers, serial, for
     head_dim :data:`QUAD_HEAD_DIM` only (its running output takes half the registers of head_dim 128's;
-    :func:`check_quad_config`). Their speed: see docs/kernel-profile.md ("Tuning") and BENCHMARKS.md ("head_dim 64").
-    Schedules tried and removed: docs/kernel-design.md."""
+    :func:`check_quad_config`). ``persist``: one CTA per SM runs the launch's work items in turn
+    (:mod:`.schedule`), loading the next item's Q and first K/V tiles during the current one's last tiles and
+    epilogue; the same numerics (not with block lists). Their speed: see docs/kernel-profile.md ("Tuning") and
+    BENCHMARKS.md ("head_dim 64"). Schedules tried and removed: docs/kernel-design.md."""
 
     block_n: int
     stages: int
@@ -66,13 +69,14 @@ class GluonConfig(LaunchConfig):
     mmasum: int = 0
     trio: int = 0
     quad: int = 0
+    persist: int = 0
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
-    FLAGS: ClassVar = ("ahead", "permk", "tarrive", "mmasum", "trio", "quad")
+    FLAGS: ClassVar = ("ahead", "permk", "tarrive", "mmasum", "trio", "quad", "persist")
     #: The flags the kernel takes as they are, as constexprs of their upper-case names (:func:`.plan.kernel_meta`);
     #: the others shape other constexprs: ``permk`` (``PERMK``, where K's layout takes the view),
     #: ``trio`` and ``quad`` (``CONSUMERS``).
-    KERNEL_FLAGS: ClassVar = ("ahead", "tarrive", "mmasum")
+    KERNEL_FLAGS: ClassVar = ("ahead", "tarrive", "mmasum", "persist")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"
@@ -89,6 +93,10 @@ class GluonConfig(LaunchConfig):
         if self.quad and self.ahead:
             raise ValueError(f"quad (four consumers of {QUAD_CONSUMER_REGS} registers) runs the serial schedule "
                              f"only; got {self}; valid: 'BLOCK_N,STAGES,quad[,permk][,tarrive][,mmasum]'")
+
+    def without_persist(self) -> "GluonConfig":
+        """This config, not persistent."""
+        return dataclasses.replace(self, persist=0)
 
     @property
     def consumers(self) -> int:
@@ -183,6 +191,10 @@ def check_sparse_config(config: GluonConfig) -> None:
                          f"CTA, {config.block_n}-key tiles) cannot run block-sparse calls, whose CTA is one "
                          f"{CONSUMERS * ROWS_PER_CONSUMER}-row query tile of the lists visiting 128-key tiles; "
                          f"valid: two-consumer configs with block_n 128 (no 'trio', no 'quad'), e.g. {valid}")
+    if config.persist:
+        raise ValueError(f"gluon_sage config {config} is persistent; block-sparse calls run non-persistent configs "
+                         f"(a persistent CTA counts its rings across work items of equal key tiles); valid: the "
+                         f"same config without 'persist', e.g. '{config.without_persist()}'")
 
 
 def quad_serves(head_dim: int, key_bias: bool) -> bool:

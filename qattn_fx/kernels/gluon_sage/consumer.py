@@ -8,6 +8,7 @@ from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
 from .mainloop import TileLoop, _mainloop
+from .schedule import _program_at
 from .sparse import _visit_bias_tiles, _visits
 
 
@@ -96,14 +97,44 @@ def _bias_tiles(ptrs, prog, n_tiles, BLOCK_N: gl.constexpr):
 
 @jit
 def _consume(st, CID: gl.constexpr):
-    """Consumer warpgroup ``CID``: rows ``start_m + 64·CID + [0, 64)``: their row scales (quantizing Q when the
-    kernel does), then :func:`_mainloop` and :func:`_epilogue`. ``st``: the :class:`~.state.KernelState`; its
-    flags' ``SKIP`` (serial schedules only): every tile behind Skip-Softmax's test (:func:`_softmax_pv_skip`; 2:
-    counting skipped tiles) unless λ is 0."""
+    """Consumer warpgroup ``CID``: the CTA's work item (:func:`_consume_item`), or with ``PERSIST`` each of its items
+    in turn (:mod:`.schedule`), the rings' positions counted across them. With ``MMASUM`` it first fills its ones
+    buffer (:func:`_fill_ones`), once per CTA."""
+    flags = st.flags
+    if flags.MMASUM:
+        _fill_ones(st.bufs.ones_smem.index(CID))
+    if flags.PERSIST:
+        sched = st.sched
+        BM: gl.constexpr = st.bufs.q_desc.block_type.shape[2]
+        ROWS: gl.constexpr = st.bufs.q_smem.type.shape[0] // 2 * BM
+        first = gl.program_id(0) * 0  # (loop-carried int32s)
+        n = first
+        for w in range(gl.program_id(0), sched.items, gl.num_programs(0)):
+            first += _consume_item(st, _program_at(st.prog, w, sched, flags, ROWS), CID, n, first)
+            n += 1
+    else:
+        _consume_item(st, st.prog, CID, 0, 0)
+
+
+@jit
+def _q_done(bufs, n, flags):
+    """A persistent launch's consumer is done with item ``n``'s Q buffer (after its last Q·Kᵀ): the producer may load
+    item ``n + 2``'s there (:mod:`.schedule`). Nothing otherwise."""
+    if flags.PERSIST:
+        mbarrier.arrive(bufs.q_free.index(n % 2), count=1)
+
+
+@jit
+def _consume_item(st, prog, CID: gl.constexpr, n, first):
+    """Consumer warpgroup ``CID`` on one work item (``prog``: its :class:`~.state.Program`; ``n``: the CTA's items
+    before it, ``first``: the key tiles they visited, its first ring position): rows ``start_m + 64·CID + [0,
+    64)``, their row scales (quantizing Q when the kernel does), then :func:`_mainloop` and :func:`_epilogue`.
+    ``st``: the :class:`~.state.KernelState`; its flags' ``SKIP`` (serial schedules only): every tile behind
+    Skip-Softmax's test (:func:`_softmax_pv_skip`; 2: counting skipped tiles) unless λ is 0. Returns the key tiles
+    it visited."""
     flags = st.flags
     bufs = st.bufs
     ptrs = st.ptrs
-    prog = st.prog
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     SKIP: gl.constexpr = flags.SKIP
@@ -143,7 +174,9 @@ def _consume(st, CID: gl.constexpr):
     kb_ptr = ptrs.KB + prog.b * prog.stride_kbb
     if flags.SPLIT_TAIL:
         kb_ptr += kv0
-    q = bufs.q_smem.index(CID).reshape([BM, HEAD_DIM])
+    NC: gl.constexpr = bufs.q_smem.type.shape[0] // (2 if flags.PERSIST else 1)
+    qb = n % 2  # this item's Q buffer (.schedule)
+    q = bufs.q_smem.index(qb * NC + CID).reshape([BM, HEAD_DIM])
     rs = _row_scales(q, ks_ptr, ptrs, prog, flags, row0, offs_m, m_valid, row_s, QUANT_Q)
 
     m_i = gl.full([BM], float("-inf"), gl.float32, row_s)
@@ -151,8 +184,7 @@ def _consume(st, CID: gl.constexpr):
     if flags.MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
         l_zero = gl.zeros([BM, 8], gl.float32, sum_layout(NW))
         l_i = l_zero
-        ones = bufs.ones_smem.index(CID)
-        _fill_ones(ones)
+        ones = bufs.ones_smem.index(CID)  # (filled by _consume)
     else:
         l_zero = pv_zero  # unused
         l_i = gl.full([BM], 0.0, gl.float32, row_s)
@@ -177,11 +209,10 @@ def _consume(st, CID: gl.constexpr):
     else:
         skip = (0.0, 0.0, 0.0, 0.0)  # unused
     if not QUANT_Q:
-        mbarrier.wait(bufs.q_bar, 0)
+        mbarrier.wait(bufs.q_bar.index(qb), (n // 2) & 1)
     lp = TileLoop(q=q, rs=rs, s_init=s_init, pv_zero=pv_zero, SEQ_KV=SEQ_KV, k_smem=bufs.k_smem, v_smem=bufs.v_smem,
                   k_ready=bufs.k_ready, kv_free=bufs.kv_free, v_ready=bufs.v_ready, ksrc=ksrc, kbsrc=kbsrc, skip=skip,
-                  sums=sums, visits=visits)
-    NC: gl.constexpr = bufs.q_smem.type.shape[0]
+                  sums=sums, visits=visits, first=first)
     # Skip-Softmax with λ = 0 (log2 λ = -inf: nothing can be skipped, e.g. the steps before disabled_until_timestep)
     # runs the loop without the test (its cost: docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
@@ -193,12 +224,16 @@ def _consume(st, CID: gl.constexpr):
         elif n_tiles > 0:
             m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
                                       grp_layout, 0)
+        _q_done(bufs, n, flags)
         _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
     elif SKIP and skip[0] != float("-inf"):
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
                                   SKIP)
+        _q_done(bufs, n, flags)
         _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
     else:
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
                                   0)
+        _q_done(bufs, n, flags)
         _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
+    return n_tiles

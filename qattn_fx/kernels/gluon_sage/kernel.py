@@ -4,6 +4,7 @@
 from ._gluon import gl, jit, mbarrier, quantizes_q
 from .consumer import _consume
 from .producer import _producer
+from .schedule import Schedule, _item
 from .state import Buffers, KernelFlags, KernelState, Pointers, Program
 
 
@@ -17,12 +18,12 @@ def _sage_fwd_ws(
     stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
-    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount, BI, BC, BB,
+    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount, BI, BC, BB, ITEMS,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
-    SKIP: gl.constexpr = 0, SPARSE: gl.constexpr = 0,
+    SKIP: gl.constexpr = 0, SPARSE: gl.constexpr = 0, PERSIST: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -59,18 +60,17 @@ def _sage_fwd_ws(
     (:mod:`.sparse`), and ``BB`` int32 ``(B, Hq, N_M, NB)``, the list positions that bound a split piece's keys
     (``SPLITS + 1`` with ``SPLIT_TAIL``) and the key bias's span (2 with ``HAS_BIAS``), in that order
     (:func:`.launch.visit_bounds`; ``None`` with neither); else all three ``None``.
+
+    ``PERSIST`` (:mod:`.schedule`, not with ``SPARSE``): a 1-D grid of at most one CTA per SM, each running the work
+    items ``pid, pid + G, ...`` of the ``ITEMS`` (int) the non-persistent grid would run one per CTA (with
+    ``SPLIT_TAIL``: the same whole items and pieces); Q in two buffers. ``ITEMS``: ``None`` otherwise.
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
-    if SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
-        cta = gl.program_id(0)
-        tail = (cta >= MAIN_CTAS).to(gl.int32)
-        t = gl.maximum(cta - MAIN_CTAS, 0)
-        g = cta + tail * (MAIN_CTAS + t // SPLITS - cta)
-        kv0 = tail * (t % SPLITS) * KV_SPLIT
-        kv_len = SEQ_KV + tail * (gl.minimum(SEQ_KV - kv0, KV_SPLIT) - SEQ_KV)
-        piece = tail * (t + 1) - 1
-        pid_m = g % N_M
-        pid_bh = g // N_M
+    NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
+    if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's (first) one
+        sched = Schedule(n_m=N_M, group=GROUP, main=MAIN_CTAS, splits=SPLITS, kv_split=KV_SPLIT, seq_kv=SEQ_KV,
+                         items=ITEMS if PERSIST else MAIN_CTAS)
+        pid_m, pid_bh, kv0, kv_len, piece, split = _item(gl.program_id(0), sched, SPLIT_TAIL)
     else:  # (the same CTA order as a 2-D grid (N_M, B·Hq))
         pid_m = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -80,14 +80,14 @@ def _sage_fwd_ws(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
     start_m = pid_m * (NC * BM)
 
+    QBUF: gl.constexpr = 2 if PERSIST else 1  # Q buffers: a persistent CTA loads the next item's Q during this one
     if quantizes_q(q_desc.dtype, k_desc.dtype):  # each consumer writes its Q tile quantized (the box's int8 layout)
-        q_smem = gl.allocate_shared_memory(k_desc.dtype, [NC] + q_desc.block_type.shape,
+        q_smem = gl.allocate_shared_memory(k_desc.dtype, [QBUF * NC] + q_desc.block_type.shape,
                                            gl.NVMMASharedLayout.get_default_for(q_desc.block_type.shape, k_desc.dtype))
     else:
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC] + q_desc.block_type.shape, q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [QBUF * NC] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     if KS_TMA:
@@ -101,11 +101,18 @@ def _sage_fwd_ws(
                                               gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv))
     else:
         ones_smem = k_smem  # unused
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
+    if PERSIST:  # the consumers' release of each Q buffer (one arrive each)
+        q_free = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(QBUF):
+            mbarrier.init(q_free.index(i), count=NC)
+    else:
+        q_free = q_bar  # unused
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(QBUF):
+        mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -113,7 +120,7 @@ def _sage_fwd_ws(
         mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
 
     bufs = Buffers(q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, ks_desc=ks_desc, kp_desc=kp_desc, q_smem=q_smem,
-                   k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, k_ready=k_ready,
+                   k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, q_free=q_free, k_ready=k_ready,
                    v_ready=v_ready, kv_free=kv_free)
     blk_index, blk_count, blk_piece, blk_bias = BI, BC, BB, BB  # (None: a dense launch)
     if SPARSE:  # this CTA's query tile's list and count (a CTA of two consumers is one 128-row query tile)
@@ -122,7 +129,7 @@ def _sage_fwd_ws(
         blk_count = BC + tile_row
         NB = SPLIT_TAIL * (SPLITS + 1) + 2 * HAS_BIAS  # BB's positions per query tile
         if SPLIT_TAIL:  # piece t % SPLITS's first and end list positions (a whole CTA reads its count instead)
-            blk_piece = BB + tile_row.to(gl.int64) * NB + t % SPLITS
+            blk_piece = BB + tile_row.to(gl.int64) * NB + split
         if HAS_BIAS:  # the list positions bounding the key bias's span
             blk_bias = BB + tile_row.to(gl.int64) * NB + (NB - 2)
     ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=blk_index,
@@ -135,8 +142,8 @@ def _sage_fwd_ws(
     prog = Program(*scalars)
     # the constexprs travel as an aggregate (in a plain tuple Gluon would turn them into tensors)
     flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE)
-    st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog)
+                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE, PERSIST)
+    st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog, sched=sched if PERSIST else 0)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
     # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop
     if CONSUMERS == 4:

@@ -23,7 +23,7 @@ from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_
                      quad_serves)
 from .descriptors import _permuted_k_view, tma_aligned
 from .kernel import _sage_fwd_ws
-from .plan import KERNEL, launch_maxnreg, plan_launch, q_blocks
+from .plan import KERNEL, launch_maxnreg, plan_launch, q_blocks, sm_count
 
 
 #: This process's latest launch (its config and tail split), for reports and benchmarks.
@@ -135,11 +135,6 @@ def device_reason(device: torch.device) -> Optional[str]:
     if device.type != "cuda" or tuple(torch.cuda.get_device_capability(device)) != CAPABILITY:
         return f"needs an sm_90 (Hopper) GPU; got {device}"
     return None
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfig,

@@ -23,8 +23,9 @@ class TileLoop:
     and their barriers, and the sources of the K scales ``ksrc`` (``(ks_ptr, stride_ksn, ks_smem, SEQ_KV)``,
     :func:`.softmax._tile_k_scales`), the key bias ``kbsrc`` (``(kb_ptr, SEQ_KV)``, :func:`.softmax._key_bias`),
     Skip-Softmax's test ``skip`` (:func:`_softmax_pv_skip`), ``MMASUM``'s row sums ``sums`` (``(ones_smem,
-    l_zero)``, :func:`_pv_issue`) and the key tiles visited, ``visits`` (:func:`.sparse._visits`; unused in a dense
-    launch)."""
+    l_zero)``, :func:`_pv_issue`), the key tiles visited, ``visits`` (:func:`.sparse._visits`; unused in a dense
+    launch), and ``first``, the ring position of the work item's first visit (0 but in a persistent launch, whose
+    CTAs count their rings across items, :mod:`.schedule`; block-sparse launches are not persistent)."""
     q: gl.shared_memory_descriptor
     rs: gl.tensor
     s_init: gl.tensor
@@ -40,6 +41,7 @@ class TileLoop:
     skip: gl.tuple
     sums: gl.tuple
     visits: gl.tuple
+    first: gl.tensor | gl.constexpr
 
 
 @jit
@@ -228,8 +230,8 @@ def _serial_tiles(j0, j1, ks, m_i, l_i, acc, lp, flags, p_layout: gl.constexpr, 
     l, acc)``, ``ks`` being visit ``j1``'s."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     for i in range(j0, j1):
-        j = _key_tile(i, lp.visits, flags)
-        ks_next = _k_scales_ahead(i + 1, _key_tile(i + 1, lp.visits, flags), lp.ksrc, col_s, grp_layout, flags)
+        j = _key_tile(i - lp.first, lp.visits, flags)
+        ks_next = _k_scales_ahead(i + 1, _key_tile(i + 1 - lp.first, lp.visits, flags), lp.ksrc, col_s, grp_layout, flags)
         s = _qk(i, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, flags.QK_KIND, BLOCK_N, flags.STAGES,
                 flags.TARRIVE)
         ks = _k_scales_at_use(i, j, ks, lp.ksrc, col_s, grp_layout, flags)
@@ -251,7 +253,8 @@ def _ahead_tiles(j0, j1, s, ks, m_i, l_i, acc, lp, flags, p_layout: gl.constexpr
     bias), ``s`` and ``ks`` being visit ``j0``'s; returns ``(m, l, acc, s, ks)`` with visit ``j1``'s ``s`` and
     ``ks``."""
     for i in range(j0, j1):
-        m_i, l_i, acc, s, ks = _ahead_step(i, _key_tile(i, lp.visits, flags), _key_tile(i + 1, lp.visits, flags), s,
+        m_i, l_i, acc, s, ks = _ahead_step(i, _key_tile(i - lp.first, lp.visits, flags),
+                                           _key_tile(i + 1 - lp.first, lp.visits, flags), s,
                                            ks, m_i, l_i, acc, lp, p_layout, row_o, col_s, grp_layout, flags, BIAS)
     return m_i, l_i, acc, s, ks
 
@@ -275,48 +278,52 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
     # Triton 3.6's Gluon: wrong values on the H200, so the tail is peeled, and the biased tiles run in a loop of
     # their own). K scales: _k_scales_ahead(j) a tile before use, _k_scales_at_use(j, ks) where S_j is scaled.
     # Visits 0 .. n_tiles-1 in a block-sparse launch: its last visited tile is handled as the last tile.
+    f = lp.first  # this work item's first visit position (0 but in a persistent launch)
     j0 = _key_tile(0, lp.visits, flags)
-    ks = _k_scales_ahead(0, j0, lp.ksrc, col_s, grp_layout, flags)
+    ks = _k_scales_ahead(f, j0, lp.ksrc, col_s, grp_layout, flags)
     if flags.AHEAD:
-        s = _qk(0, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
+        s = _qk(f, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
         # the ahead steps carry the scales of the tile they get S of
         if _scales_read_early(flags.KS_TMA, flags.K_BLOCK):
-            ks = _tile_k_scales(0, j0, lp.ksrc, col_s, grp_layout, flags)
+            ks = _tile_k_scales(f, j0, lp.ksrc, col_s, grp_layout, flags)
         if HAS_BIAS:
             b0, b1 = bias_tiles
-            m_i, l_i, acc, s, ks = _ahead_tiles(0, b0, s, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
+            m_i, l_i, acc, s, ks = _ahead_tiles(f, f + b0, s, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
                                                 col_s, grp_layout, 0)
-            m_i, l_i, acc, s, ks = _ahead_tiles(b0, b1, s, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
+            m_i, l_i, acc, s, ks = _ahead_tiles(f + b0, f + b1, s, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
                                                 col_s, grp_layout, 1)
-            m_i, l_i, acc, s, ks = _ahead_tiles(b1, n_tiles - 1, s, ks, m_i, l_i, acc, lp, flags, p_layout,
+            m_i, l_i, acc, s, ks = _ahead_tiles(f + b1, f + n_tiles - 1, s, ks, m_i, l_i, acc, lp, flags, p_layout,
                                                 row_o, col_s, grp_layout, 0)
         else:
-            m_i, l_i, acc, s, ks = _ahead_tiles(0, n_tiles - 1, s, ks, m_i, l_i, acc, lp, flags, p_layout,
+            m_i, l_i, acc, s, ks = _ahead_tiles(f, f + n_tiles - 1, s, ks, m_i, l_i, acc, lp, flags, p_layout,
                                                 row_o, col_s, grp_layout, 0)
     else:
         if HAS_BIAS:
             b0, b1 = bias_tiles
-            ks, m_i, l_i, acc = _serial_tiles(0, b0, ks, m_i, l_i, acc, lp, flags, p_layout, row_o, col_s,
+            ks, m_i, l_i, acc = _serial_tiles(f, f + b0, ks, m_i, l_i, acc, lp, flags, p_layout, row_o, col_s,
                                               grp_layout, SKIP, 0)
-            ks, m_i, l_i, acc = _serial_tiles(b0, b1, ks, m_i, l_i, acc, lp, flags, p_layout, row_o, col_s,
+            ks, m_i, l_i, acc = _serial_tiles(f + b0, f + b1, ks, m_i, l_i, acc, lp, flags, p_layout, row_o, col_s,
                                               grp_layout, SKIP, 1)
-            ks, m_i, l_i, acc = _serial_tiles(b1, n_tiles - 1, ks, m_i, l_i, acc, lp, flags, p_layout,
+            ks, m_i, l_i, acc = _serial_tiles(f + b1, f + n_tiles - 1, ks, m_i, l_i, acc, lp, flags, p_layout,
                                               row_o, col_s, grp_layout, SKIP, 0)
         else:
-            ks, m_i, l_i, acc = _serial_tiles(0, n_tiles - 1, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
+            ks, m_i, l_i, acc = _serial_tiles(f, f + n_tiles - 1, ks, m_i, l_i, acc, lp, flags, p_layout, row_o,
                                               col_s, grp_layout, SKIP, 0)
-        s = _qk(n_tiles - 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
+        s = _qk(f + n_tiles - 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, QK_KIND, BLOCK_N, STAGES, TARRIVE)
     # the last (masked) tile
     j_last = _key_tile(n_tiles - 1, lp.visits, flags)
     # (with the ahead schedule's early reads, ks already holds the last tile's scales)
     if not (flags.AHEAD and _scales_read_early(flags.KS_TMA, flags.K_BLOCK)):
-        ks = _k_scales_at_use(n_tiles - 1, j_last, ks, lp.ksrc, col_s, grp_layout, flags)
+        ks = _k_scales_at_use(f + n_tiles - 1, j_last, ks, lp.ksrc, col_s, grp_layout, flags)
     kb = _key_bias(j_last, lp.kbsrc, col_s, BLOCK_N, HAS_BIAS)
+    # The last tile releases the event after it (its V slot; the K slot of a visit that does not exist) but in a
+    # persistent launch, whose next item's first Q·Kᵀ releases that event: the rings count on across items
+    RELEASE_LAST: gl.constexpr = 1 - flags.PERSIST
     if SKIP:
-        m_i, l_i, acc = _softmax_pv_skip(n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags,
-                                         True, True, 0, HAS_BIAS)
+        m_i, l_i, acc = _softmax_pv_skip(f + n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags,
+                                         True, RELEASE_LAST, 0, HAS_BIAS)
     else:
-        m_i, l_i, acc = _softmax_pv(n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, True,
-                                    True, 0, HAS_BIAS)
+        m_i, l_i, acc = _softmax_pv(f + n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, True,
+                                    RELEASE_LAST, 0, HAS_BIAS)
 
     return m_i, l_i, acc

@@ -5,6 +5,7 @@ positional arguments, constexprs), the part that depends on plain values only co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -108,6 +109,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
         *(blocks if blocks is not None else (None, None, None)),  # (None: constexprs, no kernel arguments)
+        geo.items if config.persist else None,
     ]
     return LaunchPlan(config, geo.grid, args, dict(geo.meta), geo.k_scale_box, geo.k_view is not None, tail,
                       geo.q_blocks)
@@ -118,7 +120,9 @@ class LaunchGeometry:
     """What a :class:`LaunchPlan` takes from plain values (shapes, strides, dtypes, 16-byte alignment of the bases,
     config, tail split, flags) and not from the tensors themselves: the TMA descriptors of Q, K, Vᵀ, the K scales'
     flat view and K's permuting view (``None``: not used), whether Q is quantized in the kernel (``quant_q``), the
-    ``scalars`` from the Q scale strides to ``kv_split``, ``meta``, ``grid``, ``k_scale_box`` and ``q_blocks``."""
+    ``scalars`` from the Q scale strides to ``kv_split``, ``meta``, ``grid``, ``k_scale_box``, ``q_blocks`` and the
+    work ``items`` (:mod:`.schedule`: one per CTA of the non-persistent grid; a persistent grid has one CTA per SM, at
+    most one per item)."""
 
     q: DescriptorSpec
     k: DescriptorSpec
@@ -131,6 +135,7 @@ class LaunchGeometry:
     grid: tuple
     k_scale_box: Optional[int]
     q_blocks: int
+    items: int
 
     def descriptors(self, q, k, k_scale, v) -> list:
         """The five descriptor arguments over these tensors: Q, K, Vᵀ, the K scales' and K's views (or ``None``)."""
@@ -177,13 +182,27 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
                        KS_TMA=int(ks_box is not None), PERMK=int(permuted is not None),
                        SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
                        SKIP=0 if skip is None else (2 if skip[1] is not None else 1), SPARSE=int(sparse))
-    grid = (tail.grid,) if tail else (n_m, bsz * hq)
+    items = tail.grid if tail else n_m * bsz * hq
+    if config.persist:  # (meta tensors, an offline compile: no SMs to count, one CTA per item)
+        grid = (min(items, sm_count(q.device.index)) if q.is_cuda else items,)
+    else:
+        grid = (tail.grid,) if tail else (n_m, bsz * hq)
     spec = DescriptorSpec.of
     return LaunchGeometry(
         spec(descriptor(q, [1, 1, ROWS_PER_CONSUMER, d])), spec(descriptor(k, [1, 1, config.block_n, d])),
         spec(descriptor(v.transpose(2, 3), [1, 1, dv, config.block_n])),
         spec(k_scale_descriptor(k_scale, ks_box)) if ks_box else None, spec(kp_desc) if kp_desc else None,
-        quant_q, scalars, meta, grid, ks_box, n_m)
+        quant_q, scalars, meta, grid, ks_box, n_m, items)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: Optional[int]) -> int:
+    """SMs of CUDA device ``device_index`` (``None``: the current one): the slots of the tail split's waves and the
+    CTAs of a persistent grid (one per SM: a CTA takes an SM's registers)."""
+    import torch
+
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def q_blocks(sq: int, config: GluonConfig) -> int:

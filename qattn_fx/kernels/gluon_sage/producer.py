@@ -1,6 +1,8 @@
-"""gluon_sage's producer warp: the Q tiles once, then K (and its scales) and V tiles into the shared-memory rings."""
+"""gluon_sage's producer warp: per work item its Q tiles, then K (and its scales) and V tiles into the shared-memory
+rings."""
 
 from ._gluon import gl, jit, mbarrier, quantizes_q, tma
+from .schedule import _program_at
 from .sparse import _key_tile, _visits
 
 
@@ -40,20 +42,39 @@ def _produce_tile(i, j, bufs, coords, flags, PERMUTED: gl.constexpr):
 
 @jit
 def _producer(st):
-    """Producer warp: the Q tiles once (not when Q is bf16/fp16 with int8 K: the consumers quantize it), then K and V
-    tiles into their rings (:func:`_produce_tile`); the last
-    (maybe partial) tile's K always through the plain descriptor. ``SPARSE``: the listed tiles only
-    (:func:`.sparse._visits`), the last listed one through the plain descriptor; none when nothing is listed."""
+    """Producer warp: the CTA's work item (:func:`_produce_item`), or with ``PERSIST`` each of its items in turn
+    (:mod:`.schedule`), the rings' positions counted across them."""
+    flags = st.flags
+    if flags.PERSIST:
+        sched = st.sched
+        BM: gl.constexpr = st.bufs.q_desc.block_type.shape[2]
+        ROWS: gl.constexpr = st.bufs.q_smem.type.shape[0] // 2 * BM
+        first = gl.program_id(0) * 0  # (loop-carried int32s)
+        n = first
+        for w in range(gl.program_id(0), sched.items, gl.num_programs(0)):
+            first += _produce_item(st, _program_at(st.prog, w, sched, flags, ROWS), n, first)
+            n += 1
+    else:
+        _produce_item(st, st.prog, 0, 0)
+
+
+@jit
+def _produce_item(st, prog, n, first):
+    """One work item (``prog``: its :class:`~.state.Program`; ``n``: the CTA's items before it, ``first``: the key
+    tiles they visited, its first ring position): its Q tiles (not when Q is bf16/fp16 with int8 K: the consumers
+    quantize it; in Q buffer ``n % 2`` once the consumers have freed it), then K and V tiles into their rings
+    (:func:`_produce_tile`); the last (maybe partial) tile's K always through the plain descriptor. ``SPARSE``: the
+    listed tiles only (:func:`.sparse._visits`), the last listed one through the plain descriptor; none when nothing
+    is listed. Returns the key tiles it visited."""
     flags = st.flags
     bufs = st.bufs
-    prog = st.prog
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     q_desc = bufs.q_desc
     b = prog.b
     hk = prog.hk
     kv0 = prog.kv0
     # K scales' flat offset of this head (KS_TMA) and the permuted view's coordinates of this head (PERMK), both
-    # at this CTA's first key kv0 (0 but in a split tail's pieces: a multiple of BLOCK_N and of K_BLOCK)
+    # at this item's first key kv0 (0 but in a split tail's pieces: a multiple of BLOCK_N and of K_BLOCK)
     ks_base = b * prog.stride_ksb + hk * prog.stride_ksh
     kp_g = b * prog.kp_gb + hk * prog.kp_gh
     if flags.SPLIT_TAIL and not flags.SPARSE:  # (block-sparse: key tiles from key 0, see below)
@@ -65,21 +86,26 @@ def _producer(st):
     coords = (b, hk, ks_base, hk * prog.kp_xh, kp_g, kv0)
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
-    NC: gl.constexpr = bufs.q_smem.type.shape[0]  # consumer warpgroups: one Q tile each
+    NC: gl.constexpr = bufs.q_smem.type.shape[0] // (2 if flags.PERSIST else 1)  # consumer warpgroups: a Q tile each
     if not quantizes_q(q_desc.dtype, bufs.k_desc.dtype):
-        mbarrier.expect(bufs.q_bar, NC * q_desc.block_type.nbytes)
+        qb = n % 2
+        q_bar = bufs.q_bar.index(qb)
+        if flags.PERSIST:  # (a fresh barrier has completed the phase before 0: items 0 and 1 do not wait)
+            mbarrier.wait(bufs.q_free.index(qb), ((n // 2) & 1) ^ 1)
+        mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
         for i in gl.static_range(NC):
-            tma.async_copy_global_to_shared(q_desc, [b, prog.h, prog.start_m + i * BM, 0], bufs.q_bar,
-                                            bufs.q_smem.index(i))
+            tma.async_copy_global_to_shared(q_desc, [b, prog.h, prog.start_m + i * BM, 0], q_bar,
+                                            bufs.q_smem.index(qb * NC + i))
     if flags.SPARSE:  # the listed tiles as the lists number them, from key 0 (a split piece's too: fewer registers)
         visits, n_tiles, _ = _visits(st.ptrs, prog, flags)
         visits = (visits[0], 0)
         for i in range(n_tiles - 1):
-            _produce_tile(i, _key_tile(i, visits, flags), bufs, coords, flags, flags.PERMK)
+            _produce_tile(first + i, _key_tile(i, visits, flags), bufs, coords, flags, flags.PERMK)
         if n_tiles > 0:
-            _produce_tile(n_tiles - 1, _key_tile(n_tiles - 1, visits, flags), bufs, coords, flags, 0)
+            _produce_tile(first + n_tiles - 1, _key_tile(n_tiles - 1, visits, flags), bufs, coords, flags, 0)
     else:
         n_tiles = gl.cdiv(prog.kv_len, flags.BLOCK_N)
         for j in range(n_tiles - 1):
-            _produce_tile(j, j, bufs, coords, flags, flags.PERMK)
-        _produce_tile(n_tiles - 1, n_tiles - 1, bufs, coords, flags, 0)
+            _produce_tile(first + j, j, bufs, coords, flags, flags.PERMK)
+        _produce_tile(first + n_tiles - 1, n_tiles - 1, bufs, coords, flags, 0)
+    return n_tiles

@@ -5,8 +5,9 @@
 * :class:`KernelFlags`: the compile-time choices (constexprs only);
 * :class:`Buffers`: the TMA descriptors, the shared-memory rings and the mbarriers of the CTA;
 * :class:`Pointers`: the global tensors read or written by pointer;
-* :class:`Program`: this CTA's coordinates, key range, strides and scalars;
-* :class:`KernelState`: the four together, the one argument of each partition.
+* :class:`Program`: the coordinates, key range, strides and scalars of the work item a partition runs;
+* :class:`~.schedule.Schedule`: what maps a work item's number to its coordinates (persistent launches);
+* :class:`KernelState`: these together, the one argument of each partition.
 
 An aggregate of runtime values goes through ``gl.warp_specialize`` as its fields, flattened in declaration order (the
 order the partitions' captures take); ``tools/ptx_compare.py`` checks that a change keeps the PTX.
@@ -58,6 +59,7 @@ class KernelFlags:
     HAS_BIAS: gl.constexpr
     SKIP: gl.constexpr
     SPARSE: gl.constexpr
+    PERSIST: gl.constexpr
 
 
 @_named
@@ -65,7 +67,9 @@ class Buffers:
     """The CTA's TMA descriptors (``ks_desc``: the K scales' 1-D view with ``KS_TMA``, else ``None``; ``kp_desc``:
     K's permuting view with ``PERMK``, else ``None``), shared-memory buffers (a Q tile per consumer, the K, V and K
     scale rings, the ones of ``MMASUM``; buffers a launch does not use alias ``k_smem``) and mbarriers (``q_bar``:
-    the Q tiles; per ring slot ``k_ready``, ``v_ready`` and ``kv_free``, the consumers' release)."""
+    the Q tiles, ``q_free``: the consumers done with them, one of each per Q buffer (two in a persistent launch,
+    :mod:`.schedule`; else one, and ``q_free`` aliases ``q_bar``, unused); per ring slot ``k_ready``, ``v_ready``
+    and ``kv_free``, the consumers' release)."""
     q_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
@@ -77,6 +81,7 @@ class Buffers:
     ks_smem: gl.shared_memory_descriptor
     ones_smem: gl.shared_memory_descriptor
     q_bar: gl.shared_memory_descriptor
+    q_free: gl.shared_memory_descriptor
     k_ready: gl.shared_memory_descriptor
     v_ready: gl.shared_memory_descriptor
     kv_free: gl.shared_memory_descriptor
@@ -110,7 +115,8 @@ class Pointers:
 
 @_named
 class Program:
-    """This CTA's scalars: the scale strides (``stride_qs*``: Q's own strides when the consumers quantize it), the
+    """The scalars of the work item a partition runs (the CTA's own, or in a persistent launch each of its items in
+    turn, :func:`.schedule._program_at`): the scale strides (``stride_qs*``: Q's own strides when the consumers quantize it), the
     output's, the key bias's batch stride; ``H`` (query heads), ``SEQ_Q``; the keys it runs, ``kv_len`` from
     ``kv0`` (a split tail's piece: a key range; else all of them from 0), and ``piece`` (its workspace row block,
     -1: a whole CTA); batch ``b``, query head ``h``, K/V head ``hk``, first query row ``start_m``; the permuting
@@ -150,8 +156,10 @@ class Program:
 @_named
 class KernelState:
     """Everything a partition gets: ``flags`` (:class:`KernelFlags`), ``bufs`` (:class:`Buffers`), ``ptrs``
-    (:class:`Pointers`) and ``prog`` (:class:`Program`)."""
+    (:class:`Pointers`), ``prog`` (:class:`Program`: the CTA's work item; a persistent launch's first) and ``sched``
+    (:class:`~.schedule.Schedule` with ``PERSIST``, else the constexpr 0)."""
     flags: KernelFlags
     bufs: Buffers
     ptrs: Pointers
     prog: Program
+    sched: gl.constexpr | gl.base_value

@@ -1,0 +1,72 @@
+"""gluon_sage's tile scheduler (FlashAttention-3's split: mainloop, epilogue, tile scheduler): the work items of a
+launch and which CTA runs each.
+
+A **work item** is one CTA's worth of work of the non-persistent grid: the ``R`` query rows ``m · R + [0, R)`` of
+one (batch, head) (``R`` = :attr:`~.config.GluonConfig.rows`), over all its keys, or, under a split tail
+(:mod:`.tail_split`), one piece of such rows over a key range. Item ``w`` of ``N_M · B · Hq`` whole items is
+``(m, bh) = (w % N_M, w // N_M)``; with a split tail the first ``main`` items are whole and each later one is piece
+``t % splits`` of whole item ``main + t // splits`` (:func:`_item`).
+
+A non-persistent launch runs one item per CTA (its program id). A **persistent** launch (``PERSIST``,
+:attr:`~.config.GluonConfig.persist`) starts one CTA per SM and each CTA runs items ``pid, pid + G, pid + 2G, ...``
+(``G``: the grid), in that order in every partition: the producer loads the next item's Q and first K/V tiles
+while the consumers finish the current one (its last tiles, its epilogue), so there is no per-CTA prologue or
+epilogue on the critical path. Consecutive CTAs run consecutive items, the query tiles of one head: its K and V stay
+in L2. The partitions count their rings across items: an item's first visit position is the number of key tiles
+the CTA visited before it (the producer and every consumer reach the same count), and the Q tiles alternate
+between two shared-memory buffers (``q_bar`` / ``q_free`` per buffer, :class:`~.state.Buffers`). Each item's
+computation is the non-persistent CTA's, so the numerics are the same (:attr:`~.config.GluonConfig.numerics`).
+"""
+
+from ._gluon import gl, jit
+from .state import _SCALAR, Program, _named
+
+
+@_named
+class Schedule:
+    """What maps a work item's number to its coordinates: ``n_m`` (query blocks per (batch, head)), ``group``
+    (query heads per K/V head), the split tail's ``main`` whole items, ``splits`` pieces per tail item and
+    ``kv_split`` keys per piece (``main`` 0, ``splits`` 1 without it), ``seq_kv`` (all keys) and ``items`` (every
+    work item of the launch)."""
+    n_m: _SCALAR
+    group: _SCALAR
+    main: _SCALAR
+    splits: _SCALAR
+    kv_split: _SCALAR
+    seq_kv: _SCALAR
+    items: _SCALAR
+
+
+@jit
+def _item(w, sched, SPLIT_TAIL: gl.constexpr):
+    """Work item ``w``: ``(pid_m, pid_bh, kv0, kv_len, piece, split)``, its query block and (batch, head), its keys
+    ``[kv0, kv0 + kv_len)``, its workspace row block ``piece`` (-1: a whole item) and piece number ``split`` (0 for
+    a whole item)."""
+    if SPLIT_TAIL:  # items past main are pieces: splits per tail item, each over kv_split keys from kv0
+        tail = (w >= sched.main).to(gl.int32)
+        t = gl.maximum(w - sched.main, 0)
+        g = w + tail * (sched.main + t // sched.splits - w)
+        split = t % sched.splits
+        kv0 = tail * split * sched.kv_split
+        kv_len = sched.seq_kv + tail * (gl.minimum(sched.seq_kv - kv0, sched.kv_split) - sched.seq_kv)
+        piece = tail * (t + 1) - 1
+    else:
+        g = w
+        split = w * 0
+        kv0 = split
+        kv_len = sched.seq_kv
+        piece = split - 1
+    return g % sched.n_m, g // sched.n_m, kv0, kv_len, piece, split
+
+
+@jit
+def _program_at(prog, w, sched, flags, ROWS: gl.constexpr):
+    """``prog`` (:class:`~.state.Program`) with the coordinates and key range of work item ``w`` (:func:`_item`):
+    a query block of ``ROWS`` rows."""
+    pid_m, pid_bh, kv0, kv_len, piece, _ = _item(w, sched, flags.SPLIT_TAIL)
+    h = pid_bh % prog.H
+    return Program(prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, prog.stride_ksb, prog.stride_ksh,
+                   prog.stride_ksn, prog.stride_vsb, prog.stride_vsh, prog.stride_vsd, prog.stride_ob, prog.stride_oh,
+                   prog.stride_os, prog.H, prog.SEQ_Q, kv_len, pid_bh // prog.H, h, h // sched.group, pid_m * ROWS,
+                   prog.kp_xh, prog.kp_gb, prog.kp_gh, kv0, piece, prog.stride_kbb, prog.qk_scale, prog.skip_thr,
+                   prog.skip_count)

@@ -1,0 +1,83 @@
+"""gluon_sage's persistent schedule (``persist``, :mod:`qattn_fx.kernels.gluon_sage.schedule`) without a GPU: the
+config, the launch plan and offline sm_90 compiles. Its numerics (bit-identical to the non-persistent launch) are
+tested on the GPU: tests/gpu/test_gluon_sage_persist.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qattn_fx.kernels import gluon_sage as gs
+from qattn_fx.kernels._offline import ptxas_report, sass_opcodes
+
+pytest.importorskip("triton.experimental.gluon")
+
+TRIO = "128,3,trio,permk,tarrive,mmasum"
+
+
+def _meta_inputs(s=4096, h=4, d=128):
+    q = torch.empty(1, s, h, d, dtype=torch.int8, device="meta").transpose(1, 2)
+    k = torch.empty(1, s, h, d, dtype=torch.int8, device="meta").transpose(1, 2)
+    v = torch.empty(1, h, d, s, dtype=torch.float8_e4m3fn, device="meta").transpose(-1, -2)
+    qs = torch.empty(1, h, s, device="meta")
+    ks = torch.empty(1, h, -(-s // 16), device="meta")
+    vs = torch.empty(1, h, d, device="meta")
+    return q, qs, k, ks, v, vs, 1, 16
+
+
+def test_persist_is_a_schedule_flag_with_the_same_numerics():
+    config = gs.GluonConfig.parse(TRIO + ",persist")
+    assert config.persist == 1 and str(config) == "WS_BN128_s3_permk_tarrive_mmasum_trio_persist"
+    assert gs.GluonConfig.parse(str(config)) == config
+    assert config.numerics == gs.GluonConfig.parse(TRIO).numerics and config.without_persist() == gs.TRIO_DEFAULT_CONFIG
+    assert gs.kernel_meta(config, QK_KIND=0, Q_BLOCK=1, K_BLOCK=16, RETURN_LSE=0, KS_TMA=1, PERMK=1, SPLIT_TAIL=0,
+                          HAS_BIAS=0, SKIP=0, SPARSE=0)["PERSIST"] == 1
+
+
+def test_block_sparse_calls_refuse_persistent_configs_naming_the_one_to_use():
+    with pytest.raises(ValueError, match=r"persistent.*valid: the same config without 'persist', e\.g\. "
+                                         r"'WS_BN128_s3_ahead_permk_mmasum'"):
+        gs.check_sparse_config(gs.GluonConfig.parse("128,3,ahead,permk,mmasum,persist"))
+
+
+@pytest.mark.parametrize("tail", [None, gs.tail_split.TailPlan(ctas=96, main=60, splits=4, kv_split=1024)],
+                         ids=["whole", "tail-split"])
+def test_the_plan_passes_the_work_items_and_a_1d_grid(tail):
+    """Offline (meta tensors: no SMs to count) a persistent plan has one CTA per work item; on a GPU
+    ``min(items, SMs)`` (tests/gpu/test_gluon_sage_persist.py). The items are the non-persistent grid's CTAs: with
+    a split tail its whole CTAs and pieces. ``ITEMS`` is ``None`` (a constexpr, no argument) otherwise."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs(s=4096, h=4)
+    config = gs.GluonConfig.parse(TRIO + ",persist")
+    ws = gs.tail_split.workspace(tail, config.rows, 128, "meta") if tail else None
+    plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, config, tail, ws)
+    items = tail.grid if tail else 4 * gs.q_blocks(4096, config)
+    assert plan.grid == (items,) and plan.args[-1] == items and plan.meta["PERSIST"] == 1
+    flat = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, config.without_persist(), tail, ws)
+    assert flat.args[-1] is None and flat.meta["PERSIST"] == 0
+    assert flat.grid == ((items,) if tail else (gs.q_blocks(4096, config), 4))
+
+
+def _loop_body(ops: list[str]) -> list[str]:
+    """The full tiles' loop of an int8 kernel's SASS (tests/kernels/test_gluon_sage_offline.py's rule)."""
+    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
+    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
+    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("BRA"))
+    return ops[start - 40:end + 1]
+
+
+@pytest.mark.parametrize("config", [TRIO, "128,3,ahead,permk,mmasum"])
+def test_persistent_kernel_keeps_the_tile_loop(config):
+    """The persistent kernel wraps the same per-item code in a loop over items: it compiles warp-specialized, its
+    full tiles' loop is the non-persistent one's within 5 % of its instructions (the key tile is the visit position
+    less the item's first one, no longer the position itself: 24 more of 731 in the ``ahead`` loop), with no more
+    local-memory accesses."""
+    q, qs, k, ks, v, vs, qb, kb = _meta_inputs()
+    loops, reports = {}, {}
+    for text in (config, config + ",persist"):
+        compiled = gs.compile_for(gs.GluonConfig.parse(text), q, qs, k, ks, v, vs, qb, kb)
+        reports[text] = ptxas_report(compiled, (9, 0))
+        assert reports[text]["ptxas_ok"] and "wgmma.mma_async" in compiled.asm["ptx"]
+        body = _loop_body(sass_opcodes(compiled))
+        loops[text] = (len(body), sum(op.startswith(("LDL", "STL")) for op in body))
+    base, persist = loops[config], loops[config + ",persist"]
+    assert abs(persist[0] - base[0]) <= 0.05 * base[0] and persist[1] <= base[1], (loops, reports)
