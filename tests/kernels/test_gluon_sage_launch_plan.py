@@ -27,6 +27,7 @@ pytest.importorskip("triton.experimental.gluon")
 
 TRIO = gs.GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1)  # the permk class's default
 AHEAD = gs.GluonConfig(128, 3, ahead=1, mmasum=1)  # the key-order class's
+PERSIST = gs.GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1)  # its persistent candidate
 SERIAL = gs.GluonConfig(128, 3, mmasum=1)  # a Skip-Softmax key-order config
 
 
@@ -59,6 +60,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
         n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
+        (tail.grid if tail else n_m * bsz * hq) if config.persist else None,  # the work items of a persistent grid
         *(blocks if blocks is not None else (None, None, None)),
     ]
     meta = dict(QK_KIND=common.QK_KIND[k.dtype], Q_BLOCK=q_block if q_scale is not None or quant_q else 0,
@@ -69,8 +71,12 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
                 AHEAD=config.ahead, KS_TMA=int(ks_box is not None),
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
                 MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
-                SKIP=0 if skip is None else (2 if skip[1] is not None else 1), SPARSE=int(blocks is not None))
-    grid = (tail.grid,) if tail else (n_m, bsz * hq)
+                SKIP=0 if skip is None else (2 if skip[1] is not None else 1), SPARSE=int(blocks is not None),
+                PERSIST=config.persist)
+    if config.persist:  # (no GPU here: one CTA per work item)
+        grid = (tail.grid if tail else n_m * bsz * hq,)
+    else:
+        grid = (tail.grid,) if tail else (n_m, bsz * hq)
     return grid, args, meta
 
 
@@ -145,6 +151,7 @@ CASES = [  # (inputs, config, return_lse, tail split, key-bias rows, skip)
     ("int8", AHEAD, False, True, 1, None), ("qbf16", AHEAD, True, False, 2, None),
     ("int8", TRIO, False, True, 2, None), ("int8:bhsd", TRIO, True, False, 1, None),
     ("int8", TRIO, False, False, 0, "count"), ("qbf16", SERIAL, True, False, 1, "threshold"),
+    ("int8", PERSIST, False, False, 0, None), ("int8", PERSIST, True, True, 1, None),
 ]
 
 
@@ -248,6 +255,7 @@ def _recorded_launches(monkeypatch):
 @pytest.mark.parametrize("case,config,return_lse,chunked,bias_rows", [
     ("int8", TRIO, False, False, 0), ("qbf16", TRIO, True, False, 0), ("bf16", AHEAD, True, True, 0),
     ("int8", TRIO, True, True, 0), ("int8", TRIO, False, True, 3), ("int8", TRIO, False, True, 1),
+    ("int8", PERSIST, True, True, 1),
 ])
 def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse, chunked, bias_rows):
     """Whole calls, batch chunks (the grid limit, made small here) included: every launch's grid, arguments and
@@ -275,7 +283,7 @@ def test_attention_launches_the_plain_plan(monkeypatch, case, config, return_lse
                 part = [common.batch_chunk(t, lo, hi) for t in (q, qs, k, ks, v, vs, bias)]
                 assert args[0].base.data_ptr() == part[0].data_ptr()
                 tail = None if meta["SPLIT_TAIL"] == 0 else gs.last_tail_plan()
-                ws = tuple(args[-7:-5]) if tail else None
+                ws = tuple(args[-8:-6]) if tail else None
                 key_range = None
                 if bias is not None:
                     key_range = args[9]
@@ -460,8 +468,8 @@ def test_attention_passes_each_chunk_its_lists(monkeypatch, chunked):
 @pytest.mark.parametrize("case,skip,bias,tuner", [
     ("int8", False, False, "SPARSE_TUNER"), ("int8", False, True, "SPARSE_TUNER"),
     ("int8", True, False, "SPARSE_SKIP_TUNER"), ("int8", True, True, "SKIP_KEY_ORDER_TUNER"),
-    ("int8:1", False, False, "KEY_ORDER_TUNER"), ("int8:1", True, False, "SKIP_KEY_ORDER_TUNER"),
-    ("bf16", False, False, "KEY_ORDER_TUNER"),
+    ("int8:1", False, False, "SPARSE_KEY_ORDER_TUNER"), ("int8:1", True, False, "SKIP_KEY_ORDER_TUNER"),
+    ("bf16", False, False, "SPARSE_KEY_ORDER_TUNER"),
 ])
 def test_sparse_launches_tune_among_two_consumer_configs(case, skip, bias, tuner):
     q, qs, k, ks, v, vs, qb, kb = _inputs(case)

@@ -45,15 +45,16 @@ def test_block_sparse_calls_refuse_persistent_configs_naming_the_one_to_use():
 def test_the_plan_passes_the_work_items_and_a_1d_grid(tail):
     """Offline (meta tensors: no SMs to count) a persistent plan has one CTA per work item; on a GPU
     ``min(items, SMs)`` (tests/gpu/test_gluon_sage_persist.py). The items are the non-persistent grid's CTAs: with
-    a split tail its whole CTAs and pieces. ``ITEMS`` is ``None`` (a constexpr, no argument) otherwise."""
+    a split tail its whole CTAs and pieces. ``ITEMS`` (before the three block-list arguments) is ``None`` (a
+    constexpr, no argument) otherwise."""
     q, qs, k, ks, v, vs, qb, kb = _meta_inputs(s=4096, h=4)
     config = gs.GluonConfig.parse(TRIO + ",persist")
     ws = gs.tail_split.workspace(tail, config.rows, 128, "meta") if tail else None
     plan = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, config, tail, ws)
     items = tail.grid if tail else 4 * gs.q_blocks(4096, config)
-    assert plan.grid == (items,) and plan.args[-1] == items and plan.meta["PERSIST"] == 1
+    assert plan.grid == (items,) and plan.args[-4] == items and plan.meta["PERSIST"] == 1
     flat = gs.plan_launch(q, qs, k, ks, v, vs, qb, kb, 0.125, q, None, False, config.without_persist(), tail, ws)
-    assert flat.args[-1] is None and flat.meta["PERSIST"] == 0
+    assert flat.args[-4] is None and flat.meta["PERSIST"] == 0
     assert flat.grid == ((items,) if tail else (gs.q_blocks(4096, config), 4))
 
 

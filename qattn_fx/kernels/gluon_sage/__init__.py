@@ -37,6 +37,9 @@ schedule, which plain Triton 3.6 cannot express:
   (:mod:`.tail_split`, :func:`tail_plan`; ``qattn_fx.config.gluon_tail_split`` / ``$QATTN_GLUON_TAIL_SPLIT=0``
   turns it off; its A/B: ``python -m tools.ab_tail_split``, figures in docs/kernel-profile.md, "Tail split
   A/B"). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
+* ``persist`` (:mod:`.schedule`): one CTA per SM runs the work items of the grid above (query blocks and tail
+  pieces) in turn, the next item's Q and first K/V tiles loading during the current one's last tiles and epilogue;
+  a candidate of the dense tuners beside the non-persistent configs of its class (same numerics).
 * block sparsity (:mod:`qattn_fx.block_sparse`, ``block_index`` / ``block_count``; :mod:`.sparse`): a CTA of two
   consumers is one 128-row query tile of the lists; the producer loads and the consumers run only its listed key
   tiles, in list order (the rings count visited tiles), the last listed one handled as the last tile; a tile that
@@ -65,7 +68,8 @@ order. Output ``(B, Hq, Sq, Dv)`` stored BSHD; optional natural-log LSE ``(B, Hq
 
 Layout: :mod:`.config` (register budget, :class:`GluonConfig`, config lists, forcing); the kernel:
 :mod:`.kernel` (``_sage_fwd_ws``: program coordinates, shared memory, barriers, warp specialization), :mod:`.state`
-(the named aggregates every partition gets: ``KernelFlags``, ``Buffers``, ``Pointers``, ``Program``),
+(the named aggregates every partition gets: ``KernelFlags``, ``Buffers``, ``Pointers``, ``Program``), :mod:`.schedule`
+(work items, the persistent tile scheduler),
 :mod:`.producer`, and the consumer in :mod:`.consumer` (row scales, Q quantization), :mod:`.mainloop` (MMAs,
 schedules, key-tile loops), :mod:`.softmax` (K scales, key bias, online softmax), :mod:`.epilogue` and
 :mod:`.sparse` (the visited tiles of block-sparse launches);
@@ -81,13 +85,15 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PRODUCER_REGS,
                      QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG, QUAD_TUNED_CONFIGS, REGISTERS,
                      ROWS_PER_CONSUMER,
-                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
+                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_KEY_ORDER_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS,
+                     SPARSE_TUNED_CONFIGS,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, check_sparse_config, current_config, forced_config,
                      use_config)
 from ._gluon import mma_layout
 from .descriptors import descriptor, k_scale_box, permuted_k, tma_aligned
-from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, SPARSE_SKIP_TUNER,
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, SPARSE_KEY_ORDER_TUNER,
+                     SPARSE_SKIP_TUNER,
                      SPARSE_TUNER, TUNER, TUNERS, attention,
                      compile_for, ineligible, last_config, last_tail_plan, scaled_attention, sm_count, tail_plan,
                      tuner_for, tuning_key)
@@ -98,6 +104,7 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "LAUNCH_MAXNREG", "LaunchPlan", "PRODUCER_REGS", "QUAD_CONSUMER_REGS", "QUAD_HEAD_DIM",
            "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "REGISTERS", "ROWS_PER_CONSUMER",
            "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
+           "SPARSE_KEY_ORDER_TUNED_CONFIGS", "SPARSE_KEY_ORDER_TUNER",
            "SPARSE_SKIP_TUNED_CONFIGS", "SPARSE_SKIP_TUNER", "SPARSE_TUNED_CONFIGS", "SPARSE_TUNER",
            "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
            "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",

@@ -18,7 +18,7 @@ def _sage_fwd_ws(
     stride_kbb,
     stride_ob, stride_oh, stride_os,
     H, GROUP, SEQ_Q, SEQ_KV, kp_xh, kp_gb, kp_gh,
-    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount, BI, BC, BB, ITEMS,
+    N_M, MAIN_CTAS, SPLITS, KV_SPLIT, OutWs, LseWs, SkipThr, SkipCount, ITEMS, BI, BC, BB,
     QK_KIND: gl.constexpr, Q_BLOCK: gl.constexpr, K_BLOCK: gl.constexpr, RETURN_LSE: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,

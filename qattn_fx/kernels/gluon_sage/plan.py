@@ -108,8 +108,8 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
         key_range if key_range is not None else v_scale, out, lse, float(sm_scale) * common.LOG2E, *geo.scalars,
         *(workspace if tail else (out, lse)),
         *((skip[0], skip[1] if skip[1] is not None else skip[0]) if skip is not None else (v_scale, v_scale)),
-        *(blocks if blocks is not None else (None, None, None)),  # (None: constexprs, no kernel arguments)
-        geo.items if config.persist else None,
+        geo.items if config.persist else None,  # (None: a constexpr, no kernel argument)
+        *(blocks if blocks is not None else (None, None, None)),
     ]
     return LaunchPlan(config, geo.grid, args, dict(geo.meta), geo.k_scale_box, geo.k_view is not None, tail,
                       geo.q_blocks)
