@@ -98,10 +98,10 @@ def _bias_tiles(ptrs, prog, n_tiles, BLOCK_N: gl.constexpr):
 @jit
 def _consume(st, CID: gl.constexpr):
     """Consumer warpgroup ``CID``: the CTA's work item (:func:`_consume_item`), or with ``PERSIST`` each of its items
-    in turn (:mod:`.schedule`), the rings' positions counted across them. With ``MMASUM`` it first fills its ones
-    buffer (:func:`_fill_ones`), once per CTA."""
+    in turn (:mod:`.schedule`), the rings' positions counted across them; a persistent one with ``MMASUM`` first fills
+    its ones buffer (:func:`_fill_ones`), once per CTA."""
     flags = st.flags
-    if flags.MMASUM:
+    if flags.MMASUM and flags.PERSIST:  # (once per CTA; a non-persistent CTA fills it in _consume_item)
         _fill_ones(st.bufs.ones_smem.index(CID))
     if flags.PERSIST:
         sched = st.sched
@@ -184,7 +184,9 @@ def _consume_item(st, prog, CID: gl.constexpr, n, first):
     if flags.MMASUM:  # the running denominator: a (64, 8) tile of the ones-MMA's layout, every column the same
         l_zero = gl.zeros([BM, 8], gl.float32, sum_layout(NW))
         l_i = l_zero
-        ones = bufs.ones_smem.index(CID)  # (filled by _consume)
+        ones = bufs.ones_smem.index(CID)
+        if not flags.PERSIST:  # (a persistent CTA fills it once, in _consume)
+            _fill_ones(ones)
     else:
         l_zero = pv_zero  # unused
         l_i = gl.full([BM], 0.0, gl.float32, row_s)
