@@ -8,7 +8,7 @@ from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
 from .mainloop import TileLoop, _mainloop
-from .schedule import _program_at
+from .schedule import _program_at, _q_bar
 from .sparse import _visit_bias_tiles, _visits
 
 
@@ -193,14 +193,14 @@ def _consume_item(st, prog, CID: gl.constexpr, n, first):
         ones = bufs.ones_smem  # unused
     sums = (ones, l_zero)
     if flags.SPARSE:  # the listed key tiles only (.sparse): n_tiles of them, maybe none
-        visits, n_tiles, first = _visits(ptrs, prog, flags)
+        visits, n_tiles, e0 = _visits(ptrs, prog, flags)  # (e0: its first list position)
     else:
         visits = (0, 0)  # unused
         n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
     ksrc = (ks_ptr, prog.stride_ksn, bufs.ks_smem, SEQ_KV)
     kbsrc = (kb_ptr, SEQ_KV)
     if flags.HAS_BIAS and flags.SPARSE:
-        bias_tiles = _visit_bias_tiles(ptrs, first, n_tiles, flags)
+        bias_tiles = _visit_bias_tiles(ptrs, e0, n_tiles, flags)
     elif flags.HAS_BIAS:
         bias_tiles = _bias_tiles(ptrs, prog, n_tiles, BLOCK_N)
     else:
@@ -211,7 +211,7 @@ def _consume_item(st, prog, CID: gl.constexpr, n, first):
     else:
         skip = (0.0, 0.0, 0.0, 0.0)  # unused
     if not QUANT_Q:
-        mbarrier.wait(bufs.q_bar.index(qb), (n // 2) & 1)
+        mbarrier.wait(_q_bar(bufs, n, flags), (n // 2) & 1)
     lp = TileLoop(q=q, rs=rs, s_init=s_init, pv_zero=pv_zero, SEQ_KV=SEQ_KV, k_smem=bufs.k_smem, v_smem=bufs.v_smem,
                   k_ready=bufs.k_ready, kv_free=bufs.kv_free, v_ready=bufs.v_ready, ksrc=ksrc, kbsrc=kbsrc, skip=skip,
                   sums=sums, visits=visits, first=first)

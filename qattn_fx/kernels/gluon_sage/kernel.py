@@ -66,11 +66,22 @@ def _sage_fwd_ws(
     ``SPLIT_TAIL``: the same whole items and pieces); Q in two buffers. ``ITEMS``: ``None`` otherwise.
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
-    NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
-    if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's (first) one
+    if PERSIST:  # this CTA's first work item (.schedule; the partitions loop over the others)
         sched = Schedule(n_m=N_M, group=GROUP, main=MAIN_CTAS, splits=SPLITS, kv_split=KV_SPLIT, seq_kv=SEQ_KV,
-                         items=ITEMS if PERSIST else MAIN_CTAS)
-        pid_m, pid_bh, kv0, kv_len, piece, split = _item(gl.program_id(0), sched, SPLIT_TAIL)
+                         items=ITEMS)
+        pid_m, pid_bh, kv0, kv_len, piece, _ = _item(gl.program_id(0), sched, SPLIT_TAIL)
+    elif SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
+        # (schedule._item's mapping, written out: this order of operations is what the GPU tests ran; the
+        # persistent tests check the two agree bit for bit)
+        cta = gl.program_id(0)
+        tail = (cta >= MAIN_CTAS).to(gl.int32)
+        t = gl.maximum(cta - MAIN_CTAS, 0)
+        g = cta + tail * (MAIN_CTAS + t // SPLITS - cta)
+        kv0 = tail * (t % SPLITS) * KV_SPLIT
+        kv_len = SEQ_KV + tail * (gl.minimum(SEQ_KV - kv0, KV_SPLIT) - SEQ_KV)
+        piece = tail * (t + 1) - 1
+        pid_m = g % N_M
+        pid_bh = g // N_M
     else:  # (the same CTA order as a 2-D grid (N_M, B·Hq))
         pid_m = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -80,6 +91,7 @@ def _sage_fwd_ws(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
+    NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
     start_m = pid_m * (NC * BM)
 
     QBUF: gl.constexpr = 2 if PERSIST else 1  # Q buffers: a persistent CTA loads the next item's Q during this one
@@ -101,18 +113,19 @@ def _sage_fwd_ws(
                                               gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv))
     else:
         ones_smem = k_smem  # unused
-    q_bar = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
-    if PERSIST:  # the consumers' release of each Q buffer (one arrive each)
+    if PERSIST:  # a Q barrier per buffer, and the consumers' release of each (one arrive each)
+        q_bar = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
         q_free = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(QBUF):
+            mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(q_free.index(i), count=NC)
     else:
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
         q_free = q_bar  # unused
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(QBUF):
-        mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -129,7 +142,7 @@ def _sage_fwd_ws(
         blk_count = BC + tile_row
         NB = SPLIT_TAIL * (SPLITS + 1) + 2 * HAS_BIAS  # BB's positions per query tile
         if SPLIT_TAIL:  # piece t % SPLITS's first and end list positions (a whole CTA reads its count instead)
-            blk_piece = BB + tile_row.to(gl.int64) * NB + split
+            blk_piece = BB + tile_row.to(gl.int64) * NB + t % SPLITS  # (block-sparse launches are not persistent)
         if HAS_BIAS:  # the list positions bounding the key bias's span
             blk_bias = BB + tile_row.to(gl.int64) * NB + (NB - 2)
     ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=blk_index,

@@ -2,7 +2,7 @@
 rings."""
 
 from ._gluon import gl, jit, mbarrier, quantizes_q, tma
-from .schedule import _program_at
+from .schedule import _program_at, _q_bar
 from .sparse import _key_tile, _visits
 
 
@@ -89,7 +89,7 @@ def _produce_item(st, prog, n, first):
     NC: gl.constexpr = bufs.q_smem.type.shape[0] // (2 if flags.PERSIST else 1)  # consumer warpgroups: a Q tile each
     if not quantizes_q(q_desc.dtype, bufs.k_desc.dtype):
         qb = n % 2
-        q_bar = bufs.q_bar.index(qb)
+        q_bar = _q_bar(bufs, n, flags)
         if flags.PERSIST:  # (a fresh barrier has completed the phase before 0: items 0 and 1 do not wait)
             mbarrier.wait(bufs.q_free.index(qb), ((n // 2) & 1) ^ 1)
         mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)

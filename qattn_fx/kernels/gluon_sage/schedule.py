@@ -60,6 +60,16 @@ def _item(w, sched, SPLIT_TAIL: gl.constexpr):
 
 
 @jit
+def _q_bar(bufs, n, flags):
+    """Item ``n``'s Q barrier: ``q_bar[n % 2]`` in a persistent launch, else the CTA's one (``n`` is 0)."""
+    if flags.PERSIST:
+        bar = bufs.q_bar.index(n % 2)
+    else:
+        bar = bufs.q_bar
+    return bar
+
+
+@jit
 def _program_at(prog, w, sched, flags, ROWS: gl.constexpr):
     """``prog`` (:class:`~.state.Program`) with the coordinates and key range of work item ``w`` (:func:`_item`):
     a query block of ``ROWS`` rows."""
