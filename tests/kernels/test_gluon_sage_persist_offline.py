@@ -82,3 +82,12 @@ def test_persistent_kernel_keeps_the_tile_loop(config):
         loops[text] = (len(body), sum(op.startswith(("LDL", "STL")) for op in body))
     base, persist = loops[config], loops[config + ",persist"]
     assert abs(persist[0] - base[0]) <= 0.05 * base[0] and persist[1] <= base[1], (loops, reports)
+
+
+def test_persist_configs_have_their_class_numerics_and_no_tuner_has_them_yet():
+    """Each persistent config has the numerics of a tuned config of its class (so it may join that tuner), and
+    none is a tuner's candidate until the GPU tests have run on the kernel as it is (config.PERSIST_CONFIGS)."""
+    tuned = {c.numerics for c in gs.TUNED_CONFIGS + gs.KEY_ORDER_TUNED_CONFIGS}
+    assert all(c.persist and c.numerics in tuned for c in gs.PERSIST_CONFIGS)
+    assert set(gs.PERSIST_CONFIGS) <= set(gs.CONFIGS)
+    assert not any(gs.GluonConfig.parse(c).persist for tuner in gs.TUNERS for c in tuner.candidates)

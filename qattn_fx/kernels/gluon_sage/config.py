@@ -132,11 +132,8 @@ class GluonConfig(LaunchConfig):
 #: other and the fastest at the Wan shapes and d64 (docs/kernel-profile.md, "Tuning: gluon_sage's default config"), at
 #: flux-1024 (the autotuner's pick there over two-consumer and one-consumer configs, BENCHMARKS.md, "Attention op") and
 #: with HunyuanVideo's key-padding mask (docs/kernel-profile.md, "Key-padding masks").
-#: The persistent variant (``persist``, same numerics) joins it: faster at the short shapes (flux-1024, d64), slower at
-#: the Wan lengths (BENCHMARKS.md, "Persistent schedule"), so the tuner decides per problem key.
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
-                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
-                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1))
+                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
 #: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 2 stages and with 4
 #: and ``tarrive``, faster than ``trio`` at d64 with Q quantized in the kernel and on a pre-quantized Q (see
 #: BENCHMARKS.md, "head_dim 64").
@@ -151,8 +148,13 @@ DEFAULT_CONFIGS = {128: TRIO_DEFAULT_CONFIG, 64: QUAD_TUNED_CONFIGS[0]}
 #: Launches that load K in key order: bf16/fp16 K, K scales per 1 or 4 keys, layouts the ``permk`` view cannot take.
 #: ``trio`` spills in that loop (P reaches the P·V operand through shuffles), so two consumer warpgroups with the
 #: ``ahead`` schedule, and ``mmasum`` as in the other class.
-KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1),
-                           GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
+KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1))
+#: Persistent configs (``persist``, :mod:`.schedule`): the numerics of :data:`TUNED_CONFIGS` and
+#: :data:`KEY_ORDER_TUNED_CONFIGS`, faster at flux-1024 and d64 and slower at the Wan lengths (BENCHMARKS.md,
+#: "Persistent schedule"). Forced by name for now (``use_config`` / ``$QATTN_GLUON_SAGE_CONFIG``) and GPU-tested
+#: (:data:`CONFIGS`); they join their classes' tuners once the GPU tests have run on the kernel as it is here.
+PERSIST_CONFIGS = (GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1),
+                   GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
 #: Untuned key-order launches.
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
 #: Skip-Softmax launches run serial schedules (the skip test branches around P·V, which ``ahead`` overlaps with the
@@ -182,9 +184,6 @@ def check_skip_config(config: GluonConfig) -> None:
 SPARSE_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
                         GluonConfig(128, 2, ahead=1, permk=1, mmasum=1))
 SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1))
-#: Block-sparse key-order launches: :data:`KEY_ORDER_TUNED_CONFIGS` but the persistent one (whose CTAs count their
-#: rings across items of equal key tiles, :func:`check_sparse_config`).
-SPARSE_KEY_ORDER_TUNED_CONFIGS = tuple(c for c in KEY_ORDER_TUNED_CONFIGS if not c.persist)
 
 
 def check_sparse_config(config: GluonConfig) -> None:
@@ -231,8 +230,7 @@ CONFIGS = (GluonConfig(128, 3, ahead=1), GluonConfig(128, 2, ahead=1),
            GluonConfig(128, 2, trio=1), GluonConfig(128, 3, trio=1, permk=1),
            GluonConfig(128, 3, trio=1, permk=1, tarrive=1), GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
            GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
-           GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1),
-           GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
+           *PERSIST_CONFIGS)
 
 #: The forced config (``qattn_fx.config.gluon_sage_config``, ``$QATTN_GLUON_SAGE_CONFIG``).
 FORCED = ForcedConfig(GluonConfig, "gluon_sage_config")

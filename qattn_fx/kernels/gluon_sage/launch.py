@@ -18,8 +18,7 @@ from .._cuda_utils import empty_bshd
 from . import tail_split
 from ._gluon import GLUON_ERROR, triton
 from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, QUAD_HEAD_DIM,
-                     QUAD_TUNED_CONFIGS, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_KEY_ORDER_TUNED_CONFIGS,
-                     SPARSE_SKIP_TUNED_CONFIGS,
+                     QUAD_TUNED_CONFIGS, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS,
                      SPARSE_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, forced_config,
                      quad_serves)
 from .descriptors import _permuted_k_view, tma_aligned
@@ -81,21 +80,16 @@ SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in
                                    numerics=lambda text: GluonConfig.parse(text).numerics)
 #: The autotuners of block-sparse launches that view K through ``permk`` (two consumers:
 #: :data:`SPARSE_TUNED_CONFIGS`; with Skip-Softmax :data:`SPARSE_SKIP_TUNED_CONFIGS`); block-sparse key-order launches
-#: use :data:`SPARSE_KEY_ORDER_TUNER` (:data:`SPARSE_KEY_ORDER_TUNED_CONFIGS`: the key-order configs but the
-#: persistent one) / :data:`SKIP_KEY_ORDER_TUNER`, whose configs have two consumers (under a key of their own,
-#: :func:`tuning_key`).
+#: use :data:`KEY_ORDER_TUNER` / :data:`SKIP_KEY_ORDER_TUNER`, whose configs have two consumers (under a key of their
+#: own, :func:`tuning_key`).
 SPARSE_TUNER = ConfigTuner("gluon_sage_sparse", [str(c) for c in SPARSE_TUNED_CONFIGS],
                            default=lambda key: str(SPARSE_TUNED_CONFIGS[0]),
                            numerics=lambda text: GluonConfig.parse(text).numerics)
 SPARSE_SKIP_TUNER = ConfigTuner("gluon_sage_sparse_skip", [str(c) for c in SPARSE_SKIP_TUNED_CONFIGS],
                                 default=lambda key: str(SPARSE_SKIP_TUNED_CONFIGS[0]),
                                 numerics=lambda text: GluonConfig.parse(text).numerics)
-SPARSE_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_sparse_key_order", [str(c) for c in SPARSE_KEY_ORDER_TUNED_CONFIGS],
-                                     default=lambda key: str(KEY_ORDER_DEFAULT_CONFIG),
-                                     numerics=lambda text: GluonConfig.parse(text).numerics)
 #: Every autotuner of this kernel, one per launch class (:func:`tuner_for` picks among them).
-TUNERS = (TUNER, QUAD_TUNER, KEY_ORDER_TUNER, SKIP_TUNER, SKIP_KEY_ORDER_TUNER, SPARSE_TUNER, SPARSE_SKIP_TUNER,
-          SPARSE_KEY_ORDER_TUNER)
+TUNERS = (TUNER, QUAD_TUNER, KEY_ORDER_TUNER, SKIP_TUNER, SKIP_KEY_ORDER_TUNER, SPARSE_TUNER, SPARSE_SKIP_TUNER)
 
 
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
@@ -106,9 +100,7 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
     :data:`SKIP_TUNER` where K can be viewed and there is no key bias (``trio`` spills over 1.4 KB with both), else
     :data:`SKIP_KEY_ORDER_TUNER`. Block-sparse launches (``sparse``) take two-consumer configs: where the others
     would get :data:`TUNER`, :data:`QUAD_TUNER` or :data:`SKIP_TUNER`, they get :data:`SPARSE_TUNER` or
-    :data:`SPARSE_SKIP_TUNER`, and for :data:`KEY_ORDER_TUNER` :data:`SPARSE_KEY_ORDER_TUNER`. Persistent configs
-    (``persist``) are candidates of the dense tuners only. Each tuner's candidates share their numerics
-    (:attr:`GluonConfig.numerics`)."""
+    :data:`SPARSE_SKIP_TUNER`. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
     view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block if k_scale is not None else 0,
                             TUNED_CONFIGS[0].block_n)
     if view is not None and not (skip and key_bias is not None):
@@ -117,9 +109,7 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
         if skip:
             return SKIP_TUNER
         return QUAD_TUNER if quad_serves(k.shape[-1], key_bias is not None) else TUNER
-    if skip:
-        return SKIP_KEY_ORDER_TUNER
-    return SPARSE_KEY_ORDER_TUNER if sparse else KEY_ORDER_TUNER
+    return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
 
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
