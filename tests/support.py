@@ -167,6 +167,15 @@ def quantize(q, k, v, qk="int8", q_block=1, k_block=16, *, v_scale="channel", v_
     return qd, qs, kd, ks, vd, vs, q_block, k_block
 
 
+def gluon_loop_body(ops: list[str]) -> list[str]:
+    """The full tiles' loop body of an int8 gluon_sage kernel's SASS (``sass_opcodes``): from ~40 instructions before
+    the first Q·Kᵀ wgmma (the accumulator's re-initialization) to the branch after the first P·V wait."""
+    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
+    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
+    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("BRA"))
+    return ops[start - 40:end + 1]
+
+
 def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(max |err| / max |ref|, mean |err| / mean |ref|)."""
     err = (out.double() - ref.double()).abs()

@@ -12,6 +12,8 @@ import re
 import pytest
 import torch
 
+import support
+
 import qattn_fx
 
 from qattn_fx.kernels import _sage_common as common
@@ -268,13 +270,7 @@ def test_mmasum_takes_the_row_sum_from_a_second_wgmma(config):
     assert report["ptxas_ok"] and report["spill_stores"] == 0, report
 
 
-def _loop_body(ops: list[str]) -> list[str]:
-    """The full tiles' loop body of a (int8 Q/K) kernel's SASS: from ~40 instructions before the first Q·Kᵀ wgmma
-    (the accumulator's re-initialization) to the branch after the first P·V wait."""
-    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
-    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
-    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("BRA"))
-    return ops[start - 40:end + 1]
+_loop_body = support.gluon_loop_body
 
 
 @pytest.mark.parametrize("config", ["128,3,trio,permk,tarrive", "128,3,trio,permk"])

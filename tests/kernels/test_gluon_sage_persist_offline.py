@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import support
+
 from qattn_fx.kernels import gluon_sage as gs
 from qattn_fx.kernels._offline import ptxas_report, sass_opcodes
 
@@ -58,12 +60,7 @@ def test_the_plan_passes_the_work_items_and_a_1d_grid(tail):
     assert flat.grid == ((items,) if tail else (gs.q_blocks(4096, config), 4))
 
 
-def _loop_body(ops: list[str]) -> list[str]:
-    """The full tiles' loop of an int8 kernel's SASS (tests/kernels/test_gluon_sage_offline.py's rule)."""
-    start = next(i for i, op in enumerate(ops) if op.startswith("IGMMA"))
-    pv = next(i for i, op in enumerate(ops) if i > start and op.startswith("QGMMA") and "gsb0" in op)
-    end = next(i for i, op in enumerate(ops) if i > pv and op.startswith("BRA"))
-    return ops[start - 40:end + 1]
+_loop_body = support.gluon_loop_body
 
 
 @pytest.mark.parametrize("config", [TRIO, "128,3,ahead,permk,mmasum"])
