@@ -152,7 +152,8 @@ KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(1
 #: Persistent configs (``persist``, :mod:`.schedule`): the numerics of :data:`TUNED_CONFIGS` and
 #: :data:`KEY_ORDER_TUNED_CONFIGS`, faster at flux-1024 and d64 and slower at the Wan lengths (BENCHMARKS.md,
 #: "Persistent schedule"). Forced by name for now (``use_config`` / ``$QATTN_GLUON_SAGE_CONFIG``) and GPU-tested
-#: (:data:`CONFIGS`); they join their classes' tuners once the GPU tests have run on the kernel as it is here.
+#: (:data:`CONFIGS`, tests/gpu/test_gluon_sage_persist.py); they join their classes' tuners once every case of
+#: those tests, the split tail's included, has run on a GPU.
 PERSIST_CONFIGS = (GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1),
                    GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
 #: Untuned key-order launches.

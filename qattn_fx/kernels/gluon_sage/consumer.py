@@ -8,7 +8,7 @@ from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
 from .mainloop import TileLoop, _mainloop
-from .schedule import _program_at, _q_bar
+from .schedule import _q_bar, _run_items
 from .sparse import _visit_bias_tiles, _visits
 
 
@@ -103,17 +103,7 @@ def _consume(st, CID: gl.constexpr):
     flags = st.flags
     if flags.MMASUM and flags.PERSIST:  # (once per CTA; a non-persistent CTA fills it in _consume_item)
         _fill_ones(st.bufs.ones_smem.index(CID))
-    if flags.PERSIST:
-        sched = st.sched
-        BM: gl.constexpr = st.bufs.q_desc.block_type.shape[2]
-        ROWS: gl.constexpr = st.bufs.q_smem.type.shape[0] // 2 * BM
-        first = gl.program_id(0) * 0  # (loop-carried int32s)
-        n = first
-        for w in range(gl.program_id(0), sched.items, gl.num_programs(0)):
-            first += _consume_item(st, _program_at(st.prog, w, sched, flags, ROWS), CID, n, first)
-            n += 1
-    else:
-        _consume_item(st, st.prog, CID, 0, 0)
+    _run_items(st, _consume_item, CID)
 
 
 @jit

@@ -117,8 +117,9 @@ def _sage_fwd_ws(
         q_bar = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
         q_free = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(QBUF):
-            mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(q_free.index(i), count=NC)
+        for i in gl.static_range(QBUF):
+            mbarrier.init(q_bar.index(i), count=1)
     else:
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)

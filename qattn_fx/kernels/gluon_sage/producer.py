@@ -2,7 +2,7 @@
 rings."""
 
 from ._gluon import gl, jit, mbarrier, quantizes_q, tma
-from .schedule import _program_at, _q_bar
+from .schedule import _q_bar, _run_items
 from .sparse import _key_tile, _visits
 
 
@@ -43,25 +43,14 @@ def _produce_tile(i, j, bufs, coords, flags, PERMUTED: gl.constexpr):
 @jit
 def _producer(st):
     """Producer warp: the CTA's work item (:func:`_produce_item`), or with ``PERSIST`` each of its items in turn
-    (:mod:`.schedule`), the rings' positions counted across them."""
-    flags = st.flags
-    if flags.PERSIST:
-        sched = st.sched
-        BM: gl.constexpr = st.bufs.q_desc.block_type.shape[2]
-        ROWS: gl.constexpr = st.bufs.q_smem.type.shape[0] // 2 * BM
-        first = gl.program_id(0) * 0  # (loop-carried int32s)
-        n = first
-        for w in range(gl.program_id(0), sched.items, gl.num_programs(0)):
-            first += _produce_item(st, _program_at(st.prog, w, sched, flags, ROWS), n, first)
-            n += 1
-    else:
-        _produce_item(st, st.prog, 0, 0)
+    (:func:`.schedule._run_items`), the rings' positions counted across them."""
+    _run_items(st, _produce_item, 0)
 
 
 @jit
-def _produce_item(st, prog, n, first):
-    """One work item (``prog``: its :class:`~.state.Program`; ``n``: the CTA's items before it, ``first``: the key
-    tiles they visited, its first ring position): its Q tiles (not when Q is bf16/fp16 with int8 K: the consumers
+def _produce_item(st, prog, CID: gl.constexpr, n, first):
+    """One work item (``prog``: its :class:`~.state.Program`; ``CID``: unused, :func:`.schedule._run_items`'s
+    signature; ``n``: the CTA's items before it, ``first``: the key tiles they visited, its first ring position): its Q tiles (not when Q is bf16/fp16 with int8 K: the consumers
     quantize it; in Q buffer ``n % 2`` once the consumers have freed it), then K and V tiles into their rings
     (:func:`_produce_tile`); the last (maybe partial) tile's K always through the plain descriptor. ``SPARSE``: the
     listed tiles only (:func:`.sparse._visits`), the last listed one through the plain descriptor; none when nothing

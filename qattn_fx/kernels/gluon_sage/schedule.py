@@ -80,3 +80,22 @@ def _program_at(prog, w, sched, flags, ROWS: gl.constexpr):
                    prog.stride_os, prog.H, prog.SEQ_Q, kv_len, pid_bh // prog.H, h, h // sched.group, pid_m * ROWS,
                    prog.kp_xh, prog.kp_gb, prog.kp_gh, kv0, piece, prog.stride_kbb, prog.qk_scale, prog.skip_thr,
                    prog.skip_count)
+
+
+@jit
+def _run_items(st, item: gl.constexpr, CID: gl.constexpr):
+    """Run one partition's work, ``item(st, prog, CID, n, first)`` (``prog``: the item's :class:`~.state.Program`;
+    ``n``: the items this CTA ran before it; ``first``: the key tiles they visited, its first ring position; the
+    item returns the key tiles it visited): on the CTA's item, or with ``PERSIST`` on each of its items in turn."""
+    flags = st.flags
+    if flags.PERSIST:
+        sched = st.sched
+        BM: gl.constexpr = st.bufs.q_desc.block_type.shape[2]
+        ROWS: gl.constexpr = st.bufs.q_smem.type.shape[0] // 2 * BM  # (two Q buffers of the CTA's rows)
+        first = gl.program_id(0) * 0  # (loop-carried int32s)
+        n = first
+        for w in range(gl.program_id(0), sched.items, gl.num_programs(0)):
+            first += item(st, _program_at(st.prog, w, sched, flags, ROWS), CID, n, first)
+            n += 1
+    else:
+        item(st, st.prog, CID, 0, 0)
