@@ -66,22 +66,10 @@ def _sage_fwd_ws(
     ``SPLIT_TAIL``: the same whole items and pieces); Q in two buffers. ``ITEMS``: ``None`` otherwise.
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
-    if PERSIST:  # this CTA's first work item (.schedule; the partitions loop over the others)
+    if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's one (a persistent CTA's first)
         sched = Schedule(n_m=N_M, group=GROUP, main=MAIN_CTAS, splits=SPLITS, kv_split=KV_SPLIT, seq_kv=SEQ_KV,
-                         items=ITEMS)
-        pid_m, pid_bh, kv0, kv_len, piece, _ = _item(gl.program_id(0), sched, SPLIT_TAIL)
-    elif SPLIT_TAIL:  # CTAs past MAIN_CTAS are pieces: SPLITS per tail CTA, each over KV_SPLIT keys from kv0
-        # (schedule._item's mapping, written out: this order of operations is what the GPU tests ran; the
-        # persistent tests check the two agree bit for bit)
-        cta = gl.program_id(0)
-        tail = (cta >= MAIN_CTAS).to(gl.int32)
-        t = gl.maximum(cta - MAIN_CTAS, 0)
-        g = cta + tail * (MAIN_CTAS + t // SPLITS - cta)
-        kv0 = tail * (t % SPLITS) * KV_SPLIT
-        kv_len = SEQ_KV + tail * (gl.minimum(SEQ_KV - kv0, KV_SPLIT) - SEQ_KV)
-        piece = tail * (t + 1) - 1
-        pid_m = g % N_M
-        pid_bh = g // N_M
+                         items=ITEMS if PERSIST else MAIN_CTAS)  # (items: read by persistent loops only)
+        pid_m, pid_bh, kv0, kv_len, piece, split = _item(gl.program_id(0), sched, SPLIT_TAIL)
     else:  # (the same CTA order as a 2-D grid (N_M, B·Hq))
         pid_m = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -134,8 +122,8 @@ def _sage_fwd_ws(
         mbarrier.init(kv_free.index(i), count=NC * 128 if TARRIVE else NC)
 
     bufs = Buffers(q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, ks_desc=ks_desc, kp_desc=kp_desc, q_smem=q_smem,
-                   k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, q_free=q_free, k_ready=k_ready,
-                   v_ready=v_ready, kv_free=kv_free)
+                   k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, q_free=q_free,
+                   k_ready=k_ready, v_ready=v_ready, kv_free=kv_free)
     blk_index, blk_count, blk_piece, blk_bias = BI, BC, BB, BB  # (None: a dense launch)
     if SPARSE:  # this CTA's query tile's list and count (a CTA of two consumers is one 128-row query tile)
         tile_row = pid_bh * N_M + pid_m
@@ -143,7 +131,7 @@ def _sage_fwd_ws(
         blk_count = BC + tile_row
         NB = SPLIT_TAIL * (SPLITS + 1) + 2 * HAS_BIAS  # BB's positions per query tile
         if SPLIT_TAIL:  # piece t % SPLITS's first and end list positions (a whole CTA reads its count instead)
-            blk_piece = BB + tile_row.to(gl.int64) * NB + t % SPLITS  # (block-sparse launches are not persistent)
+            blk_piece = BB + tile_row.to(gl.int64) * NB + split
         if HAS_BIAS:  # the list positions bounding the key bias's span
             blk_bias = BB + tile_row.to(gl.int64) * NB + (NB - 2)
     ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=blk_index,

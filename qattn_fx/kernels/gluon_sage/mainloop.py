@@ -231,7 +231,8 @@ def _serial_tiles(j0, j1, ks, m_i, l_i, acc, lp, flags, p_layout: gl.constexpr, 
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     for i in range(j0, j1):
         j = _key_tile(i - lp.first, lp.visits, flags)
-        ks_next = _k_scales_ahead(i + 1, _key_tile(i + 1 - lp.first, lp.visits, flags), lp.ksrc, col_s, grp_layout, flags)
+        ks_next = _k_scales_ahead(i + 1, _key_tile(i + 1 - lp.first, lp.visits, flags), lp.ksrc, col_s, grp_layout,
+                                  flags)
         s = _qk(i, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, flags.QK_KIND, BLOCK_N, flags.STAGES,
                 flags.TARRIVE)
         ks = _k_scales_at_use(i, j, ks, lp.ksrc, col_s, grp_layout, flags)
