@@ -146,7 +146,7 @@ def tail_plan(q: torch.Tensor, k: torch.Tensor, k_block: int, config: GluonConfi
     if not qattn_config.flag("gluon_tail_split"):
         return None
     bsz, hq, sq, _ = q.shape
-    slots = sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    slots = sm_count(q.device.index)
     if sparse:
         k_block = math.lcm(k_block, block_sparse.BLOCK_KEYS) if k_block else block_sparse.BLOCK_KEYS
     return tail_split.plan(bsz * hq * q_blocks(sq, config), slots, k.shape[2],

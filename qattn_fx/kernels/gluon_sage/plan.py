@@ -195,14 +195,19 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
         quant_q, scalars, meta, grid, ks_box, n_m, items)
 
 
-@functools.lru_cache(maxsize=None)
 def sm_count(device_index: Optional[int]) -> int:
-    """SMs of CUDA device ``device_index`` (``None``: the current one): the slots of the tail split's waves and the
-    CTAs of a persistent grid (one per SM: a CTA takes an SM's registers)."""
+    """SMs of CUDA device ``device_index`` (``None``: the current one, resolved on each call): the slots of the tail
+    split's waves and the CTAs of a persistent grid (one per SM: a CTA takes an SM's registers)."""
     import torch
 
-    index = torch.cuda.current_device() if device_index is None else device_index
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def q_blocks(sq: int, config: GluonConfig) -> int:
