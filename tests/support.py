@@ -167,6 +167,19 @@ def quantize(q, k, v, qk="int8", q_block=1, k_block=16, *, v_scale="channel", v_
     return qd, qs, kd, ks, vd, vs, q_block, k_block
 
 
+def gluon_meta_inputs(d=128, s=4096, h=4, qk=torch.int8, q_block=1, k_block=16):
+    """Meta tensors of one gluon_sage launch for offline compiles: BSHD Q/K views as diffusers writes them,
+    sequence-major fp8 V, per-block Q/K scales and per-channel V scales; ``(q, q_scale, k, k_scale, v, v_scale,
+    q_block, k_block)``."""
+    q = torch.empty(1, s, h, d, dtype=qk, device="meta").transpose(1, 2)
+    k = torch.empty(1, s, h, d, dtype=qk, device="meta").transpose(1, 2)
+    v = torch.empty(1, h, d, s, dtype=torch.float8_e4m3fn, device="meta").transpose(-1, -2)
+    qs = torch.empty(1, h, -(-s // q_block), device="meta")
+    ks = torch.empty(1, h, -(-s // k_block), device="meta")
+    vs = torch.empty(1, h, d, device="meta")
+    return q, qs, k, ks, v, vs, q_block, k_block
+
+
 def gluon_loop_body(ops: list[str]) -> list[str]:
     """The full tiles' loop body of an int8 gluon_sage kernel's SASS (``sass_opcodes``): from ~40 instructions before
     the first Q·Kᵀ wgmma (the accumulator's re-initialization) to the branch after the first P·V wait."""

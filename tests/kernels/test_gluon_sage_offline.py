@@ -24,14 +24,7 @@ from qattn_fx.kernels._offline import sass_opcodes
 pytest.importorskip("triton.experimental.gluon")
 
 
-def _meta_inputs(d=128, s=4096, h=4, qk=torch.int8, q_block=1, k_block=16):
-    q = torch.empty(1, s, h, d, dtype=qk, device="meta").transpose(1, 2)  # BSHD views, as diffusers writes them
-    k = torch.empty(1, s, h, d, dtype=qk, device="meta").transpose(1, 2)
-    v = torch.empty(1, h, d, s, dtype=torch.float8_e4m3fn, device="meta").transpose(-1, -2)  # sequence-major
-    qs = torch.empty(1, h, -(-s // q_block), device="meta")
-    ks = torch.empty(1, h, -(-s // k_block), device="meta")
-    vs = torch.empty(1, h, d, device="meta")
-    return q, qs, k, ks, v, vs, q_block, k_block
+_meta_inputs = support.gluon_meta_inputs
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -17,14 +17,7 @@ pytest.importorskip("triton.experimental.gluon")
 TRIO = "128,3,trio,permk,tarrive,mmasum"
 
 
-def _meta_inputs(s=4096, h=4, d=128):
-    q = torch.empty(1, s, h, d, dtype=torch.int8, device="meta").transpose(1, 2)
-    k = torch.empty(1, s, h, d, dtype=torch.int8, device="meta").transpose(1, 2)
-    v = torch.empty(1, h, d, s, dtype=torch.float8_e4m3fn, device="meta").transpose(-1, -2)
-    qs = torch.empty(1, h, s, device="meta")
-    ks = torch.empty(1, h, -(-s // 16), device="meta")
-    vs = torch.empty(1, h, d, device="meta")
-    return q, qs, k, ks, v, vs, 1, 16
+_meta_inputs = support.gluon_meta_inputs
 
 
 def test_persist_is_a_schedule_flag_with_the_same_numerics():
