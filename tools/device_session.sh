@@ -41,6 +41,8 @@ fi
 if [ -d .fi-cache ] && [ ! -e ~/.cache/flashinfer/.restored ]; then  # FlashInfer JIT modules built on an earlier machine
   mkdir -p ~/.cache && tar -C ~/.cache -xzf .fi-cache/flashinfer.tgz && touch ~/.cache/flashinfer/.restored
 fi
+# the parallel GPU steps: tests (not files, as pyproject's addopts says for the CPU suite) spread over GPU_N workers
+GPU_XDIST="-p no:cacheprovider -n ${GPU_N:-6} --dist load"
 step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -${TAIL:-40}; echo "=== $name rc=${PIPESTATUS[0]}"; }
 for s in "$@"; do
   case $s in
@@ -49,15 +51,15 @@ for s in "$@"; do
     lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -n 0 -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
     triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -n 0 -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
     gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -n 0 -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
-    gpu-tests) TAIL=45 step gpu-tests ${GPU_TESTS_S:-480} python3 -m pytest -q -rfEs -p no:cacheprovider -n ${GPU_N:-6} --dist load --durations=8 -k "${GPU_K:-}" ${GPU_TESTS:-tests/gpu/test_gluon_sage.py tests/gpu/test_triton_sage.py tests/gpu/test_shapes_and_masks.py tests/gpu/test_compiled_models.py} ;;
+    gpu-tests) TAIL=45 step gpu-tests ${GPU_TESTS_S:-480} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${GPU_K:-}" ${GPU_TESTS:-tests/gpu/test_gluon_sage.py tests/gpu/test_triton_sage.py tests/gpu/test_shapes_and_masks.py tests/gpu/test_compiled_models.py} ;;
     shapes-tests) TAIL=45 step shapes-tests ${SHAPES_TESTS_S:-300} python3 -m pytest -q -n 0 -rfEs --durations=8 -k "${SHAPES_K:-}" tests/gpu/test_shapes_and_masks.py ;;
     tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 -m benchmarks.tune --kernel gluon_sage --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     tune) TAIL=30 step tune ${TUNE_S:-240} python3 -m benchmarks.tune --kernel triton_sage --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
-    skip-tests) TAIL=45 step skip-tests ${SKIP_TESTS_S:-300} python3 -m pytest -q -rfEs -p no:cacheprovider -n ${GPU_N:-6} --dist load --durations=8 -k "${SKIP_K:-}" tests/gpu/test_skip_softmax.py ;;
+    skip-tests) TAIL=45 step skip-tests ${SKIP_TESTS_S:-300} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${SKIP_K:-}" tests/gpu/test_skip_softmax.py ;;
     skip-bench) TAIL=60 step skip-bench ${SKIP_BENCH_S:-420} python3 -m benchmarks.attention_ops --skip-softmax --out "$OUT/skip_softmax.json" ${SKIP_ARGS:-} ;;
     bs-tests) files=""; for f in ${BS_TEST_FILES:-tests/gpu/test_block_sparse_kernels.py tests/gpu/test_gluon_sage_sparse.py tests/gpu/test_block_predictor.py}; do [ -e "$f" ] && files="$files $f"; done
         if [ -z "$files" ]; then echo "=== bs-tests: none of the block-sparse GPU test files exists"; else
-        TAIL=45 step bs-tests ${BS_TESTS_S:-300} python3 -m pytest -q -rfEs -p no:cacheprovider -n ${GPU_N:-6} --dist load --durations=8 -k "${BS_K:-}" $files; fi ;;
+        TAIL=45 step bs-tests ${BS_TESTS_S:-300} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${BS_K:-}" $files; fi ;;
     bs-bench) skipjson=""; [ -e "$OUT/skip_softmax.json" ] && skipjson="--skip-json $OUT/skip_softmax.json"
         TAIL=60 step bs-bench ${BS_S:-560} python3 -m benchmarks.attention_ops --block-sparse --timer graph --out "$OUT/block_sparse.json" \
         --plot "$OUT/block_sparse.png" --max-seconds ${BS_MAX_S:-480} $skipjson ${BS_ARGS:-} ;;
