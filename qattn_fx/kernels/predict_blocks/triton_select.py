@@ -50,8 +50,9 @@ _KERNEL_SOURCE = Path(__file__).with_name("_select_kernel.py")
 _MODULES: dict[bool, object] = {}
 #: The most key tiles one call may have (a program holds a row of them).
 MAX_KEY_TILES = 4096
-#: Elements (query tiles x padded key tiles) a program holds: ``ROWS = TILE_ELEMENTS // BLOCK_N``, at most 16.
-TILE_ELEMENTS = 8192
+#: Elements (query tiles x padded key tiles) a program holds: ``ROWS = TILE_ELEMENTS // BLOCK_N``, at most
+#: :data:`MAX_ROWS` (no spills at sm_90 up to :data:`MAX_KEY_TILES`: ``tests/kernels/test_block_select_interpret.py``).
+TILE_ELEMENTS = 4096
 #: Most query tiles per program (each program reads its kv head's k̄ once for all of them).
 MAX_ROWS = 16
 #: Warps per program.
@@ -107,7 +108,9 @@ def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode:
     kept_u8 = kept.view(torch.uint8) if kept.dtype == torch.bool else kept.to(torch.uint8)
     rows = rows_per_program(nk)
     row_blocks = -(-nq // rows)
-    args = [q_mean, q_sim.contiguous(), k_mean, k_sim.contiguous(), kept_u8, keep_arg, index, count,
+    if not everything:  # (with everything, nothing but kept is read: the placeholders stay as they are)
+        q_sim, k_sim = q_sim.contiguous(), k_sim.contiguous()
+    args = [q_mean, q_sim, k_mean, k_sim, kept_u8, keep_arg, index, count,
             hq, hq // hkv, nq, nk, sq, skv, row_blocks, *q_mean.stride(), *k_mean.stride(),
             kept_u8.stride(0) if kept_u8.shape[0] > 1 else 0, float(sm_scale), float(keep_f32), keep_bits,
             float(similarity), int(sink_tiles)]
