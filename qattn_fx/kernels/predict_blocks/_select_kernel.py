@@ -74,7 +74,7 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
         # step 2: scores and softmax
         q_base = q_ptr + b * stride_q_b + h * stride_q_h + rows.to(tl.int64) * stride_q_n
         k_base = k_ptr + b * stride_k_b + hk * stride_k_h + cols.to(tl.int64) * stride_k_n
-        acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
+        acc = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
         for d in range(0, D):
             qd = tl.load(q_base + d * stride_q_d, mask=row_ok, other=0.0)
             kd = tl.load(k_base + d * stride_k_d, mask=col_ok, other=0.0)
@@ -93,18 +93,18 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
             keep_d = keep.to(tl.float64)
         else:
             keep = keep_f32
-            keep_d = (tl.zeros([], tl.int64) + keep_bits).to(tl.float64, bitcast=True)  # the host's double
+            keep_d = (tl.full([], 0, tl.int64) + keep_bits).to(tl.float64, bitcast=True)  # the host's double
         if TOP_K:
             n_d = n.to(tl.float64)
             n_keep = tl.maximum(tl.ceil(n_d * keep_d - n_d * tl.full([], SLACK, tl.float64)), 1.0)
             budget = n_keep.to(tl.float32)
-            w = tl.where(col_ok[None, :], 1.0, 0.0) + tl.zeros((ROWS, BLOCK_N), tl.float32)
+            w = tl.where(col_ok[None, :], 1.0, 0.0) + tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
         else:
             budget = keep
             w = probs
         bits = probs.to(tl.int32, bitcast=True)
-        lo = tl.zeros((ROWS,), tl.int32)
-        hi = tl.zeros((ROWS,), tl.int32) + BISECT_HI
+        lo = tl.full((ROWS,), 0, tl.int32)
+        hi = tl.full((ROWS,), 0, tl.int32) + BISECT_HI
         for _ in range(0, BISECT_STEPS):
             mid = lo + (hi - lo) // 2
             above = _sum(tl.where(bits > mid[:, None], w, 0.0), 1)
@@ -118,7 +118,7 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
         chosen = (bits > hi[:, None]) | (tied & (above[:, None] + tied_before < budget))
         visit = chosen & kept2
         if KEEP_ON_DEVICE:
-            visit = visit | (kept2 & (keep >= 1.0))
+            visit = tl.where(tl.full((ROWS, BLOCK_N), 0.0, tl.float32) + keep >= 1.0, kept2, visit)
         if GUARD:
             q_sim = tl.load(q_sim_ptr + (b * HQ + h) * NQ + rows, mask=row_ok, other=1.0)
             k_sim = tl.load(k_sim_ptr + (b * (HQ // G) + hk) * NK + cols, mask=col_ok, other=1.0)
