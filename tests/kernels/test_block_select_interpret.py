@@ -230,3 +230,18 @@ def test_compiles_offline_for_sm90_without_spills(nk, mode, device_keep):
     report = ptxas_report(compiled, (9, 0))
     assert report["ptxas_ok"] and report["spill_stores"] == 0 and report["spill_loads"] == 0, report
     assert "div.rn.f32" in compiled.asm["ptx"]
+
+
+def test_ties_go_to_the_lower_index():
+    """Exact ties (equal key means, a query mean of 0: every probability 1/8): both selections take the lower
+    index first, so the lists are equal, not merely equal up to the boundary."""
+    g = torch.Generator().manual_seed(50)
+    k_mean = torch.randn(1, 1, 4, 8, generator=g).repeat_interleave(2, 2)[:, :, [0, 2, 1, 3, 4, 6, 5, 7]]
+    q_mean = torch.randn(1, 2, 3, 8, generator=g)
+    q_mean[0, 1, 0] = 0.0
+    pooled = reference.Pooled(q_mean, torch.ones(1, 2, 3), k_mean, torch.ones(1, 1, 8),
+                              torch.ones(1, 8, dtype=torch.bool))
+    for mode, keep in (("cdf", 0.5), ("cdf", 0.3), ("top_k", 0.25), ("top_k", 0.5), ("top_k", 0.375)):
+        assert compare(pooled, 384, 1024, 0.5, keep, mode) == 0, (mode, keep)
+    got = fused.select(pooled, 384, 1024, 0.5, 0.5, "cdf")
+    assert got.index[0, 1, 0].tolist() == [0, 1, 2, 3, -1, -1, -1, -1]  # uniform row: mass 0.125 a tile
