@@ -68,6 +68,15 @@ def compare(pooled, sq, skv, sm_scale, keep, mode, sinks=0, diagonal=False, simi
     blocks differ."""
     got = fused.select(pooled, sq, skv, sm_scale, keep, mode, sinks, diagonal, similarity)
     want = reference.select(pooled, sq, skv, sm_scale, keep, mode, sinks, diagonal, similarity)
+    return check_lists(got, want, pooled, sm_scale, keep, mode)
+
+
+def check_lists(got, want, pooled, sm_scale, keep, mode) -> int:
+    """``got`` (the fused selection's lists) against ``want`` (the torch selection's on ``pooled``), on any device:
+    equal, or differing only at the boundary (fp64); returns how many blocks differ."""
+    got, want = (block_sparse.Blocks(*(t.cpu() for t in x)) for x in (got, want))
+    pooled = reference.Pooled(*(t.cpu() for t in pooled))
+    keep = keep.cpu() if isinstance(keep, torch.Tensor) else keep
     assert got.index.dtype == torch.int32 and got.count.dtype == torch.int32
     assert got.index.shape == want.index.shape and got.count.shape == want.count.shape
     assert got.index.is_contiguous() and got.count.is_contiguous()
@@ -215,7 +224,8 @@ def test_without_triton_the_triton_selection_names_the_requirement(monkeypatch):
             predict_blocks.predict(q, q, None, 0.5, keep, selection="triton")
 
 
-@pytest.mark.parametrize("nk,mode,device_keep", [(591, "cdf", False), (591, "top_k", True), (4096, "cdf", True)])
+@pytest.mark.parametrize("nk,mode,device_keep", [(591, "cdf", False), (591, "top_k", True), (591, "top_k", False),
+                                                 (4096, "cdf", True)])
 def test_compiles_offline_for_sm90_without_spills(nk, mode, device_keep):
     """The compiled (not interpreted) kernel for a Wan-sized call (591 query and key tiles, D 128) and the largest
     call it accepts: ptxas accepts it and nothing spills."""
