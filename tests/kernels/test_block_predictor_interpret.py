@@ -3,8 +3,8 @@
 
 Pooled values are compared with a tolerance on random inputs (the sums over a tile run in another order); on
 inputs whose tile sums are exact in fp32 (multiples of 1/8 below 1, so any order gives the same sum, and the
-divisions are correctly rounded in both) the means are bitwise equal, so the lists are equal too (the selection is
-shared code), checked for every mode, with sinks, the diagonal and the guard at thresholds away from any tile's
+divisions are correctly rounded in both) the means are bitwise equal, so the lists are equal too (the torch selection
+runs on both), checked for every mode, with sinks, the diagonal and the guard at thresholds away from any tile's
 similarity. The GPU file (``tests/gpu/test_block_predictor.py``) repeats this on the compiled kernel.
 """
 
