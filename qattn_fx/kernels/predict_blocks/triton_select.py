@@ -2,11 +2,12 @@
 
 :func:`select` takes what :func:`.reference.select` takes and returns the same
 :class:`~qattn_fx.block_sparse.Blocks`, in one launch of :func:`._select_kernel._select_rows`: one program per
-(batch, query head, :data:`ROWS` query tiles) reads those tiles' pooled ``q̄`` and all of the kv head's ``k̄``
+(batch, query head, :func:`rows_per_program` query tiles) reads those tiles' pooled ``q̄`` and all of the kv head's ``k̄``
 (GQA: kv head ``hq // g``), computes the scores times ``sm_scale`` over the non-empty key tiles, the softmax, the
 selection (``cdf`` / ``top_k``, ties to the lower index), the similarity guard, the sinks and the diagonal, and writes
 ``block_index`` (the visited key tiles ascending, then ``-1``, as :func:`~qattn_fx.block_sparse.from_mask`) and
-``block_count`` directly: no ``(B, Hq, NQ, NK)`` intermediate, no sort, no scatter.
+``block_count`` directly: no ``(B, Hq, NQ, NK)`` intermediate, no sort (the rank threshold is found by bisection
+over the probabilities' fp32 bits), no scatter.
 
 **keep.** A number or a CPU tensor is read on the host (``keep >= 1``: every non-empty key tile, nothing scored);
 a tensor on the device is read by the kernel itself (no host synchronization: a CUDA-graph capture replays it, and
@@ -17,9 +18,12 @@ is computed in fp64 from the host's double or the device's fp32 keep, as the ref
 sum over ``d`` in order, ``exp`` is Triton's, the sums over a row are tree reductions, so probabilities differ from
 torch's by a few ulps. The lists equal :func:`.reference.select`'s on the same pooled values except (a) ``cdf``: a
 tile whose mass ranked above it is within fp32 rounding (a small tolerance, ~1e-6) of ``keep``; (b) two tiles
-whose probabilities tie exactly or lie within fp32 rounding of each other, where the order between them decides
-(``top_k`` at the ``n_keep`` boundary, ``cdf`` at the mass boundary). The guard compares the given similarities
-with the same fp32 ``<`` as the reference, so it never differs.
+whose probabilities lie within fp32 rounding of each other (tied in one, not in the other), where their order decides
+(``top_k`` at the ``n_keep`` boundary, ``cdf`` at the mass boundary), probabilities below fp32's normal range
+included (the compiled ``exp`` may flush them to 0, which ties them). The guard compares the given similarities with
+the same fp32 ``<`` as the reference, so it never differs; sinks, the diagonal and empty tiles are exact. Tests:
+``tests/kernels/test_block_select_interpret.py`` (interpreter) and ``tests/gpu/test_block_predictor.py`` check each
+differing block against the boundary in fp64.
 
 **Limit.** A program holds a whole row of key tiles: at most :data:`MAX_KEY_TILES` key tiles (``Skv`` up to
 ``MAX_KEY_TILES · 128`` keys); longer calls are refused with a ``ValueError`` naming the limit (use
