@@ -35,12 +35,14 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
                  stride_kept_b, sm_scale, keep_f32, keep_bits, similarity, sink_tiles,
                  D: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, KEEP_ON_DEVICE: tl.constexpr,
                  ALL: tl.constexpr, GUARD: tl.constexpr, DIAGONAL: tl.constexpr, SLACK: tl.constexpr,
-                 BISECT_HI: tl.constexpr, BISECT_STEPS: tl.constexpr, TILE_Q: tl.constexpr, TILE_K: tl.constexpr):
+                 BISECT_HI: tl.constexpr, BISECT_STEPS: tl.constexpr, TILE_Q: tl.constexpr, TILE_K: tl.constexpr,
+                 UNROLL_D: tl.constexpr):
     """One program per (b, hq, ``ROWS`` query tiles): steps 2-5 of :mod:`.reference` for those query tiles over
     all ``NK`` key tiles (padded to ``BLOCK_N``, a power of two), writing ``index (B, HQ, NQ, NK)`` and ``count (B,
     HQ, NQ)`` int32 in :class:`~qattn_fx.block_sparse.Blocks` format.
 
-    * Scores: ``q̄_i · k̄_j`` summed over ``d`` in order (one fp32 FMA per ``d``), times ``sm_scale``; empty key
+    * Scores: ``q̄_i · k̄_j`` summed over ``d`` in order (one fp32 FMA per ``d``, ``UNROLL_D`` loads of a column of
+      ``k̄`` issued together), times ``sm_scale``; empty key
       tiles (``kept`` 0) at ``-inf``; softmax with a correctly rounded division; a row of no non-empty tile has
       probability 0 everywhere (the reference's ``nan_to_num``).
     * Rank: tile ``i`` is above tile ``j`` when ``p_i > p_j`` or ``p_i == p_j`` and ``i < j`` (a stable descending
@@ -72,13 +74,24 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
         visit = kept2
     else:
         # step 2: scores and softmax
-        q_base = q_ptr + b * stride_q_b + h * stride_q_h + rows.to(tl.int64) * stride_q_n
-        k_base = k_ptr + b * stride_k_b + hk * stride_k_h + cols.to(tl.int64) * stride_k_n
+        # one (1, BLOCK_N) row of k̄ per d and ROWS scalars of q̄: the accumulator keeps the row load's layout (no
+        # layout conversion, so no barrier, in the loop; the UNROLL_D loads of a step are all in flight at once)
+        row0 = rb * ROWS
+        q_row = q_ptr + b * stride_q_b + h * stride_q_h + row0.to(tl.int64) * stride_q_n
+        k_row = k_ptr + b * stride_k_b + hk * stride_k_h + tl.arange(0, BLOCK_N)[None, :].to(tl.int64) * stride_k_n
+        col_ok_row = (tl.arange(0, BLOCK_N) < NK)[None, :]
+        pick = tl.arange(0, ROWS)[:, None]
         acc = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
-        for d in range(0, D):
-            qd = tl.load(q_base + d * stride_q_d, mask=row_ok, other=0.0)
-            kd = tl.load(k_base + d * stride_k_d, mask=col_ok, other=0.0)
-            acc += qd[:, None] * kd[None, :]
+        for d0 in range(0, D, UNROLL_D):
+            for dd in tl.static_range(UNROLL_D):
+                d_ok = d0 + dd < D
+                kd = tl.load(k_row + (d0 + dd) * stride_k_d, mask=col_ok_row & d_ok, other=0.0)
+                qd = tl.full((ROWS, 1), 0.0, tl.float32)
+                for r in tl.static_range(ROWS):
+                    q_r = tl.load(q_row + r * stride_q_n + (d0 + dd) * stride_q_d, mask=d_ok & (row0 + r < NQ),
+                                  other=0.0)
+                    qd = tl.where(pick == r, q_r, qd)
+                acc += qd * kd
         scores = tl.where(kept2, acc * sm_scale, float("-inf"))
         top = tl.reduce(scores, 1, _max)
         any_kept = top > float("-inf")

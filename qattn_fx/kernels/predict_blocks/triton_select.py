@@ -61,6 +61,8 @@ TILE_ELEMENTS = 4096
 MAX_ROWS = 16
 #: Warps per program.
 NUM_WARPS = 8
+#: Head-dim steps of the score loop whose loads are issued together.
+UNROLL_D = 8
 #: The bits of fp32 1.0: probabilities lie in [0, 1], so their bits in [0, this].
 _ONE_BITS = 0x3F800000
 
@@ -120,7 +122,8 @@ def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode:
             float(similarity), int(sink_tiles)]
     meta = dict(D=d, ROWS=rows, BLOCK_N=_block_n(nk), TOP_K=mode == "top_k", KEEP_ON_DEVICE=on_device, ALL=everything,
                 GUARD=similarity > 0, DIAGONAL=bool(diagonal), SLACK=_CEIL_SLACK, BISECT_HI=_ONE_BITS,
-                BISECT_STEPS=_ONE_BITS.bit_length(), TILE_Q=block_sparse.BLOCK_ROWS, TILE_K=block_sparse.BLOCK_KEYS)
+                BISECT_STEPS=_ONE_BITS.bit_length(), TILE_Q=block_sparse.BLOCK_ROWS, TILE_K=block_sparse.BLOCK_KEYS,
+                UNROLL_D=min(UNROLL_D, d))
     return (b * hq * row_blocks,), args, meta
 
 
