@@ -56,11 +56,11 @@ _MODULES: dict[bool, object] = {}
 MAX_KEY_TILES = 4096
 #: Elements (query tiles x padded key tiles) a program holds: ``ROWS = TILE_ELEMENTS // BLOCK_N``, at most
 #: :data:`MAX_ROWS` (no spills at sm_90 up to :data:`MAX_KEY_TILES`: ``tests/kernels/test_block_select_interpret.py``).
-TILE_ELEMENTS = 4096
+TILE_ELEMENTS = 8192
 #: Most query tiles per program (each program reads its kv head's k̄ once for all of them).
 MAX_ROWS = 16
-#: Warps per program.
-NUM_WARPS = 8
+#: Warps per program holding :data:`TILE_ELEMENTS` elements (16 a thread); fewer for smaller tiles.
+NUM_WARPS = 16
 #: Head-dim steps of the score loop whose loads are issued together.
 UNROLL_D = 8
 #: The bits of fp32 1.0: probabilities lie in [0, 1], so their bits in [0, this].
@@ -96,6 +96,11 @@ def _block_n(nk: int) -> int:
 def rows_per_program(nk: int) -> int:
     """Query tiles per program for ``nk`` key tiles."""
     return max(1, min(MAX_ROWS, TILE_ELEMENTS // _block_n(nk)))
+
+
+def num_warps(nk: int) -> int:
+    """Warps per program for ``nk`` key tiles: 16 elements a thread, 4 to :data:`NUM_WARPS` warps."""
+    return max(4, min(NUM_WARPS, rows_per_program(nk) * _block_n(nk) // (32 * 16)))
 
 
 def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode: str, sink_tiles: int,
@@ -151,7 +156,7 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
         return block_sparse.Blocks(index, count.zero_())
     grid, args, meta = _launch_args(pooled, sq, skv, sm_scale, keep, mode, sink_tiles, diagonal, similarity,
                                     index, count)
-    _kernels(interpreter_active())._select_rows[grid](*args, **meta, num_warps=NUM_WARPS)
+    _kernels(interpreter_active())._select_rows[grid](*args, **meta, num_warps=num_warps(nk))
     return block_sparse.Blocks(index, count)
 
 
@@ -177,8 +182,8 @@ def compile_for(capability: tuple[int, int], pooled: Pooled, sq: int, skv: int, 
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
-                          options={"num_warps": NUM_WARPS})
+                          options={"num_warps": num_warps(nk)})
 
 
-__all__ = ["MAX_KEY_TILES", "NUM_WARPS", "compile_for", "interpreter_active", "require", "rows_per_program",
-           "select"]
+__all__ = ["MAX_KEY_TILES", "NUM_WARPS", "compile_for", "interpreter_active", "num_warps", "require",
+           "rows_per_program", "select"]
