@@ -14,8 +14,8 @@ import tempfile
 import torch
 
 #: Triton's names for the tensor dtypes the kernels take.
-TRITON_TYPES = {torch.int8: "i8", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float16: "fp16",
-                torch.float32: "fp32", torch.int32: "i32"}
+TRITON_TYPES = {torch.int8: "i8", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16",
+                torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 
 
 def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:

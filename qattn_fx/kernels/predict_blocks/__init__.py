@@ -38,7 +38,8 @@ def _unpooled(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -
 
 def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_scale: float,
             keep: float | torch.Tensor, mode: str = "cdf", sink_tiles: int = 0, diagonal: bool = False,
-            similarity: float = 0.0, *, pooling: str | None = None, selection: str | None = None) -> block_sparse.Blocks:
+            similarity: float = 0.0, *, pooling: str | None = None,
+            selection: str | None = None) -> block_sparse.Blocks:
     """The blocks to visit (:mod:`.reference`'s rule). ``pooling`` and ``selection``: ``"triton"`` (the default on
     CUDA: a ``RuntimeError`` naming triton when it does not import; there is no fallback) or ``"torch"`` (the
     default elsewhere), each step on its own. With a host ``keep >= 1`` nothing is pooled (every non-empty key tile

@@ -33,18 +33,17 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
                  stride_q_b, stride_q_h, stride_q_n, stride_q_d,
                  stride_k_b, stride_k_h, stride_k_n, stride_k_d,
                  stride_kept_b, sm_scale, keep_f32, keep_bits, similarity, sink_tiles,
-                 D: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, KEEP_ON_DEVICE: tl.constexpr,
-                 ALL: tl.constexpr, GUARD: tl.constexpr, DIAGONAL: tl.constexpr, SLACK: tl.constexpr,
-                 BISECT_HI: tl.constexpr, BISECT_STEPS: tl.constexpr, TILE_Q: tl.constexpr, TILE_K: tl.constexpr,
-                 UNROLL_D: tl.constexpr):
+                 D: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TOP_K: tl.constexpr,
+                 KEEP_ON_DEVICE: tl.constexpr, ALL: tl.constexpr, GUARD: tl.constexpr, DIAGONAL: tl.constexpr,
+                 SLACK: tl.constexpr, BISECT_HI: tl.constexpr, BISECT_STEPS: tl.constexpr, TILE_Q: tl.constexpr,
+                 TILE_K: tl.constexpr, UNROLL_D: tl.constexpr):
     """One program per (b, hq, ``ROWS`` query tiles): steps 2-5 of :mod:`.reference` for those query tiles over
     all ``NK`` key tiles (padded to ``BLOCK_N``, a power of two), writing ``index (B, HQ, NQ, NK)`` and ``count (B,
     HQ, NQ)`` int32 in :class:`~qattn_fx.block_sparse.Blocks` format.
 
-    * Scores: ``q̄_i · k̄_j`` summed over ``d`` in order (one fp32 FMA per ``d``, ``UNROLL_D`` loads of a column of
-      ``k̄`` issued together), times ``sm_scale``; empty key
-      tiles (``kept`` 0) at ``-inf``; softmax with a correctly rounded division; a row of no non-empty tile has
-      probability 0 everywhere (the reference's ``nan_to_num``).
+    * Scores: ``q̄_i · k̄_j`` summed over ``d`` in order (one fp32 FMA per ``d``, the loads of ``UNROLL_D`` steps
+      issued together), times ``sm_scale``; empty key tiles (``kept`` 0) at ``-inf``; softmax with a correctly
+      rounded division; a row of no non-empty tile has probability 0 everywhere (the reference's ``nan_to_num``).
     * Rank: tile ``i`` is above tile ``j`` when ``p_i > p_j`` or ``p_i == p_j`` and ``i < j`` (a stable descending
       sort). For probabilities ``>= 0`` their fp32 bits order as integers, so with weights ``w`` (``p`` for cdf, 1 for
       top_k; 0 for empty tiles under cdf and for padding) and a budget (``keep``, or ``n_keep`` tiles) a tile is

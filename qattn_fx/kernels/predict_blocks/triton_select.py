@@ -2,12 +2,12 @@
 
 :func:`select` takes what :func:`.reference.select` takes and returns the same
 :class:`~qattn_fx.block_sparse.Blocks`, in one launch of :func:`._select_kernel._select_rows`: one program per
-(batch, query head, :func:`rows_per_program` query tiles) reads those tiles' pooled ``q̄`` and all of the kv head's ``k̄``
-(GQA: kv head ``hq // g``), computes the scores times ``sm_scale`` over the non-empty key tiles, the softmax, the
-selection (``cdf`` / ``top_k``, ties to the lower index), the similarity guard, the sinks and the diagonal, and writes
-``block_index`` (the visited key tiles ascending, then ``-1``, as :func:`~qattn_fx.block_sparse.from_mask`) and
-``block_count`` directly: no ``(B, Hq, NQ, NK)`` intermediate, no sort (the rank threshold is found by bisection
-over the probabilities' fp32 bits), no scatter.
+(batch, query head, :func:`rows_per_program` query tiles) reads those tiles' pooled ``q̄`` and all of the kv
+head's ``k̄`` (GQA: kv head ``hq // g``), computes the scores times ``sm_scale`` over the non-empty key tiles, the
+softmax, the selection (``cdf`` / ``top_k``, ties to the lower index), the similarity guard, the sinks and the
+diagonal, and writes ``block_index`` (the visited key tiles ascending, then ``-1``, as
+:func:`~qattn_fx.block_sparse.from_mask`) and ``block_count`` directly: no ``(B, Hq, NQ, NK)`` intermediate, no
+sort (the rank threshold is found by bisection over the probabilities' fp32 bits), no scatter.
 
 **keep.** A number or a CPU tensor is read on the host (``keep >= 1``: every non-empty key tile, nothing scored);
 a tensor on the device is read by the kernel itself (no host synchronization: a CUDA-graph capture replays it, and
@@ -116,6 +116,7 @@ def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode:
         keep_arg, keep_f32, keep_bits = keep.reshape(()).float(), 0.0, 0  # a view without a copy for fp32 keep
     else:
         keep_arg, keep_f32, keep_bits = index, held, _double_bits(held)  # keep_arg never read
+    kept = kept.contiguous()
     kept_u8 = kept.view(torch.uint8) if kept.dtype == torch.bool else kept.to(torch.uint8)
     rows = rows_per_program(nk)
     row_blocks = -(-nq // rows)
