@@ -211,6 +211,10 @@ def test_dispatcher_runs_the_fused_steps_and_validates_the_knob():
     r = reference.predict(q, k, key_bias, 0.25, 0.5, "cdf", 1, True)
     differ = int((block_sparse.to_mask(a) != block_sparse.to_mask(r)).sum())
     assert differ <= 2
+    # keep >= 1 on the host: nothing pooled, the kernel lists every non-empty key tile
+    a = predict_blocks.predict(q, k, key_bias, 0.25, 1.0, "top_k", 1, True, 0.6, selection="triton")
+    r = reference.predict(q, k, key_bias, 0.25, 1.0, "top_k", 1, True, 0.6)
+    assert torch.equal(a.index, r.index) and torch.equal(a.count, r.count)
     with pytest.raises(ValueError, match="selection='cuda' is invalid; valid: torch, triton"):
         predict_blocks.predict(q, k, key_bias, 0.25, 0.5, selection="cuda")
 
