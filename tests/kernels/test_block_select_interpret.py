@@ -229,10 +229,10 @@ def test_without_triton_the_triton_selection_names_the_requirement(monkeypatch):
 
 
 @pytest.mark.parametrize("nk,mode,device_keep", [(591, "cdf", False), (591, "top_k", True), (591, "top_k", False),
-                                                 (4096, "cdf", True)])
+                                                 (4096, "cdf", True), (40, "cdf", False)])
 def test_compiles_offline_for_sm90_without_spills(nk, mode, device_keep):
-    """The compiled (not interpreted) kernel for a Wan-sized call (591 query and key tiles, D 128) and the largest
-    call it accepts: ptxas accepts it and nothing spills."""
+    """The compiled (not interpreted) kernel for a Wan-sized call (591 query and key tiles, D 128), the largest call
+    it accepts and a short key set (16 query tiles a program, 4 warps): ptxas accepts it and nothing spills."""
     from qattn_fx.kernels._offline import ptxas_report
 
     m = "meta"
