@@ -130,8 +130,8 @@ def test_compiles_offline_without_spills(capability):
     from qattn_fx.kernels._offline import ptxas_report
 
     q = torch.empty(1, 32760, 12, 128, dtype=torch.bfloat16, device="meta").transpose(1, 2)
-    for bias in (None, torch.zeros(1, 32760, device="meta")):
-        compiled = fused.compile_for(capability, q, block_sparse.BLOCK_KEYS, bias)
+    for bias, by_column in ((None, False), (torch.zeros(1, 32760, device="meta"), True)):  # (K: means by column)
+        compiled = fused.compile_for(capability, q, block_sparse.BLOCK_KEYS, bias, by_column)
         report = ptxas_report(compiled, capability)
         assert report["ptxas_ok"] and report["spill_stores"] == 0 and report["spill_loads"] == 0, report
         ptx = compiled.asm["ptx"]
