@@ -259,3 +259,17 @@ def test_ties_go_to_the_lower_index():
         assert compare(pooled, 384, 1024, 0.5, keep, mode) == 0, (mode, keep)
     got = fused.select(pooled, 384, 1024, 0.5, 0.5, "cdf")
     assert got.index[0, 1, 0].tolist() == [0, 1, 2, 3, -1, -1, -1, -1]  # uniform row: mass 0.125 a tile
+
+
+@pytest.mark.parametrize("capability", [(8, 9), (8, 0)])
+def test_compiles_offline_for_older_gpus_without_spills(capability):
+    """The op also runs on sm_89 / sm_80 (the predictor has no architecture floor of its own)."""
+    from qattn_fx.kernels._offline import ptxas_report
+
+    m = "meta"
+    pooled = reference.Pooled(torch.empty(1, 40, 591, 128, device=m), torch.empty(1, 40, 591, device=m),
+                              torch.empty(1, 40, 128, 591, device=m).transpose(2, 3), torch.empty(1, 40, 591, device=m),
+                              torch.empty(1, 591, dtype=torch.bool, device=m))
+    compiled = fused.compile_for(capability, pooled, 591 * 128, 591 * 128, 0.5, "cdf")
+    report = ptxas_report(compiled, capability)
+    assert report["ptxas_ok"] and report["spill_stores"] == 0 and report["spill_loads"] == 0, report
