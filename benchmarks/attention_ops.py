@@ -72,8 +72,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -140,15 +138,6 @@ def select_methods(only: str, skip: str) -> list[Method]:
     return out
 
 
-def _importable(module: str) -> str | None:
-    """None when ``module`` imports, else the reason."""
-    try:
-        importlib.import_module(module)
-        return None
-    except Exception as exc:  # noqa: BLE001 — reported as a skip reason
-        return f"{module} not importable ({type(exc).__name__}: {str(exc)[:80]})"
-
-
 def unavailable(method: Method, cap: tuple[int, int] | None, d: int) -> str | None:
     """Why ``method`` cannot run on this machine for head dim ``d`` (None: it can)."""
     if cap is None:
@@ -156,32 +145,9 @@ def unavailable(method: Method, cap: tuple[int, int] | None, d: int) -> str | No
     if method.kind == "sdpa":
         return None
     if method.kind == "sageattn":
-        return None if d in (64, 96, 128) and _importable("sageattention") is None else (
-            _importable("sageattention") or f"head_dim {d} not in 64/96/128")
-    kernel = method.kernel
-    if kernel == "cudnn_fp8":
-        from qattn_fx.kernels import cudnn as kc  # noqa: PLC0415
-
-        if cap not in kc.FP8_ARCHS:
-            return f"sm_{cap[0]}{cap[1]} not in {kc.FP8_ARCHS}"
-        return _importable("cudnn")
-    if kernel == "flashinfer_fa3_fp8":
-        if cap != (9, 0):
-            return f"FA3 FP8 needs sm_90, this is sm_{cap[0]}{cap[1]}"
-        if d not in (64, 128, 256):
-            return f"head_dim {d} not in 64/128/256"
-        return _importable("flashinfer")
-    if kernel == "gluon_sage":
-        if cap != (9, 0):
-            return f"gluon_sage targets sm_90, this is sm_{cap[0]}{cap[1]}"
-        return _importable("triton.experimental.gluon")
-    if kernel == "triton_sage":
-        if cap not in ((8, 9), (9, 0)):
-            return f"triton_sage targets sm_89/sm_90, this is sm_{cap[0]}{cap[1]}"
-        if importlib.util.find_spec("qattn_fx.kernels.triton_sage") is None:
-            return "qattn_fx.kernels.triton_sage does not exist yet"
-        return _importable("qattn_fx.kernels.triton_sage")
-    return None
+        return None if d in (64, 96, 128) and common.importable("sageattention") is None else (
+            common.importable("sageattention") or f"head_dim {d} not in 64/96/128")
+    return common.kernel_unavailable(method.kernel, cap, d)
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -130,10 +130,7 @@ def unavailable(kernel: str, device: str, d: int) -> str | None:
                 f"{kernels.names_with('block_sparse') or 'none'})")
     if device != "cuda":
         return None if kernel == "reference" else f"{kernel} needs a CUDA device"
-    from . import attention_ops  # noqa: PLC0415
-
-    cap = tuple(torch.cuda.get_device_capability())
-    return attention_ops.unavailable(attention_ops.Method(kernel, "qattn", kernel), cap, d)
+    return common.kernel_unavailable(kernel, tuple(torch.cuda.get_device_capability()), d)
 
 
 @dataclass

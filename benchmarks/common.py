@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
 import statistics
@@ -370,3 +372,38 @@ def plot_speed_accuracy(rows: Iterable[dict], path: str, *, x: str = "speedup", 
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return True
+
+
+def importable(module: str) -> str | None:
+    """None when ``module`` imports, else the reason."""
+    try:
+        importlib.import_module(module)
+        return None
+    except Exception as exc:  # noqa: BLE001 — reported as a skip reason
+        return f"{module} not importable ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+def kernel_unavailable(kernel: str, cap: tuple[int, int], d: int) -> str | None:
+    """Why the qattn_fx kernel ``kernel`` cannot run on a GPU of capability ``cap`` at head dim ``d`` (None: it
+    can, as far as its arch and imports say)."""
+    if kernel == "cudnn_fp8":
+        from qattn_fx.kernels import cudnn as kc  # noqa: PLC0415
+
+        if cap not in kc.FP8_ARCHS:
+            return f"sm_{cap[0]}{cap[1]} not in {kc.FP8_ARCHS}"
+        return importable("cudnn")
+    if kernel == "flashinfer_fa3_fp8":
+        if cap != (9, 0):
+            return f"FA3 FP8 needs sm_90, this is sm_{cap[0]}{cap[1]}"
+        if d not in (64, 128, 256):
+            return f"head_dim {d} not in 64/128/256"
+        return importable("flashinfer")
+    if kernel == "gluon_sage":
+        if cap != (9, 0):
+            return f"gluon_sage targets sm_90, this is sm_{cap[0]}{cap[1]}"
+        return importable("triton.experimental.gluon")
+    if kernel == "triton_sage":
+        if cap not in ((8, 9), (9, 0)):
+            return f"triton_sage targets sm_89/sm_90, this is sm_{cap[0]}{cap[1]}"
+        return importable("qattn_fx.kernels.triton_sage")
+    return None

@@ -739,6 +739,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also run every row with TorchAO's quantized linears: fp8 (dynamic activation and weight, "
                              "per-row; sm_89+), int8wo (int8 weight-only: a smoke test on any device); default bf16 "
                              "(only the model's own linears)")
+    parser.add_argument("--fp8-gemms", choices=stack.FP8_GEMMS, default="cublas",
+                        help="with --linears fp8: cublas (default: the ATen FP8 matmul, no autotuning) or autotune "
+                             "(Inductor's default, which autotunes Triton templates per matmul shape: minutes of "
+                             "compile; qattn_fx.stack)")
     parser.add_argument("--cache", choices=stack.CACHES, default="none",
                         help="also run every row with a step cache: fbc (diffusers' First Block Cache; needs --steps)")
     parser.add_argument("--cache-threshold", type=float, default=0.05,
@@ -861,13 +865,13 @@ def main(argv: list[str] | None = None) -> None:
     hw = qattn_fx.detect("cuda")
     timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls on one input"
     stacked = "".join(f", {k} {v}" for k, v in (("linears", args.linears), ("cache", args.cache)) if v not in (
-        "bf16", "none"))
+        "bf16", "none")) + (f" ({args.fp8_gemms} FP8 matmuls)" if args.linears == "fp8" else "")
     header = (f"{case.header}, bf16, {args.compile} compile, mode {args.mode}, {timed}{stacked}, "
               f"{torch.cuda.get_device_name()} ({hw.arch}), torch {torch.__version__}")
     print(header, flush=True)
     rows = []
     dense_out = dense_final = None
-    with torch.no_grad():
+    with torch.no_grad(), torch._inductor.config.patch(stack.inductor_config(args.linears, args.fp8_gemms)):
         for i, spec_row in enumerate(plan(args)):
             try:
                 prepare(case, spec_row, args)

@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--linears", choices=stack.LINEARS, default="bf16",
                         help="TorchAO linears in the compiled run: fp8 (dynamic, per-row; a GPU), int8wo (int8 "
                              "weight-only); default: the model's own")
+    parser.add_argument("--fp8-gemms", choices=stack.FP8_GEMMS, default="cublas",
+                        help="with --linears fp8: cublas (default, no autotuning) or autotune (Inductor's default: "
+                             "minutes of compile; qattn_fx.stack)")
     parser.add_argument("--cache", choices=stack.CACHES, default="none",
                         help="a step cache in the compiled run: fbc (diffusers' First Block Cache)")
     parser.add_argument("--cache-threshold", type=float, default=0.05, help="First Block Cache's threshold")
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
         stack.quantize_linears(transformer, args.linears)
         stack.enable_cache(transformer, args.cache, args.cache_threshold)
         setattr(pipe, name, torch.compile(transformer, backend=backend, fullgraph=args.cache == "none"))
-    quantized, quantized_steps = run(pipe, call, device)
+    with torch._inductor.config.patch(stack.inductor_config(args.linears, args.fp8_gemms)):  # Inductor compiles here
+        quantized, quantized_steps = run(pipe, call, device)
 
     where = qattn_fx.detect(device).describe() + ("" if on_gpu else "; recipes emulated by the reference kernel")
     layout = "transformer" if args.experts == 1 else f"2 experts (boundary_ratio {BOUNDARY_RATIO}), each"

@@ -18,6 +18,14 @@ graph as Dynamo traced it:
   under any other backend (``tests/models/test_stack.py``). The hook's frames start at the block, so a site is named
   from there (``attn1``), without the block's index.
 
+**FP8 matmuls under Inductor.** Inductor lowers each FP8 matmul (``aten._scaled_mm``) with Triton templates beside
+cuBLAS and autotunes among them *also in the default mode* (``tuned_scaled_mm`` asks for templates without the
+max-autotune check, torch 2.11 and 2.13), compiling and timing every template config for every matmul shape: the
+compile of a model with ``fp8`` linears takes minutes, not seconds (BENCHMARKS.md, "The whole stack").
+:func:`inductor_config` gives the Inductor settings of a choice in :data:`FP8_GEMMS`: ``cublas`` (the ATen kernel,
+no autotuning) or ``autotune`` (Inductor's default); apply them around the compiled model's first calls
+(``with torch._inductor.config.patch(stack.inductor_config("fp8", "cublas")):``), since Inductor compiles there.
+
 A call of a model with a cache on must run inside its cache context (diffusers' pipelines open it;
 :func:`cache_context` for a hand-written loop) and a new denoising run starts from a reset cache
 (:func:`reset_cache`).
@@ -33,6 +41,8 @@ import torch
 LINEARS = ("bf16", "fp8", "int8wo", "int8dq")
 #: ``--cache`` choices: what :func:`enable_cache` applies.
 CACHES = ("none", "fbc")
+#: ``--fp8-gemms`` choices: how Inductor picks the kernel of each FP8 matmul (:func:`inductor_config`).
+FP8_GEMMS = ("cublas", "autotune")
 
 
 def linears_config(kind: str):
@@ -69,6 +79,19 @@ def quantize_linears(model: torch.nn.Module, kind: str) -> int:
     chosen = sum(take(m, n) for n, m in model.named_modules())
     quantize_(model, config, filter_fn=take)
     return chosen
+
+
+def inductor_config(linears: str, fp8_gemms: str = "cublas") -> dict:
+    """Inductor config patches for a model with ``linears`` (:data:`LINEARS`): with ``fp8`` linears and
+    ``fp8_gemms="cublas"`` (:data:`FP8_GEMMS`), ``max_autotune_gemm_backends="ATEN"``, so that every FP8 matmul is
+    the ATen kernel (cuBLAS) without autotuning (the module docstring); otherwise none."""
+    if linears not in LINEARS:
+        raise ValueError(f"linears={linears!r} is invalid; valid: {', '.join(LINEARS)}")
+    if fp8_gemms not in FP8_GEMMS:
+        raise ValueError(f"fp8_gemms={fp8_gemms!r} is invalid; valid: {', '.join(FP8_GEMMS)}")
+    if linears == "fp8" and fp8_gemms == "cublas":
+        return {"max_autotune_gemm_backends": "ATEN"}
+    return {}
 
 
 def enable_cache(model: torch.nn.Module, kind: str, threshold: float = 0.05) -> None:

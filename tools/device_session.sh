@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Steps run on the lent H200 (see CONTRIBUTING.md, "GPU tests and benchmarks"). Usage: tools/device_session.sh STEP...
+# Steps run on the lent GPU (H100 or H200) (see CONTRIBUTING.md, "GPU tests and benchmarks"). Usage: tools/device_session.sh STEP...
 # When to use: every GPU run of this project goes through it, so that tests, benchmarks and profiles run the same way
 # each time. Installs the carried wheels (.whl-gpu) into /tmp/site once, then runs each STEP from the repository
 # root, logging to $OUT/<step>.log. Steps (time limits and arguments through the variables named):

@@ -132,10 +132,12 @@ def _check_scaled_inputs(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, o
     if v.stride(-1) != 1 and v.stride(-2) != 1:
         fail(f"v needs a unit stride on D or on S; got strides {v.stride()}")
     blocks = kernels.info(kernel).quantizes_q if q_in_kernel else ()
-    if q_in_kernel and q_block not in blocks:
-        fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself at q_block={q_block} "
-              f"({'q_block in ' + str(blocks) if blocks else 'no q_block'}); pass int8 q with q_scale, or use "
-              f"a kernel that does: {kernels.names_with('quantizes_q')}")
+    if q_in_kernel and blocks and q_block not in blocks:
+        fail(f"kernel {kernel!r} quantizes a {q.dtype} q itself only at q_block in {blocks}; got "
+              f"q_block={q_block}; valid: q_block in {blocks}, or int8 q with q_scale")
+    if q_in_kernel and not blocks:
+        fail(f"kernel {kernel!r} does not quantize a {q.dtype} q itself; pass int8 q with q_scale, or use a kernel "
+              f"that does: {kernels.names_with('quantizes_q')}")
     return True
 
 

@@ -42,6 +42,7 @@ def test_inductor_output_matches_dense_and_quantize_nodes_reach_inductor():
     assert "torch.ops.qattn.quantize_per_block.default" in code and "scaled_dot_product_attention" not in code
 
 
+@pytest.mark.slow
 def test_second_compile_hits_inductor_fx_graph_cache():
     from torch._dynamo.utils import counters
 

@@ -100,6 +100,7 @@ def test_top_k_half_runs_the_predicted_lists():
     assert "block_keep" in str(predict.args[5].target)
 
 
+@pytest.mark.slow
 def test_step_schedule_compiles_once_and_is_dense_early():
     q, k, v = _inputs()
     until = 0.6

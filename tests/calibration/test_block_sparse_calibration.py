@@ -98,6 +98,7 @@ def test_sparse_candidate_ids_names_and_order():
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sparse_candidates_are_measured_and_the_sparsest_within_budget_is_chosen(tmp_path):
     calls = local_calls()
     result = calibrate(TwoSites(), calls, budget="cos=0.99",
@@ -134,6 +135,7 @@ def test_sparse_candidates_are_measured_and_the_sparsest_within_budget_is_chosen
     assert loaded.plot(tmp_path / "c.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_tight_budget_refuses_the_sparse_candidates():
     result = calibrate(TwoSites(), local_calls(1), budget="cos=0.9992",
                        candidates=["int8-1-16-1", "int8-1-16-1+cdf0.5", "int8-1-16-1+cdf0.9"], emulate=True,
@@ -160,6 +162,7 @@ class WithCross(TwoSites):
         return super().forward(q, k, v, timestep) + self.c(q, k[:, :, :128], v[:, :, :128], timestep)
 
 
+@pytest.mark.slow
 def test_target_knob_reaches_the_target_per_site_and_the_spec_runs_it():
     calls = local_calls(2)
     cal = qattn_fx.calibrate_block_sparse(WithCross(), calls, 0.4, spec=Spec(default=AttentionSpec(recipe=SAGE)))
@@ -178,6 +181,7 @@ def test_target_knob_reaches_the_target_per_site_and_the_spec_runs_it():
         assert measured.sites[m].sparsity == pytest.approx(cal.sparsity[m], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_target_knob_per_model_and_top_k():
     calls = local_calls(1)
     cal = qattn_fx.calibrate_block_sparse(TwoSites(), calls, 0.5, per="model", mode="top_k",
@@ -221,6 +225,7 @@ def factory():
     return TwoSites(), local_calls(1)
 
 
+@pytest.mark.slow
 def test_cli_block_sparse_target(tmp_path, capsys):
     from qattn_fx.cli import main
 
@@ -254,6 +259,7 @@ def step_calls(ts=(1.0, 0.5, 0.1)):
     return out
 
 
+@pytest.mark.slow
 def test_a_sparse_candidate_that_breaks_the_budget_early_gets_a_step_window():
     calls = step_calls()
     result = calibrate(Attention(), calls, budget="cos=0.9982", candidates=["int8-1-16-1", "int8-1-16-1+cdf0.9"],

@@ -268,6 +268,7 @@ def test_a_speed_source_that_returns_nonsense_is_named():
                   speed=lambda *a, **kw: "fast")
 
 
+@pytest.mark.slow
 def test_the_plan_keeps_the_budget_under_regional_compilation():
     """compile_repeated_blocks: one graph serves every layer, so per-layer rules cannot be honoured; each group's
     rule gives the choice that keeps the budget at every layer."""
@@ -316,6 +317,7 @@ def test_bad_inputs_are_named():
         calibrate(torch.nn.Linear(4, 4), [((torch.randn(2, 4),), {})], budget="cos=0.99", emulate=True)
 
 
+@pytest.mark.slow
 def test_save_load_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     model, calls, labels = wan_calls(2)
@@ -330,6 +332,7 @@ def test_save_load_and_plot(tmp_path):
     assert all(len(line) <= 120 for line in text.splitlines() if not line.startswith("qattn_fx calibration"))
 
 
+@pytest.mark.slow
 def test_cli_calibrate_writes_spec_table_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     torch._dynamo.reset()

@@ -21,6 +21,7 @@ def model():
     return dit.load()
 
 
+@pytest.mark.slow
 def test_default_recipe_samples_keep_30_db(model):
     """20 samples, 20 Euler steps, the default recipe on every site (emulated): PSNR >= 30 dB to the dense samples
     from the same noise (100 samples, BENCHMARKS.md: mean 59.09 dB, min 52.46)."""

@@ -1,5 +1,6 @@
 """Every compiled SDPA call is served within the recipe's bound or kept dense with a reason, never a crash: a
-property test over operand layouts, dtypes, masks (junk in masked keys), GQA and dynamic shapes (issue #43).
+property test over operand layouts, dtypes, masks (junk in masked keys), GQA and dynamic shapes (issue #43), and
+the same with block sparsity on.
 
 Drawn per call: each of Q, K, V stored in any :data:`support.LAYOUTS` layout (transposed last two dims, head-last
 and sequence-first permutes, broadcast batch or heads, gaps in every dim, storage offsets, ...); K/V batch 1
@@ -93,7 +94,8 @@ def _check(call, out, q, k, v, mask, site, clean=None):
         assert site.reason.startswith("dense: ") and len(site.reason) > len("dense: ")
         torch.testing.assert_close(out, dense, atol=1e-2, rtol=1e-2)
         return
-    assert call["mask"] != "query-bool", "a mask that varies per query was quantized"
+    # (with one query a per-query mask is a key mask: served as one)
+    assert call["mask"] != "query-bool" or q.shape[2] == 1, "a mask that varies per query was quantized"
     fp32_mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
     ref = sdpa(q.double(), k.double(), v.double(), None if fp32_mask is None else fp32_mask.double()
                if fp32_mask.dtype != torch.bool else fp32_mask, call["enable_gqa"])
@@ -162,3 +164,60 @@ def test_dynamic_shapes_serve_two_lengths_with_one_graph(call, other):
 @given(call=calls())
 def test_every_layout_dtype_mask_and_gqa_under_inductor(call):
     _run(call, compiler="inductor")
+
+
+BLOCK_SPARSE = {
+    "top_k": lambda keep: qattn_fx.BlockSparse(top_k=keep, similarity=0.0, sink_tiles=0, diagonal=False),
+    "cdf": lambda keep: qattn_fx.BlockSparse(cdf=keep),
+}
+
+
+def _block_sparse_run(call, setting):
+    """``call`` compiled with ``block_sparse`` (``setting``: ``(mode, keep)``) and, unless ``keep`` is 1, the same
+    call with ``top_k=1`` (every block visited). Returns ``(out, out_all, site)``."""
+    mode, keep = setting
+    q, k, v, mask = make(call)
+    outs = []
+    for bs in (BLOCK_SPARSE[mode](keep), BLOCK_SPARSE["top_k"](1.0)):
+        spec = qattn_fx.Spec(default=qattn_fx.AttentionSpec(recipe=qattn_fx.Recipe("int8", "fp8", 1, 16, 1),
+                                                            block_sparse=bs))
+        backend = qattn_fx.backend(spec, emulate=True, compiler="aot_eager")
+        torch._dynamo.reset()
+        with torch.no_grad():
+            outs.append((torch.compile(sdpa, backend=backend, fullgraph=True)(q, k, v, mask, call["enable_gqa"]),
+                         backend.report.sites[0], backend))
+    return (q, k, v, mask), outs
+
+
+@pytest.mark.slow
+@settings(max_examples=12, **SETTINGS)
+@given(call=calls(), length=st.tuples(st.integers(1, 300), st.integers(1, 300)),
+       setting=st.tuples(st.sampled_from(list(BLOCK_SPARSE)), st.sampled_from([0.3, 0.6, 1.0])))
+def test_block_sparse_sites_over_layouts_dtypes_masks_and_gqa(call, length, setting):
+    """With ``block_sparse`` in the spec, over the same calls at lengths of up to 3 blocks: never a crash; a site is
+    served (a predictor node feeds the attention op) or dense with a reason; ``top_k=1`` is the quantized call within
+    the recipe's bound; at any keep the output is finite and, with a key mask, what masked keys hold (junk or zeros)
+    changes no bit (the predictor pools kept keys only)."""
+    call = {**call, "sq": length[0], "skv": length[1]}
+    q, k, v, mask = make(call)
+    if not _sdpa_accepts(q, k, v, mask, call["enable_gqa"]):
+        return
+    _, ((out, site, backend), (out_all, site_all, _)) = _block_sparse_run(call, setting)
+    _check(call, out_all, q, k, v, mask, site_all)
+    assert out.shape == out_all.shape and out.dtype == out_all.dtype
+    if not site.rewritten:
+        assert site.reason.startswith("dense: ")
+        return
+    assert any("predict_blocks" in str(n.target) for gm in backend.graph_modules for n in gm.graph.nodes)
+    assert torch.isfinite(out).all()
+    if setting == ("top_k", 1.0):
+        assert torch.equal(out, out_all)
+    if call["mask"] in ("key-bool", "key-inf") and call["k_batch"] == call["b"]:
+        clean = make(call, junk=False)
+        spec = qattn_fx.Spec(default=qattn_fx.AttentionSpec(recipe=qattn_fx.Recipe("int8", "fp8", 1, 16, 1),
+                                                            block_sparse=BLOCK_SPARSE[setting[0]](setting[1])))
+        torch._dynamo.reset()
+        with torch.no_grad():
+            again = torch.compile(sdpa, backend=qattn_fx.backend(spec, emulate=True, compiler="aot_eager"),
+                                  fullgraph=True)(*clean, call["enable_gqa"])
+        assert torch.equal(out, again), "what masked keys hold changed the block-sparse output"

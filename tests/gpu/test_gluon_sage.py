@@ -383,6 +383,6 @@ def test_q_quantized_in_the_kernel_is_bit_identical(case):
 def test_q_in_the_kernel_is_refused_for_other_q_blocks():
     q, k, v = make_qkv()
     args = quantize(q, k, v, "int8", 16, 16)
-    with pytest.raises(ValueError, match=r"gluon_sage: torch.bfloat16 q with int8 k \(Q quantized in the kernel\) "
-                                         r"takes q_block=16; valid: q_block in \(1,\)"):
+    with pytest.raises(ValueError, match=r"gluon_sage: kernel 'gluon_sage' quantizes a torch.bfloat16 q itself "
+                                         r"only at q_block in \(1,\); got q_block=16; valid: q_block in \(1,\)"):
         gs.attention(q, None, *args[2:], 0.1, torch.bfloat16)

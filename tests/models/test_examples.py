@@ -21,6 +21,7 @@ calibrate_wan = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(calibrate_wan)
 
 
+@pytest.mark.slow
 def test_pipeline_example_runs_dense_and_quantized(capsys):
     torch._dynamo.reset()
     result = pipeline.main(["--steps", "2", "--compiler", "aot_eager", "--device", "cpu"])
@@ -55,6 +56,7 @@ def test_pipeline_example_as_a_user_runs_it():
     assert "qattn_fx: 4/4 attention sites quantized (emulated; on sm_90 the spec would quantize 0 of 4" in done.stdout
 
 
+@pytest.mark.slow
 def test_calibrate_wan_example_on_the_cpu_writes_spec_table_and_plot(tmp_path, capsys):
     """The tiny Wan path of examples/calibrate_wan.py (the device step runs --real-size on the H200)."""
     pytest.importorskip("matplotlib")

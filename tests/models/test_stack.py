@@ -232,3 +232,19 @@ def test_other_diffusers_caches_compose_or_say_why_not(cache):
     assert cosine(out, eager) >= 0.9999
     if cache == "sea":  # the calls outside every graph are named by explain
         assert "2 of the call's 6 attention calls ran outside every traced graph" in explained.notes[0]
+
+
+def test_cublas_fp8_gemms_keep_inductor_from_autotuning_triton_templates():
+    """Inductor autotunes Triton templates for ``_scaled_mm`` even in the default mode (``tuned_scaled_mm``);
+    ``inductor_config("fp8", "cublas")`` leaves it ATen alone, which is what Inductor's template check reads."""
+    from torch._inductor.utils import _use_autotune_backend
+
+    assert stack.inductor_config("fp8") == {"max_autotune_gemm_backends": "ATEN"}
+    assert stack.inductor_config("fp8", "autotune") == {} and stack.inductor_config("bf16") == {}
+    with torch._inductor.config.patch(stack.inductor_config("fp8", "cublas")):
+        assert _use_autotune_backend("ATEN") and not _use_autotune_backend("TRITON")
+    assert _use_autotune_backend("TRITON")  # Inductor's default: FP8 matmuls autotune Triton templates
+    with pytest.raises(ValueError, match="fp8_gemms='triton' is invalid; valid: cublas, autotune"):
+        stack.inductor_config("fp8", "triton")
+    with pytest.raises(ValueError, match="linears='int4' is invalid; valid: bf16, fp8, int8wo, int8dq"):
+        stack.inductor_config("int4")

@@ -158,14 +158,16 @@ SCALED_ERRORS = [
     (dict(k_scale=None), "q_scale and k_scale must both be given (quantized Q/K) or both be None (bf16/fp16 Q/K); a "
                          "bf16/fp16 q with int8 k and k_scale asks the kernel to quantize Q"),
     # a bf16 q with int8 k: Q quantized by the kernel, which only kernels that say so (KernelInfo.quantizes_q) do
-    (dict(q=_S[0].bfloat16(), q_scale=None), "kernel 'reference' does not quantize a torch.bfloat16 q itself at "
-                                             "q_block=1 (no q_block); pass int8 q with q_scale, or use a kernel that "
-                                             "does: gluon_sage"),
+    (dict(q=_S[0].bfloat16(), q_scale=None), "kernel 'reference' does not quantize a torch.bfloat16 q itself; pass "
+                                             "int8 q with q_scale, or use a kernel that does: gluon_sage"),
+    (dict(q=_S[0].bfloat16(), q_scale=None, q_block=16, kernel="gluon_sage"),
+     "kernel 'gluon_sage' quantizes a torch.bfloat16 q itself only at q_block in (1,); got q_block=16; valid: "
+     "q_block in (1,), or int8 q with q_scale"),
     (dict(q=_S[0].bfloat16(), q_scale=None, q_block=0), "q_block=0 is invalid for a torch.bfloat16 q with int8 k (Q "
                                                         "quantized in the kernel); valid: >= 1 (tokens per Q scale)"),
     (dict(q=_S[0].bfloat16(), q_scale=None, kernel="triton_sage"),
-     "kernel 'triton_sage' does not quantize a torch.bfloat16 q itself at q_block=1 (no q_block); pass int8 q with "
-     "q_scale, or use a kernel that does: gluon_sage"),
+     "kernel 'triton_sage' does not quantize a torch.bfloat16 q itself; pass int8 q with q_scale, or use a kernel "
+     "that does: gluon_sage"),
     (dict(v_scale=_S[5][..., :3]), "v_scale must have shape (B|1, H|1, Dv|1) (each dim may be 1); got (1, 2, 3)"),
     (dict(v_scale=_S[5].half()), "v_scale must be float32; got torch.float16"),
     (dict(out_dtype=torch.int8), "out_dtype=torch.int8 is invalid; valid: torch.bfloat16, torch.float16, "

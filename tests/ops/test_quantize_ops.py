@@ -236,6 +236,7 @@ def test_smooth_k_subtracts_the_token_mean_in_fp32_keeping_the_layout():
     assert out.mean(dim=2).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_compiled_smoothing_keeps_k_in_its_own_dtype():
     """Under Inductor, K from a fused producer (here RMSNorm and a rotary embedding, as in Flux and Wan) is stored
     once in bf16 and upcast where the mean, the block amax and the cast read it, not stored as an fp32 copy (twice

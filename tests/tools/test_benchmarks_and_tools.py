@@ -368,7 +368,10 @@ def test_dit_step_stack_rows():
     plain = dit_step.parse_args([])
     assert (plain.linears, plain.cache) == ("bf16", "none")
     assert [r.name for r in dit_step.plan(plain)][:3] == ["compiled dense (torch SDPA)", "compiled, no attention", auto]
-    for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"]):
+    assert (args.fp8_gemms, plain.fp8_gemms) == ("cublas", "cublas")
+    assert dit_step.parse_args(["--linears", "fp8", "--fp8-gemms", "autotune"]).fp8_gemms == "autotune"
+    for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"],
+                ["--fp8-gemms", "triton"]):
         with pytest.raises(SystemExit):
             dit_step.parse_args(bad)
 
@@ -456,6 +459,7 @@ def test_dit_step_block_sparse_spec_sets_every_attention_spec():
     assert dit_step.spec_of(dit_step.Row("y", "qattn auto (default spec)")) == qattn_fx.Spec()
 
 
+@pytest.mark.slow
 def test_dit_step_block_sparse_loop_with_dense_steps_compiles_once():
     """A +bs0.5 variant with its first step dense (emulated, on a tiny Wan): one graph for the whole loop, the
     predictor's lists skipping blocks on the sparse steps only."""

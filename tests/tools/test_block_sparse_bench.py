@@ -60,6 +60,7 @@ def test_derive_leaves_out_what_was_not_timed():
     assert "speedup_pred" not in row and "speedup_cudnn_pred" not in row
 
 
+@pytest.mark.slow
 def test_cpu_run_with_the_reference_kernel_writes_table_json_and_png(tmp_path, capsys):
     skip_json = tmp_path / "skip.json"  # the --skip-softmax JSON's rows (a base row without λ, then λ rows)
     skip_json.write_text(json.dumps({"rows": [
