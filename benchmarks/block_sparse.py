@@ -19,8 +19,8 @@ this GPU serves it, otherwise its rows say why it was skipped) and **per keep fr
   pooled score: a band around the diagonal plus the sink, no guard, no forced tiles), ``banded`` a band of exactly
   ``round(keep · NK)`` key tiles centred on the diagonal (shifted inside ``[0, NK)``), ``random`` exactly
   ``round(keep · NK)`` key tiles per query tile drawn uniformly (seeded);
-* ``pred ms``: (c) the predictor alone (``qattn::predict_blocks``, ``--mode`` with keep, no sink tiles, no diagonal,
-  similarity guard off) on the bf16 Q and K;
+* ``pred ms``: (c) the predictor alone (``qattn::predict_blocks`` as a compiled model runs it: the fused Triton
+  pooling and selection; ``--mode`` with keep, no sink tiles, no diagonal, similarity guard off) on the bf16 Q and K;
 * ``both ms``: (d) predictor then kernel on its lists, as a compiled graph runs them.
 
 All timings are CUDA-graph replays (``--timer graph``, :func:`benchmarks.common.time_ms`): the GPU's time without

@@ -14,8 +14,8 @@ import tempfile
 import torch
 
 #: Triton's names for the tensor dtypes the kernels take.
-TRITON_TYPES = {torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float16: "fp16",
-                torch.float32: "fp32", torch.int32: "i32"}
+TRITON_TYPES = {torch.int8: "i8", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16",
+                torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
 
 
 def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:
@@ -41,6 +41,8 @@ def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:
         elif isinstance(value, int) and value == 1:
             signature[name] = "constexpr"
             constexprs[(i,)] = 1
+        elif isinstance(value, int) and not -2**31 <= value < 2**31:
+            signature[name] = "i64"
         elif isinstance(value, int):
             signature[name] = "i32"
             if value % 16 == 0:

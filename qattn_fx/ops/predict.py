@@ -12,8 +12,12 @@ label="") -> (block_index, block_count)``
   ``diagonal``: key tiles always visited; ``similarity``: the self-similarity guard (0: off).
 * Returns int32 ``block_index (B, Hq, ceil(Sq/128), ceil(Skv/128))`` and ``block_count (B, Hq, ceil(Sq/128))``,
   contiguous, on q's device.
-* Runs :func:`qattn_fx.kernels.predict_blocks.predict`: the fused Triton pooling on CUDA (triton required there:
-  no fallback), the torch reference on CPU; both share the selection, so equal pooled values give equal lists.
+* Runs :func:`qattn_fx.kernels.predict_blocks.predict`: on CUDA the fused Triton pooling and the fused Triton
+  selection (one kernel from the pooled tiles to the lists; triton required there: no fallback; at most
+  ``triton_select.MAX_KEY_TILES`` key tiles, a ``ValueError`` naming the limit beyond), the torch reference on CPU.
+  The two give the same lists except where a choice sits on an fp32 rounding boundary (a ``cdf`` tile whose mass
+  ranked above it is within rounding of ``keep``, or probabilities tied or within rounding of each other where their
+  order decides: :mod:`qattn_fx.kernels.predict_blocks.triton_select`).
 * ``label`` names the site: inside :func:`qattn_fx.block_sparse.measure` each call's skipped blocks are recorded
   under it.
 

@@ -3,8 +3,8 @@
 
 Pooled values are compared with a tolerance on random inputs (the sums over a tile run in another order); on
 inputs whose tile sums are exact in fp32 (multiples of 1/8 below 1, so any order gives the same sum, and the
-divisions are correctly rounded in both) the means are bitwise equal, so the lists are equal too (the selection is
-shared code), checked for every mode, with sinks, the diagonal and the guard at thresholds away from any tile's
+divisions are correctly rounded in both) the means are bitwise equal, so the lists are equal too (the torch selection
+runs on both), checked for every mode, with sinks, the diagonal and the guard at thresholds away from any tile's
 similarity. The GPU file (``tests/gpu/test_block_predictor.py``) repeats this on the compiled kernel.
 """
 
@@ -130,8 +130,8 @@ def test_compiles_offline_without_spills(capability):
     from qattn_fx.kernels._offline import ptxas_report
 
     q = torch.empty(1, 32760, 12, 128, dtype=torch.bfloat16, device="meta").transpose(1, 2)
-    for bias in (None, torch.zeros(1, 32760, device="meta")):
-        compiled = fused.compile_for(capability, q, block_sparse.BLOCK_KEYS, bias)
+    for bias, by_column in ((None, False), (torch.zeros(1, 32760, device="meta"), True)):  # (K: means by column)
+        compiled = fused.compile_for(capability, q, block_sparse.BLOCK_KEYS, bias, by_column)
         report = ptxas_report(compiled, capability)
         assert report["ptxas_ok"] and report["spill_stores"] == 0 and report["spill_loads"] == 0, report
         ptx = compiled.asm["ptx"]

@@ -14,12 +14,13 @@ def _sum(x, axis):
 
 @triton.jit
 def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, H, S, D, N,
-                stride_b, stride_h, stride_s, stride_d, stride_bias_b, stride_bias_s,
+                stride_b, stride_h, stride_s, stride_d, stride_bias_b, stride_bias_s, stride_mean_n, stride_mean_d,
                 TILE: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr):
     """One program per (b, h, tile) of ``TILE`` tokens: the mean of the tile's kept tokens and ``‖mean(x/‖x‖)‖²``
     over them, in fp32, read in chunks of ``ROWS`` tokens. A token is kept when it is inside ``S`` and (with
     ``HAS_BIAS``) its ``key_bias`` is not ``-inf``; other tokens take no part, whatever their data. Writes
-    ``mean (B, H, N, D)`` and ``sim (B, H, N)``, contiguous."""
+    ``mean (B, H, N, D)``, each (b, h) a block of ``N · D`` with strides ``stride_mean_n, stride_mean_d`` (``D, 1``
+    or, for the selection kernel's column reads, ``1, N``), and ``sim (B, H, N)``, contiguous."""
     pid = tl.program_id(0)
     tile = pid % N
     bh = pid // N
@@ -48,5 +49,5 @@ def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, H, S, D, N,
     mean = tl.div_rn(total, count)
     unit_mean = tl.div_rn(unit_total, count)
     out = pid.to(tl.int64)
-    tl.store(mean_ptr + out * D + d, mean, mask=d_ok)
+    tl.store(mean_ptr + bh.to(tl.int64) * N * D + tile * stride_mean_n + d * stride_mean_d, mean, mask=d_ok)
     tl.store(sim_ptr + out, _sum(unit_mean * unit_mean, 0))

@@ -3,10 +3,11 @@
 :func:`pool` launches :func:`._pool_kernel._pool_tiles` twice, once over Q's tiles of
 :data:`~qattn_fx.block_sparse.BLOCK_ROWS` rows and once over K's tiles of :data:`~qattn_fx.block_sparse.BLOCK_KEYS`
 keys (kept keys only, by ``key_bias``): one program per (batch, head, tile) reads its tile once (bf16/fp16/fp32, any
-strides) and writes the tile's fp32 mean ``(D,)`` and self-similarity (a scalar). The scores and the selection then
-run in torch on those small tensors (:func:`.reference.select`, the same code the reference runs), so equal pooled
-values give equal lists; the pooled values differ from torch's only by fp32 summation order (sums over a tile in
-another order; divisions and square roots correctly rounded in both).
+strides) and writes the tile's fp32 mean ``(D,)`` and self-similarity (a scalar). K's means are a ``(B, Hkv, NK,
+D)`` view of ``(B, Hkv, D, NK)`` storage, the order in which the fused selection (:mod:`.triton_select`) reads them.
+The pooled values differ from torch's only by fp32 summation order (sums over a tile in another order; divisions and
+square roots correctly rounded in both); :func:`.reference.select` or :func:`.triton_select.select` turns them into
+lists.
 
 Inputs as :func:`.reference.pool`: ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, ``key_bias (B|1, Skv)`` or None,
 on one CUDA device (or CPU tensors under ``TRITON_INTERPRET=1``). Returns :class:`.reference.Pooled`.
@@ -64,15 +65,24 @@ def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: to
         bias_args = (x, 0, 0)  # never read (HAS_BIAS false)
     else:
         bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
-    args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2]]
+    args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2], *mean.stride()[2:]]
     meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=triton.next_power_of_2(d), HAS_BIAS=bias is not None)
     return (b * h * n,), args, meta
 
 
-def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _means(b: int, h: int, n: int, d: int, device, by_column: bool) -> torch.Tensor:
+    """``(B, H, N, D)`` fp32, stored ``(B, H, D, N)`` when ``by_column`` (K's means: the selection kernel reads
+    them one ``d`` at a time over all key tiles)."""
+    if by_column:
+        return torch.empty(b, h, d, n, dtype=torch.float32, device=device).transpose(2, 3)
+    return torch.empty(b, h, n, d, dtype=torch.float32, device=device)
+
+
+def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None,
+          by_column: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, s, d = x.shape
     n = -(-s // tile)
-    mean = torch.empty(b, h, n, d, dtype=torch.float32, device=x.device)
+    mean = _means(b, h, n, d, x.device, by_column)
     sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
     if mean.numel() == 0:
         return mean, sim
@@ -81,7 +91,8 @@ def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None) -> tuple[torch.
     return mean, sim
 
 
-def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bias: torch.Tensor | None = None):
+def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bias: torch.Tensor | None = None,
+                by_column: bool = False):
     """Compile (not run) the pooling kernel a CUDA launch over ``x``'s tiles of ``tile`` tokens would use, for
     ``capability`` (inputs may be on the ``meta`` device; needs Triton's bundled ptxas, not a GPU). Returns Triton's
     compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
@@ -92,7 +103,7 @@ def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bia
 
     b, h, s, d = x.shape
     n = -(-s // tile)
-    mean = torch.empty(b, h, n, d, dtype=torch.float32, device=x.device)
+    mean = _means(b, h, n, d, x.device, by_column)
     sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
     bias = None if key_bias is None else key_bias.float()
     kernel = _kernels(False)._pool_tiles
@@ -108,7 +119,7 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     require()
     bias = None if key_bias is None else key_bias.float()
     q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS, None)
-    k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, bias)
+    k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, bias, by_column=True)
     kept = tile_counts(kept_keys(key_bias, k.shape[2], k.device), block_sparse.BLOCK_KEYS) > 0
     return Pooled(q_mean, q_sim, k_mean, k_sim, kept)
 
