@@ -243,3 +243,31 @@ def load_triton_source(package: str, source, stem: str, interpret: bool, loaded:
             spec.loader.exec_module(module)
         loaded[interpret] = module
     return module
+
+
+class TritonSource:
+    """The Triton kernels of one source file (``path``, a sibling of the module in ``package``), loaded on first use
+    once per Triton mode (:func:`load_triton_source`, module ``<package>.<stem>_<mode>``). ``needed_by`` (the
+    caller) and ``what`` (these kernels) are named in the ``RuntimeError`` raised when triton does not import
+    (:attr:`missing`, the import's error)."""
+
+    def __init__(self, package: str, path, stem: str, needed_by: str, what: str):
+        try:
+            import triton  # noqa: F401
+        except ImportError as error:  # pragma: no cover - depends on the install
+            self.missing: Exception | None = error
+        else:
+            self.missing = None
+        self.package, self.path, self.stem, self.needed_by, self.what = package, path, stem, needed_by, what
+        self._loaded: dict = {}
+
+    def require(self) -> None:
+        """``RuntimeError`` naming the requirement unless triton imports."""
+        if self.missing is not None:
+            raise RuntimeError(f"{self.needed_by} needs triton ({self.what}); install triton: {self.missing}")
+
+    def module(self, interpret: bool | None = None):
+        """The loaded module, in the mode ``interpret`` names (default: :func:`triton_interpreting`, read now)."""
+        self.require()
+        interpret = triton_interpreting() if interpret is None else interpret
+        return load_triton_source(self.package, self.path, self.stem, interpret, self._loaded)

@@ -52,6 +52,20 @@ def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
+def compile_offline(kernel, args: list, meta: dict, capability: tuple[int, int], options: dict):
+    """``triton.compile`` of ``kernel`` for ``capability`` as launched with ``args`` and ``meta``
+    (:func:`launch_signature`), ``options`` (``num_warps``, ``num_stages``) as the launch passes them. Returns
+    Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata``); needs Triton's bundled ptxas,
+    not a GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constexprs, attrs = launch_signature(kernel, args, meta)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32), options=options)
+
+
 def _bundled_tool(name: str) -> str:
     """Path of one of the CUDA tools Triton ships (``ptxas``, ``nvdisasm``, ...)."""
     import triton

@@ -249,8 +249,7 @@ def test_fused_selection_with_a_device_keep_captures_in_a_graph(mode):
 
 
 def test_op_on_cuda_without_triton_names_the_requirement(monkeypatch):
-    monkeypatch.setattr(fused, "triton", None)
-    monkeypatch.setattr(fused, "_TRITON_ERROR", ImportError("No module named 'triton'"))
+    monkeypatch.setattr(fused.KERNELS, "missing", ImportError("No module named 'triton'"))
     q = make(1, 2, 256, 64, seed=9)
     with pytest.raises(RuntimeError, match="needs triton"):
         op(q, q, None, 0.5)
@@ -258,8 +257,7 @@ def test_op_on_cuda_without_triton_names_the_requirement(monkeypatch):
 
 
 def test_op_on_cuda_without_triton_for_the_selection_names_it(monkeypatch):
-    monkeypatch.setattr(triton_select, "triton", None)
-    monkeypatch.setattr(triton_select, "_TRITON_ERROR", ImportError("No module named 'triton'"))
+    monkeypatch.setattr(triton_select.KERNELS, "missing", ImportError("No module named 'triton'"))
     q = make(1, 2, 256, 64, seed=9)
     with pytest.raises(RuntimeError, match="needs triton .*selection"):
         op(q, q, None, 0.5)

@@ -106,8 +106,7 @@ def test_exact_tile_sums_give_the_reference_lists():
 
 
 def test_without_triton_the_triton_pooling_names_the_requirement(monkeypatch):
-    monkeypatch.setattr(fused, "triton", None)
-    monkeypatch.setattr(fused, "_TRITON_ERROR", ImportError("No module named 'triton'"))
+    monkeypatch.setattr(fused.KERNELS, "missing", ImportError("No module named 'triton'"))
     q = torch.zeros(1, 1, 128, 32)
     for keep in (0.5, 1.0):  # dense steps too: the first call shows it
         with pytest.raises(RuntimeError, match="predict_blocks on CUDA needs triton .*install triton"):

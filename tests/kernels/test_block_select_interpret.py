@@ -226,8 +226,7 @@ def test_dispatcher_runs_the_fused_steps_and_validates_the_knob():
 
 
 def test_without_triton_the_triton_selection_names_the_requirement(monkeypatch):
-    monkeypatch.setattr(fused, "triton", None)
-    monkeypatch.setattr(fused, "_TRITON_ERROR", ImportError("No module named 'triton'"))
+    monkeypatch.setattr(fused.KERNELS, "missing", ImportError("No module named 'triton'"))
     q = torch.zeros(1, 1, 128, 32)
     for keep in (0.5, 1.0):
         with pytest.raises(RuntimeError, match="predict_blocks on CUDA needs triton .*selection.*install triton"):

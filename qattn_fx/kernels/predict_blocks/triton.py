@@ -20,41 +20,17 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse
-from .._cuda_utils import load_triton_source
-from .._cuda_utils import triton_interpreting as interpreter_active
+from .._cuda_utils import TritonSource
 from .reference import Pooled, kept_keys, tile_counts
 
-try:
-    import triton
-except ImportError as error:  # pragma: no cover - depends on the install
-    triton, _TRITON_ERROR = None, error
-else:
-    _TRITON_ERROR = None
-
-_KERNEL_SOURCE = Path(__file__).with_name("_pool_kernel.py")
-_MODULES: dict[bool, object] = {}
+#: The pooling kernel's source (:mod:`._pool_kernel`).
+KERNELS = TritonSource(__package__, Path(__file__).with_name("_pool_kernel.py"), "_pool", "qattn::predict_blocks on CUDA",
+                       "the fused pooling kernel, qattn_fx.kernels.predict_blocks.triton")
 #: Tokens a program reads per step of its tile.
 ROWS = 32
 #: Warps per program.
 NUM_WARPS = 4
-
-
-def available() -> bool:
-    """Whether triton imports."""
-    return triton is not None
-
-
-def require() -> None:
-    """``RuntimeError`` naming the requirement unless triton imports."""
-    if triton is None:
-        _kernels(False)
-
-
-def _kernels(interpret: bool):
-    if triton is None:
-        raise RuntimeError("qattn::predict_blocks on CUDA needs triton (the fused pooling kernel, "
-                           f"qattn_fx.kernels.predict_blocks.triton); install triton: {_TRITON_ERROR}")
-    return load_triton_source(__package__, _KERNEL_SOURCE, "_pool", interpret, _MODULES)
+require = KERNELS.require
 
 
 def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: torch.Tensor, sim: torch.Tensor):
@@ -66,7 +42,7 @@ def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: to
     else:
         bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
     args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2], *mean.stride()[2:]]
-    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=triton.next_power_of_2(d), HAS_BIAS=bias is not None)
+    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=1 << (d - 1).bit_length() if d > 1 else 1, HAS_BIAS=bias is not None)
     return (b * h * n,), args, meta
 
 
@@ -78,16 +54,20 @@ def _means(b: int, h: int, n: int, d: int, device, by_column: bool) -> torch.Ten
     return torch.empty(b, h, n, d, dtype=torch.float32, device=device)
 
 
-def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None,
-          by_column: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(x: torch.Tensor, tile: int, by_column: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-tile means and similarities a launch over ``x``'s tiles of ``tile`` tokens writes."""
     b, h, s, d = x.shape
     n = -(-s // tile)
-    mean = _means(b, h, n, d, x.device, by_column)
-    sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
+    return _means(b, h, n, d, x.device, by_column), torch.empty(b, h, n, dtype=torch.float32, device=x.device)
+
+
+def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None,
+          by_column: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, sim = _outputs(x, tile, by_column)
     if mean.numel() == 0:
         return mean, sim
     grid, args, meta = _launch_args(x, tile, bias, mean, sim)
-    _kernels(interpreter_active())._pool_tiles[grid](*args, **meta, num_warps=NUM_WARPS)
+    KERNELS.module()._pool_tiles[grid](*args, **meta, num_warps=NUM_WARPS)
     return mean, sim
 
 
@@ -96,22 +76,12 @@ def compile_for(capability: tuple[int, int], x: torch.Tensor, tile: int, key_bia
     """Compile (not run) the pooling kernel a CUDA launch over ``x``'s tiles of ``tile`` tokens would use, for
     ``capability`` (inputs may be on the ``meta`` device; needs Triton's bundled ptxas, not a GPU). Returns Triton's
     compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
-    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-    from triton.compiler import ASTSource  # noqa: PLC0415
+    from .._offline import compile_offline  # noqa: PLC0415
 
-    from .._offline import launch_signature  # noqa: PLC0415
-
-    b, h, s, d = x.shape
-    n = -(-s // tile)
-    mean = _means(b, h, n, d, x.device, by_column)
-    sim = torch.empty(b, h, n, dtype=torch.float32, device=x.device)
+    mean, sim = _outputs(x, tile, by_column)
     bias = None if key_bias is None else key_bias.float()
-    kernel = _kernels(False)._pool_tiles
     _, args, meta = _launch_args(x, tile, bias, mean, sim)
-    signature, constexprs, attrs = launch_signature(kernel, args, meta)
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
-                          options={"num_warps": NUM_WARPS})
+    return compile_offline(KERNELS.module(False)._pool_tiles, args, meta, capability, {"num_warps": NUM_WARPS})
 
 
 def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
@@ -124,4 +94,4 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     return Pooled(q_mean, q_sim, k_mean, k_sim, kept)
 
 
-__all__ = ["NUM_WARPS", "ROWS", "available", "compile_for", "interpreter_active", "pool", "require"]
+__all__ = ["KERNELS", "NUM_WARPS", "ROWS", "compile_for", "pool", "require"]

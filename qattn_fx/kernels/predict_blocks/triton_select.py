@@ -40,18 +40,13 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse
-from .._cuda_utils import load_triton_source
+from .._cuda_utils import TritonSource
 from .reference import _CEIL_SLACK, MODES, Pooled, host_keep
 
-try:
-    import triton
-except ImportError as error:  # pragma: no cover - depends on the install
-    triton, _TRITON_ERROR = None, error
-else:
-    _TRITON_ERROR = None
-
-_KERNEL_SOURCE = Path(__file__).with_name("_select_kernel.py")
-_MODULES: dict[bool, object] = {}
+#: The selection kernel's source (:mod:`._select_kernel`).
+KERNELS = TritonSource(__package__, Path(__file__).with_name("_select_kernel.py"), "_select",
+                       "qattn::predict_blocks on CUDA",
+                       "the fused selection kernel, qattn_fx.kernels.predict_blocks.triton_select")
 #: The most key tiles one call may have (a program holds a row of them).
 MAX_KEY_TILES = 4096
 #: Elements (query tiles x padded key tiles) a program holds: ``ROWS = TILE_ELEMENTS // BLOCK_N``, at most
@@ -67,22 +62,7 @@ UNROLL_D = 8
 _ONE_BITS = 0x3F800000
 
 
-def require() -> None:
-    """``RuntimeError`` naming the requirement unless triton imports."""
-    if triton is None:
-        _kernels(False)
-
-
-def interpreter_active() -> bool:
-    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
-
-
-def _kernels(interpret: bool):
-    if triton is None:
-        raise RuntimeError("qattn::predict_blocks on CUDA needs triton (the fused selection kernel, "
-                           f"qattn_fx.kernels.predict_blocks.triton_select); install triton: {_TRITON_ERROR}")
-    return load_triton_source(__package__, _KERNEL_SOURCE, "_select", interpret, _MODULES)
+require = KERNELS.require
 
 
 def _double_bits(x: float) -> int:
@@ -143,21 +123,26 @@ def _check(pooled: Pooled, mode: str) -> None:
                          "use selection='torch'")
 
 
+def _outputs(pooled: Pooled, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(block_index, block_count)`` a launch on ``pooled`` writes, after checking the call."""
+    _check(pooled, mode)
+    b, hq, nq, _ = pooled.q_mean.shape
+    nk, device = pooled.k_mean.shape[2], pooled.q_mean.device
+    return (torch.empty(b, hq, nq, nk, dtype=torch.int32, device=device),
+            torch.empty(b, hq, nq, dtype=torch.int32, device=device))
+
+
 def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | torch.Tensor, mode: str = "cdf",
            sink_tiles: int = 0, diagonal: bool = False, similarity: float = 0.0) -> block_sparse.Blocks:
     """Steps 2-5 in one Triton kernel (the module docstring); the arguments of :func:`.reference.select`."""
     require()
-    _check(pooled, mode)
-    b, hq, nq, _ = pooled.q_mean.shape
-    nk = pooled.k_mean.shape[2]
-    device = pooled.q_mean.device
-    index = torch.empty(b, hq, nq, nk, dtype=torch.int32, device=device)
-    count = torch.empty(b, hq, nq, dtype=torch.int32, device=device)
+    index, count = _outputs(pooled, mode)
+    nk = index.shape[3]
     if nk == 0 or count.numel() == 0:
         return block_sparse.Blocks(index, count.zero_())
     grid, args, meta = _launch_args(pooled, sq, skv, sm_scale, keep, mode, sink_tiles, diagonal, similarity,
                                     index, count)
-    _kernels(interpreter_active())._select_rows[grid](*args, **meta, num_warps=num_warps(nk))
+    KERNELS.module()._select_rows[grid](*args, **meta, num_warps=num_warps(nk))
     return block_sparse.Blocks(index, count)
 
 
@@ -166,25 +151,14 @@ def compile_for(capability: tuple[int, int], pooled: Pooled, sq: int, skv: int, 
     """Compile (not run) the selection kernel a CUDA launch on ``pooled`` would use, for ``capability`` (inputs may
     be on the ``meta`` device; needs Triton's bundled ptxas, not a GPU). Returns Triton's compiled kernel
     (``.asm["ptx"]``, ``.metadata``)."""
-    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-    from triton.compiler import ASTSource  # noqa: PLC0415
+    from .._offline import compile_offline  # noqa: PLC0415
 
-    from .._offline import launch_signature  # noqa: PLC0415
-
-    _check(pooled, mode)
-    b, hq, nq, _ = pooled.q_mean.shape
-    nk = pooled.k_mean.shape[2]
-    device = pooled.q_mean.device
-    index = torch.empty(b, hq, nq, nk, dtype=torch.int32, device=device)
-    count = torch.empty(b, hq, nq, dtype=torch.int32, device=device)
-    kernel = _kernels(False)._select_rows
+    index, count = _outputs(pooled, mode)
     _, args, meta = _launch_args(pooled, sq, skv, sm_scale=0.088, keep=keep, mode=mode, sink_tiles=sink_tiles,
                                  diagonal=diagonal, similarity=similarity, index=index, count=count)
-    signature, constexprs, attrs = launch_signature(kernel, args, meta)
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
-                          options={"num_warps": num_warps(nk)})
+    return compile_offline(KERNELS.module(False)._select_rows, args, meta, capability,
+                           {"num_warps": num_warps(index.shape[3])})
 
 
-__all__ = ["MAX_KEY_TILES", "NUM_WARPS", "compile_for", "interpreter_active", "num_warps", "require",
-           "rows_per_program", "select"]
+__all__ = ["KERNELS", "MAX_KEY_TILES", "NUM_WARPS", "compile_for", "num_warps", "require", "rows_per_program",
+           "select"]

@@ -249,10 +249,7 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
     Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata.shared``). Needs only
     Triton's bundled ptxas, not a GPU.
     """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from .._offline import launch_signature
+    from .._offline import compile_offline
 
     kernel = kernel_module(False)._sage_fwd
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias, block_index, block_count)
@@ -263,7 +260,5 @@ def compile_for(capability: tuple[int, int], config: KernelConfig, q, q_scale, k
                                key_range=None if key_bias is None else common.bias_range(key_bias),
                                block_index=block_index, block_count=block_count)
     meta.update(INTERP_LOOP_END=0, **config.meta())
-    signature, constexprs, attrs = launch_signature(kernel, args, meta)
-    ast_source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(ast_source, target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32),
-                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    return compile_offline(kernel, args, meta, capability,
+                           {"num_warps": config.num_warps, "num_stages": config.num_stages})
