@@ -4,6 +4,8 @@ the predictor alone, against torch SDPA cuDNN bf16 (``python -m benchmarks.atten
     python -m benchmarks.attention_ops --block-sparse                                  # 4 shapes, 2 kernels, 6 keeps
     python -m benchmarks.attention_ops --block-sparse --shapes wan14b-720p --keep 1,0.5,0.25 --kernels gluon_sage
     python -m benchmarks.attention_ops --block-sparse --plot bench_out/bs.png --skip-json bench_out/skip_softmax.json
+    python -m benchmarks.attention_ops --block-sparse --shapes wan14b-720p --keep 1,0.5 --kernels gluon_sage \
+        --configs "auto;128,2,ahead,permk,mmasum"   # the tuner's choice beside a forced config
 
 **Inputs** (per shape): structured as for Skip-Softmax (:func:`benchmarks.common.local_qkv`: local attention along
 the token order over ``--width`` tokens, ``--sharpness``, ``--sink`` attention-sink keys), quantized with
@@ -26,6 +28,12 @@ this GPU serves it, otherwise its rows say why it was skipped) and **per keep fr
 All timings are CUDA-graph replays (``--timer graph``, :func:`benchmarks.common.time_ms`): the GPU's time without
 the host's; a call that cannot be captured is timed with CUDA events instead and its note says so. ``keep = 1``
 lists every block: its ``lists ms`` against ``dense ms`` is what reading the lists costs.
+
+**Configs** (``--configs``, gluon_sage only): the list calls (b) and (d) run once per config given, ``;``-separated
+(``auto``: the tuner's choice, the default; else a ``GluonConfig`` forced with ``gluon_sage.use_config``, e.g.
+``128,2,ahead,permk,mmasum``, beside ``auto``); the ``config``
+column names the config that ran. The dense row (a) always runs the tuner's choice, so every config's ``x dense``
+is over the same dense time.
 
 **Columns**: ``skip`` achieved sparsity of the forced lists (``1 - Σ count / (B·H·NQ·NK)``) and ``skip pred`` of the
 predictor's; ``x dense`` / ``x dense+pred``: ``dense ms / lists ms`` and ``dense ms / both ms`` (speedup over the
@@ -67,7 +75,8 @@ KERNELS = ("gluon_sage", "triton_sage")
 PATTERNS = ("predicted", "banded", "random")
 BASELINE = "sdpa_cudnn_bf16"
 
-COLUMNS = [("shape", "shape", ""), ("kernel", "kernel", ""), ("keep", "keep", ".2f"), ("sparsity", "skip", ".3f"),
+COLUMNS = [("shape", "shape", ""), ("kernel", "kernel", ""), ("config", "config", ""), ("keep", "keep", ".2f"),
+           ("sparsity", "skip", ".3f"),
            ("sparsity_pred", "skip pred", ".3f"), ("ms_dense", "dense ms", ".3f"), ("ms_lists", "lists ms", ".3f"),
            ("ms_pred", "pred ms", ".3f"), ("ms_both", "both ms", ".3f"), ("speedup", "x dense", ".3f"),
            ("speedup_pred", "x dense+pred", ".3f"), ("speedup_cudnn", "x cudnn", ".3f"),
@@ -105,6 +114,28 @@ def forced_blocks(pattern: str, keep: float, b: int, h: int, sq: int, skv: int, 
     else:
         raise ValueError(f"pattern={pattern!r} is invalid here; valid: banded, random")
     return block_sparse.from_mask(visit.contiguous())
+
+
+def forced_config(kernel: str, config: str):
+    """The context a list call of ``kernel`` runs in under ``--configs`` entry ``config``: ``auto`` (or a kernel
+    other than gluon_sage) none, else ``gluon_sage.use_config(config)``."""
+    import contextlib  # noqa: PLC0415
+
+    if kernel != "gluon_sage" or config == "auto":
+        return contextlib.nullcontext()
+    from qattn_fx.kernels import gluon_sage  # noqa: PLC0415
+
+    return gluon_sage.use_config(config)
+
+
+def ran_config(kernel: str) -> str | None:
+    """The config gluon_sage's latest launch ran (``None`` for other kernels)."""
+    if kernel != "gluon_sage":
+        return None
+    from qattn_fx.kernels import gluon_sage  # noqa: PLC0415
+
+    config = gluon_sage.last_config()
+    return None if config is None else str(config)
 
 
 def sparsity(count: torch.Tensor, index: torch.Tensor) -> float:
@@ -238,53 +269,59 @@ def measure_shape(name: str, dims: Shape, a: argparse.Namespace, s: Settings) ->
             continue
         acc = common.accuracy(plain, ref, acc_rows)
         plain_rows = (plain if acc_rows is None else plain.index_select(2, acc_rows)).float()
-        rows.append({**base, "kernel": kernel, "ms_dense": dense_ms, "speedup_cudnn": cudnn_ms / dense_ms,
+        rows.append({**base, "kernel": kernel, "config": ran_config(kernel), "ms_dense": dense_ms,
+                     "speedup_cudnn": cudnn_ms / dense_ms,
                      "cos": acc["cos"], "rel_l1": acc["rel_l1"], "note": "dense (no lists)" + (
                          f"; {note}" if note else "")})
         common.log(f"  {kernel} dense: {dense_ms:.3f} ms ({cudnn_ms / dense_ms:.3f}x cudnn)")
-        for keep in a.keep:
-            if s.out_of_time():
-                rows.append({**base, "kernel": kernel, "keep": keep,
-                             "note": f"skipped: --max-seconds {s.max_seconds:.0f} reached"})
-                continue
-            row: dict[str, Any] = {**base, "kernel": kernel, "keep": keep, "pattern": a.pattern, "mode": a.mode,
-                                   "ms_dense": dense_ms, "ms_cudnn": cudnn_ms}
-            notes = []
-            try:
-                pred_index, pred_count = predict(keep)
-                row["sparsity_pred"] = sparsity(pred_count, pred_index)
-                if a.pattern == "predicted":
-                    index, count = pred_index, pred_count
-                else:
-                    index, count = forced_blocks(a.pattern, keep, b, h, sq, skv, s.device)
-                row["sparsity"] = sparsity(count, index)
-                out = ops.scaled_attention(*args, block_index=index, block_count=count)
-                acc = common.accuracy(out, ref, acc_rows)
-                row.update(cos=acc["cos"], rel_l1=acc["rel_l1"],
-                           cos_dense=common.accuracy(out, plain_rows, acc_rows)["cos"])
-                del out
-                timed = {
-                    "ms_lists": lambda: ops.scaled_attention(*args, block_index=index, block_count=count),
-                    "ms_pred": lambda: predict(keep),
-                    "ms_both": lambda: predicted_attention(keep),
-                }
-                for key, fn in timed.items():
-                    row[key], note = time_call(fn, s)
-                    if note and note not in notes:
-                        notes.append(f"{key}: {note}" if s.device == "cuda" else note)
-            except Exception as exc:  # noqa: BLE001 — keep going; the table shows the failure
-                notes.append(f"failed: {type(exc).__name__}: {str(exc)[:160]}")
-            finally:
-                gc.collect()
-                if s.device == "cuda":
-                    torch.cuda.empty_cache()
-            derive(row)
-            row["note"] = "; ".join(notes) or None
-            rows.append(row)
-            common.log(f"  {kernel} keep {keep:g}: skip {_f(row.get('sparsity'))}, lists {_f(row.get('ms_lists'))} "
-                       f"ms ({_f(row.get('speedup'))}x), pred {_f(row.get('ms_pred'))} ms, both "
-                       f"{_f(row.get('ms_both'))} ms ({_f(row.get('speedup_pred'))}x), cos {_f(row.get('cos'), '.6f')}"
-                       + (f"; {row['note']}" if row["note"] else ""))
+        configs = a.configs if kernel == "gluon_sage" else ["auto"]
+        for config in configs:
+            for keep in a.keep:
+                if s.out_of_time():
+                    rows.append({**base, "kernel": kernel, "keep": keep, "config": config,
+                                 "note": f"skipped: --max-seconds {s.max_seconds:.0f} reached"})
+                    continue
+                row: dict[str, Any] = {**base, "kernel": kernel, "keep": keep, "pattern": a.pattern, "mode": a.mode,
+                                       "ms_dense": dense_ms, "ms_cudnn": cudnn_ms, "config": config}
+                notes = []
+                try:
+                    pred_index, pred_count = predict(keep)
+                    row["sparsity_pred"] = sparsity(pred_count, pred_index)
+                    if a.pattern == "predicted":
+                        index, count = pred_index, pred_count
+                    else:
+                        index, count = forced_blocks(a.pattern, keep, b, h, sq, skv, s.device)
+                    row["sparsity"] = sparsity(count, index)
+                    with forced_config(kernel, config):
+                        out = ops.scaled_attention(*args, block_index=index, block_count=count)
+                    row["config"] = ran_config(kernel) or config
+                    acc = common.accuracy(out, ref, acc_rows)
+                    row.update(cos=acc["cos"], rel_l1=acc["rel_l1"],
+                               cos_dense=common.accuracy(out, plain_rows, acc_rows)["cos"])
+                    del out
+                    timed = {
+                        "ms_lists": lambda: ops.scaled_attention(*args, block_index=index, block_count=count),
+                        "ms_pred": lambda: predict(keep),
+                        "ms_both": lambda: predicted_attention(keep),
+                    }
+                    for key, fn in timed.items():
+                        with forced_config(kernel, config):
+                            row[key], note = time_call(fn, s)
+                        if note and note not in notes:
+                            notes.append(f"{key}: {note}" if s.device == "cuda" else note)
+                except Exception as exc:  # noqa: BLE001 — keep going; the table shows the failure
+                    notes.append(f"failed: {type(exc).__name__}: {str(exc)[:160]}")
+                finally:
+                    gc.collect()
+                    if s.device == "cuda":
+                        torch.cuda.empty_cache()
+                derive(row)
+                row["note"] = "; ".join(notes) or None
+                rows.append(row)
+                common.log(f"  {kernel} [{row.get('config')}] keep {keep:g}: skip {_f(row.get('sparsity'))}, lists "
+                           f"{_f(row.get('ms_lists'))} ms ({_f(row.get('speedup'))}x), pred {_f(row.get('ms_pred'))} "
+                           f"ms, both {_f(row.get('ms_both'))} ms ({_f(row.get('speedup_pred'))}x), cos "
+                           f"{_f(row.get('cos'), '.6f')}" + (f"; {row['note']}" if row["note"] else ""))
         del plain, plain_rows
     del q, k, v, ref
     gc.collect()
@@ -357,8 +394,9 @@ def plot(rows: list[dict], path: str, skip: dict | None = None) -> str | None:
         top = max(r["sparsity"] for r in mine)
         xs = [i / 50 * max(top, 0.05) for i in range(51)]
         ax.plot(xs, [1 / (1 - x) for x in xs], ":", color="grey", lw=1, label="ideal 1/(1-s)")
-        for i, kernel in enumerate(dict.fromkeys(r["kernel"] for r in mine)):
-            pts = sorted((r for r in mine if r["kernel"] == kernel), key=lambda r: r["sparsity"])
+        series = lambda r: r["kernel"] + (f" {r['config']}" if r.get("config") else "")  # noqa: E731
+        for i, kernel in enumerate(dict.fromkeys(series(r) for r in mine)):
+            pts = sorted((r for r in mine if series(r) == kernel), key=lambda r: r["sparsity"])
             color = f"C{i}"
             ax.plot([r["sparsity"] for r in pts if r.get("speedup")], [r["speedup"] for r in pts if r.get("speedup")],
                     "o-", color=color, label=f"{kernel} lists")
@@ -409,6 +447,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kernels", default=",".join(KERNELS),
                    help="kernels, comma-separated (default gluon_sage,triton_sage; each runs only where "
                         "kernels.info(name).block_sparse is true)")
+    p.add_argument("--configs", default="auto",
+                   help="gluon_sage configs of the list calls, ';'-separated: auto (the tuner's choice, default) "
+                        "and/or GluonConfigs, e.g. 'auto;128,2,ahead,permk,mmasum'; "
+                        "the dense row always runs auto")
     p.add_argument("--pattern", choices=PATTERNS, default="predicted",
                    help="forced lists of (b): predicted (the predictor's top_k lists, default), banded, random")
     p.add_argument("--mode", choices=("top_k", "cdf"), default="top_k",
@@ -434,6 +476,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-json", default=None, help="a --skip-softmax JSON whose curves the PNG shows beside")
     a = p.parse_args(argv)
     a.kernels = [t.strip() for t in a.kernels.split(",") if t.strip()]
+    a.configs = [t.strip() for t in a.configs.split(";") if t.strip()] or ["auto"]
+    for config in a.configs:
+        if config != "auto":
+            from qattn_fx.kernels.gluon_sage.config import GluonConfig  # noqa: PLC0415
+
+            try:
+                GluonConfig.parse(config)
+            except ValueError as exc:
+                p.error(f"--configs {config!r}: {exc}")
     if a.recipe not in common.KERNEL_RECIPES:
         p.error(f"--recipe {a.recipe!r} is invalid; valid: {', '.join(common.KERNEL_RECIPES)}")
     if a.mode == "cdf" and a.pattern != "predicted":

@@ -90,7 +90,8 @@ def test_cpu_run_with_the_reference_kernel_writes_table_json_and_png(tmp_path, c
     # a kernel that cannot run here is a row that says why (on a CPU: no block lists yet, or no CUDA device)
     assert rows[4]["note"].startswith("skipped: ") and (
         "block_sparse is False" in rows[4]["note"] or "needs a CUDA device" in rows[4]["note"])
-    assert "| shape | kernel | keep | skip |" in text and "| tiny | reference | 0.50 | 0.500 |" in text
+    assert full["config"] == half["config"] == "auto"  # (--configs applies to gluon_sage only)
+    assert "| shape | kernel | config | keep | skip |" in text and "| tiny | reference | auto | 0.50 | 0.500 |" in text
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -124,3 +125,22 @@ def test_kernels_are_gated_on_block_sparse():
 def test_plot_without_measured_rows_says_why(tmp_path):
     assert bench.plot([{"shape": "x", "kernel": "k", "note": "skipped"}], str(tmp_path / "p.png")) == \
         "no measured keep row to plot"
+
+
+def test_configs_option_parses_auto_and_gluon_configs_and_refuses_bad_ones():
+    """``--configs``: gluon_sage's list calls once per config (``auto``: the tuner's choice), so next session's
+    benchmark can run trio (the default) beside the two-consumer block-sparse config in one run."""
+    a = bench.parse_args(["--configs", "auto; 128,3,ahead,permk,mmasum"])
+    assert a.configs == ["auto", "128,3,ahead,permk,mmasum"]
+    assert bench.parse_args([]).configs == ["auto"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--configs", "auto;128,5,trio"])
+    import contextlib
+
+    from qattn_fx.kernels import gluon_sage as gs
+
+    assert isinstance(bench.forced_config("gluon_sage", "auto"), contextlib.nullcontext)
+    assert isinstance(bench.forced_config("triton_sage", "128,3,trio"), contextlib.nullcontext)
+    with bench.forced_config("gluon_sage", "128,3,ahead,permk,mmasum"):
+        assert gs.forced_config() == gs.GluonConfig.parse("128,3,ahead,permk,mmasum")
+    assert gs.forced_config() is None or str(gs.forced_config()) != "WS_BN128_s3_ahead_permk_mmasum"
