@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Steps run on the lent GPU (H100 or H200) (see CONTRIBUTING.md, "GPU tests and benchmarks"). Usage: tools/device_session.sh STEP...
 # When to use: every GPU run of this project goes through it, so that tests, benchmarks and profiles run the same way
-# each time. Installs the carried wheels (.whl-gpu) into /tmp/site once, then runs each STEP from the repository
-# root, logging to $OUT/<step>.log. Steps (time limits and arguments through the variables named):
+# each time. Installs each carried wheel folder (.whl-gpu; .whl-torchao for the stack) into /tmp/site once, then
+# runs each STEP from the repository root, logging to $OUT/<step>.log. Steps (time limits and arguments through the
+# variables named):
 #   env                          GPU, driver, clocks and library versions
 #   cpu-tests                    CPU tests on the device's torch (CPU_TESTS: files)
 #   lib-tests, triton-tests, gluon-tests, shapes-tests
@@ -35,9 +36,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qattn_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-if [ ! -e /tmp/site/.done ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-gpu/*.whl && touch /tmp/site/.done
-fi
+for wheels in .whl-*/; do  # each carried wheel folder (.whl-gpu; .whl-torchao for the stack), installed once
+  [ -d "$wheels" ] && [ ! -e "/tmp/site/.${wheels%/}" ] && { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    "$wheels"*.whl && touch "/tmp/site/.${wheels%/}"; }
+done
 if [ -d .fi-cache ] && [ ! -e ~/.cache/flashinfer/.restored ]; then  # FlashInfer JIT modules built on an earlier machine
   mkdir -p ~/.cache && tar -C ~/.cache -xzf .fi-cache/flashinfer.tgz && touch ~/.cache/flashinfer/.restored
 fi
