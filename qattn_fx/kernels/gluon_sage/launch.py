@@ -53,41 +53,35 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
     return key + (("bias",) if key_bias else ()) + (("skip",) if skip else ()) + (("sparse",) if sparse else ())
 
 
+def _tuner(name: str, configs, default) -> ConfigTuner:
+    """The autotuner ``name`` over ``configs`` (untuned: ``default``); configs of one numerics class only."""
+    return ConfigTuner(name, [str(c) for c in configs], default=lambda key: str(default),
+                       numerics=lambda text: GluonConfig.parse(text).numerics)
+
+
 #: The autotuner of launches that view K through ``permk``: one timing of :data:`TUNED_CONFIGS` per
 #: :func:`tuning_key`, cached in memory and on disk (:mod:`.._config_tuner`); untuned (graph capture before any
 #: tuning, autotuning off) it uses :data:`TRIO_DEFAULT_CONFIG`.
-TUNER = ConfigTuner("gluon_sage", [str(c) for c in TUNED_CONFIGS], default=lambda key: str(TRIO_DEFAULT_CONFIG),
-                    numerics=lambda text: GluonConfig.parse(text).numerics)
+TUNER = _tuner("gluon_sage", TUNED_CONFIGS, TRIO_DEFAULT_CONFIG)
 #: The autotuner of those launches at head_dim 64 without a key bias or Skip-Softmax: :data:`QUAD_TUNED_CONFIGS`,
 #: untuned :data:`DEFAULT_CONFIGS` [64].
-QUAD_TUNER = ConfigTuner("gluon_sage_quad", [str(c) for c in QUAD_TUNED_CONFIGS],
-                         default=lambda key: str(DEFAULT_CONFIGS[QUAD_HEAD_DIM]),
-                         numerics=lambda text: GluonConfig.parse(text).numerics)
+QUAD_TUNER = _tuner("gluon_sage_quad", QUAD_TUNED_CONFIGS, DEFAULT_CONFIGS[QUAD_HEAD_DIM])
 #: The autotuner of launches that load K in key order (a K the view cannot take):
 #: :data:`KEY_ORDER_TUNED_CONFIGS`, untuned :data:`KEY_ORDER_DEFAULT_CONFIG`.
-KEY_ORDER_TUNER = ConfigTuner("gluon_sage_key_order", [str(c) for c in KEY_ORDER_TUNED_CONFIGS],
-                              default=lambda key: str(KEY_ORDER_DEFAULT_CONFIG),
-                              numerics=lambda text: GluonConfig.parse(text).numerics)
+KEY_ORDER_TUNER = _tuner("gluon_sage_key_order", KEY_ORDER_TUNED_CONFIGS, KEY_ORDER_DEFAULT_CONFIG)
 
 
 #: The autotuners of Skip-Softmax launches (serial schedules, no tail split): :data:`SKIP_TUNED_CONFIGS` where K is
 #: viewed through ``permk`` (untuned: :data:`TRIO_DEFAULT_CONFIG`), else :data:`SKIP_KEY_ORDER_TUNED_CONFIGS`.
-SKIP_TUNER = ConfigTuner("gluon_sage_skip", [str(c) for c in SKIP_TUNED_CONFIGS],
-                         default=lambda key: str(TRIO_DEFAULT_CONFIG),
-                         numerics=lambda text: GluonConfig.parse(text).numerics)
-SKIP_KEY_ORDER_TUNER = ConfigTuner("gluon_sage_skip_key_order", [str(c) for c in SKIP_KEY_ORDER_TUNED_CONFIGS],
-                                   default=lambda key: str(SKIP_KEY_ORDER_TUNED_CONFIGS[0]),
-                                   numerics=lambda text: GluonConfig.parse(text).numerics)
+SKIP_TUNER = _tuner("gluon_sage_skip", SKIP_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG)
+SKIP_KEY_ORDER_TUNER = _tuner("gluon_sage_skip_key_order", SKIP_KEY_ORDER_TUNED_CONFIGS,
+                              SKIP_KEY_ORDER_TUNED_CONFIGS[0])
 #: The autotuners of block-sparse launches that view K through ``permk`` (two consumers:
 #: :data:`SPARSE_TUNED_CONFIGS`; with Skip-Softmax :data:`SPARSE_SKIP_TUNED_CONFIGS`); block-sparse key-order launches
 #: use :data:`KEY_ORDER_TUNER` / :data:`SKIP_KEY_ORDER_TUNER`, whose configs have two consumers (under a key of their
 #: own, :func:`tuning_key`).
-SPARSE_TUNER = ConfigTuner("gluon_sage_sparse", [str(c) for c in SPARSE_TUNED_CONFIGS],
-                           default=lambda key: str(SPARSE_TUNED_CONFIGS[0]),
-                           numerics=lambda text: GluonConfig.parse(text).numerics)
-SPARSE_SKIP_TUNER = ConfigTuner("gluon_sage_sparse_skip", [str(c) for c in SPARSE_SKIP_TUNED_CONFIGS],
-                                default=lambda key: str(SPARSE_SKIP_TUNED_CONFIGS[0]),
-                                numerics=lambda text: GluonConfig.parse(text).numerics)
+SPARSE_TUNER = _tuner("gluon_sage_sparse", SPARSE_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS[0])
+SPARSE_SKIP_TUNER = _tuner("gluon_sage_sparse_skip", SPARSE_SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS[0])
 #: Every autotuner of this kernel, one per launch class (:func:`tuner_for` picks among them).
 TUNERS = (TUNER, QUAD_TUNER, KEY_ORDER_TUNER, SKIP_TUNER, SKIP_KEY_ORDER_TUNER, SPARSE_TUNER, SPARSE_SKIP_TUNER)
 
