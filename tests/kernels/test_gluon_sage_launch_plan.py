@@ -468,8 +468,8 @@ def test_attention_passes_each_chunk_its_lists(monkeypatch, chunked):
 @pytest.mark.parametrize("case,skip,bias,tuner", [
     ("int8", False, False, "SPARSE_TUNER"), ("int8", False, True, "SPARSE_TUNER"),
     ("int8", True, False, "SPARSE_SKIP_TUNER"), ("int8", True, True, "SKIP_KEY_ORDER_TUNER"),
-    ("int8:1", False, False, "KEY_ORDER_TUNER"), ("int8:1", True, False, "SKIP_KEY_ORDER_TUNER"),
-    ("bf16", False, False, "KEY_ORDER_TUNER"),
+    ("int8:1", False, False, "SPARSE_KEY_ORDER_TUNER"), ("int8:1", True, False, "SKIP_KEY_ORDER_TUNER"),
+    ("bf16", False, False, "SPARSE_KEY_ORDER_TUNER"),
 ])
 def test_sparse_launches_tune_among_two_consumer_configs(case, skip, bias, tuner):
     q, qs, k, ks, v, vs, qb, kb = _inputs(case)

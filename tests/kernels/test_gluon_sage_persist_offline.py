@@ -74,10 +74,13 @@ def test_persistent_kernel_keeps_the_tile_loop(config):
     assert abs(persist[0] - base[0]) <= 0.05 * base[0] and persist[1] <= base[1], (loops, reports)
 
 
-def test_persist_configs_have_their_class_numerics_and_no_tuner_has_them_yet():
-    """Each persistent config has the numerics of a tuned config of its class (so it may join that tuner), and
-    none is a tuner's candidate until the GPU tests have run on the kernel as it is (config.PERSIST_CONFIGS)."""
-    tuned = {c.numerics for c in gs.TUNED_CONFIGS + gs.KEY_ORDER_TUNED_CONFIGS}
-    assert all(c.persist and c.numerics in tuned for c in gs.PERSIST_CONFIGS)
-    assert set(gs.PERSIST_CONFIGS) <= set(gs.CONFIGS)
-    assert not any(gs.GluonConfig.parse(c).persist for tuner in gs.TUNERS for c in tuner.candidates)
+def test_persist_configs_are_candidates_of_their_dense_classes_only():
+    """Each persistent config is a candidate of the dense tuner of its class (the numerics of the others there), and
+    of no block-sparse tuner (block-sparse launches refuse ``persist``)."""
+    assert gs.PERSIST_CONFIGS and set(gs.PERSIST_CONFIGS) <= set(gs.CONFIGS)
+    with_persist = {tuner.kernel for tuner in gs.TUNERS
+                    if any(gs.GluonConfig.parse(c).persist for c in tuner.candidates)}
+    assert with_persist == {gs.TUNER.kernel, gs.KEY_ORDER_TUNER.kernel, gs.SKIP_TUNER.kernel}
+    for c in gs.PERSIST_CONFIGS:  # (trio is refused for its rows first)
+        with pytest.raises(ValueError, match="cannot run block-sparse calls|block-sparse calls run non-persistent"):
+            gs.check_sparse_config(c)

@@ -39,7 +39,8 @@ schedule, which plain Triton 3.6 cannot express:
   A/B"). A piece rounds P against its own running max: the same recipe, other e4m3 roundings.
 * ``persist`` (:mod:`.schedule`): one CTA per SM runs the work items of the grid above (query blocks and tail
   pieces) in turn, the next item's Q and first K/V tiles loading during the current one's last tiles and epilogue;
-  the numerics of the same config without it; forced by name for now (:data:`PERSIST_CONFIGS`), not tuned.
+  the numerics of the same config without it, so :data:`PERSIST_CONFIGS` are candidates of their dense classes'
+  tuners (the timing picks per key; block-sparse launches refuse ``persist``).
 * block sparsity (:mod:`qattn_fx.block_sparse`, ``block_index`` / ``block_count``; :mod:`.sparse`): a CTA of two
   consumers is one 128-row query tile of the lists; the producer loads and the consumers run only its listed key
   tiles, in list order (the rings count visited tiles), the last listed one handled as the last tile; a tile that
@@ -85,13 +86,15 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, LAUNCH_MAXNREG, PERSIST_CONFIGS, PRODUCER_REGS,
                      QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG, QUAD_TUNED_CONFIGS, REGISTERS,
                      ROWS_PER_CONSUMER,
-                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
+                     SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_KEY_ORDER_TUNED_CONFIGS,
+                     SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, check_sparse_config, current_config, forced_config,
                      use_config)
 from ._gluon import mma_layout
 from .descriptors import descriptor, k_scale_box, permuted_k, tma_aligned
-from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, SPARSE_SKIP_TUNER,
+from .launch import (KEY_ORDER_TUNER, LAST, QUAD_TUNER, SKIP_KEY_ORDER_TUNER, SKIP_TUNER, SPARSE_KEY_ORDER_TUNER,
+                     SPARSE_SKIP_TUNER,
                      SPARSE_TUNER, TUNER, TUNERS, attention,
                      compile_for, ineligible, last_config, last_tail_plan, scaled_attention, sm_count, tail_plan,
                      tuner_for, tuning_key)
@@ -102,6 +105,7 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "LAUNCH_MAXNREG", "LaunchPlan", "PERSIST_CONFIGS", "PRODUCER_REGS", "QUAD_CONSUMER_REGS", "QUAD_HEAD_DIM",
            "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "REGISTERS", "ROWS_PER_CONSUMER",
            "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
+           "SPARSE_KEY_ORDER_TUNED_CONFIGS", "SPARSE_KEY_ORDER_TUNER",
            "SPARSE_SKIP_TUNED_CONFIGS", "SPARSE_SKIP_TUNER", "SPARSE_TUNED_CONFIGS", "SPARSE_TUNER",
            "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
            "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",

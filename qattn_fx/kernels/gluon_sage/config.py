@@ -133,7 +133,8 @@ class GluonConfig(LaunchConfig):
 #: flux-1024 (the autotuner's pick there over two-consumer and one-consumer configs, BENCHMARKS.md, "Attention op") and
 #: with HunyuanVideo's key-padding mask (docs/kernel-profile.md, "Key-padding masks").
 TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1, trio=1),
-                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1))
+                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1),
+                 GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1))
 #: Launches of that class at head_dim :data:`QUAD_HEAD_DIM` without a key bias: ``quad`` with 2 stages and with 4
 #: and ``tarrive``, faster than ``trio`` at d64 with Q quantized in the kernel and on a pre-quantized Q (see
 #: BENCHMARKS.md, "head_dim 64").
@@ -148,14 +149,12 @@ DEFAULT_CONFIGS = {128: TRIO_DEFAULT_CONFIG, 64: QUAD_TUNED_CONFIGS[0]}
 #: Launches that load K in key order: bf16/fp16 K, K scales per 1 or 4 keys, layouts the ``permk`` view cannot take.
 #: ``trio`` spills in that loop (P reaches the P·V operand through shuffles), so two consumer warpgroups with the
 #: ``ahead`` schedule, and ``mmasum`` as in the other class.
-KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1))
-#: Persistent configs (``persist``, :mod:`.schedule`): the numerics of :data:`TUNED_CONFIGS` and
-#: :data:`KEY_ORDER_TUNED_CONFIGS`, faster at flux-1024 and d64 and slower at the Wan lengths (BENCHMARKS.md,
-#: "Persistent schedule"). Forced by name for now (``use_config`` / ``$QATTN_GLUON_SAGE_CONFIG``) and GPU-tested
-#: (:data:`CONFIGS`, tests/gpu/test_gluon_sage_persist.py); they join their classes' tuners once every case of
-#: those tests, the split tail's included, has run on a GPU.
-PERSIST_CONFIGS = (GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1, trio=1, persist=1),
-                   GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
+KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(128, 3, ahead=1, tarrive=1, mmasum=1),
+                           GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
+#: The persistent candidates (``persist``, :mod:`.schedule`): the numerics of the same configs without ``persist``,
+#: faster at flux-1024 and d64 and slower at the Wan lengths (BENCHMARKS.md, "Persistent schedule"), so the timing
+#: decides per key. Block-sparse launches do not run them (:func:`check_sparse_config`).
+PERSIST_CONFIGS = tuple(c for c in TUNED_CONFIGS + KEY_ORDER_TUNED_CONFIGS if c.persist)
 #: Untuned key-order launches.
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
 #: Skip-Softmax launches run serial schedules (the skip test branches around P·V, which ``ahead`` overlaps with the
@@ -181,10 +180,12 @@ def check_skip_config(config: GluonConfig) -> None:
 #: consumer warpgroups (no ``trio``, no ``quad``). Where K can be viewed through ``permk``: the ``ahead`` schedule
 #: with ``permk`` and ``mmasum`` (the two-consumer configs of that class, with :data:`TUNED_CONFIGS`' numerics but
 #: for the CTA's rows); Skip-Softmax: serial configs of that class. Where K loads in key order:
-#: :data:`KEY_ORDER_TUNED_CONFIGS` and :data:`SKIP_KEY_ORDER_TUNED_CONFIGS` (two consumers already).
+#: :data:`SPARSE_KEY_ORDER_TUNED_CONFIGS` and :data:`SKIP_KEY_ORDER_TUNED_CONFIGS` (two consumers already).
 SPARSE_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
                         GluonConfig(128, 2, ahead=1, permk=1, mmasum=1))
 SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1))
+#: Block-sparse launches that load K in key order: :data:`KEY_ORDER_TUNED_CONFIGS` without the persistent one.
+SPARSE_KEY_ORDER_TUNED_CONFIGS = tuple(c for c in KEY_ORDER_TUNED_CONFIGS if not c.persist)
 
 
 def check_sparse_config(config: GluonConfig) -> None:
@@ -193,7 +194,7 @@ def check_sparse_config(config: GluonConfig) -> None:
     so they are not served); ``ValueError`` naming the config and the valid ones otherwise."""
     if config.consumers != CONSUMERS or config.block_n != 128:
         valid = ", ".join(f"'{c}'" for c in dict.fromkeys(SPARSE_TUNED_CONFIGS + SPARSE_SKIP_TUNED_CONFIGS
-                                                          + KEY_ORDER_TUNED_CONFIGS))
+                                                          + SPARSE_KEY_ORDER_TUNED_CONFIGS))
         raise ValueError(f"gluon_sage config {config} ({config.consumers} consumers, {config.rows} query rows per "
                          f"CTA, {config.block_n}-key tiles) cannot run block-sparse calls, whose CTA is one "
                          f"{CONSUMERS * ROWS_PER_CONSUMER}-row query tile of the lists visiting 128-key tiles; "

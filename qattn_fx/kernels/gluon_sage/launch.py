@@ -18,8 +18,8 @@ from .._cuda_utils import empty_bshd
 from . import tail_split
 from ._gluon import GLUON_ERROR, triton
 from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, QUAD_HEAD_DIM,
-                     QUAD_TUNED_CONFIGS, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS,
-                     SPARSE_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, forced_config,
+                     QUAD_TUNED_CONFIGS, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
+                     SPARSE_KEY_ORDER_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, forced_config,
                      quad_serves)
 from .descriptors import _permuted_k_view, tma_aligned
 from .kernel import _sage_fwd_ws
@@ -78,12 +78,14 @@ SKIP_KEY_ORDER_TUNER = _tuner("gluon_sage_skip_key_order", SKIP_KEY_ORDER_TUNED_
                               SKIP_KEY_ORDER_TUNED_CONFIGS[0])
 #: The autotuners of block-sparse launches that view K through ``permk`` (two consumers:
 #: :data:`SPARSE_TUNED_CONFIGS`; with Skip-Softmax :data:`SPARSE_SKIP_TUNED_CONFIGS`); block-sparse key-order launches
-#: use :data:`KEY_ORDER_TUNER` / :data:`SKIP_KEY_ORDER_TUNER`, whose configs have two consumers (under a key of their
-#: own, :func:`tuning_key`).
+#: use :data:`SPARSE_KEY_ORDER_TUNER` (the key-order configs without ``persist``) / :data:`SKIP_KEY_ORDER_TUNER`.
 SPARSE_TUNER = _tuner("gluon_sage_sparse", SPARSE_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS[0])
 SPARSE_SKIP_TUNER = _tuner("gluon_sage_sparse_skip", SPARSE_SKIP_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS[0])
+SPARSE_KEY_ORDER_TUNER = _tuner("gluon_sage_sparse_key_order", SPARSE_KEY_ORDER_TUNED_CONFIGS,
+                                KEY_ORDER_DEFAULT_CONFIG)
 #: Every autotuner of this kernel, one per launch class (:func:`tuner_for` picks among them).
-TUNERS = (TUNER, QUAD_TUNER, KEY_ORDER_TUNER, SKIP_TUNER, SKIP_KEY_ORDER_TUNER, SPARSE_TUNER, SPARSE_SKIP_TUNER)
+TUNERS = (TUNER, QUAD_TUNER, KEY_ORDER_TUNER, SKIP_TUNER, SKIP_KEY_ORDER_TUNER, SPARSE_TUNER, SPARSE_SKIP_TUNER,
+          SPARSE_KEY_ORDER_TUNER)
 
 
 def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
@@ -94,7 +96,8 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
     :data:`SKIP_TUNER` where K can be viewed and there is no key bias (``trio`` spills over 1.4 KB with both), else
     :data:`SKIP_KEY_ORDER_TUNER`. Block-sparse launches (``sparse``) take two-consumer configs: where the others
     would get :data:`TUNER`, :data:`QUAD_TUNER` or :data:`SKIP_TUNER`, they get :data:`SPARSE_TUNER` or
-    :data:`SPARSE_SKIP_TUNER`. Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
+    :data:`SPARSE_SKIP_TUNER`; where they would get :data:`KEY_ORDER_TUNER`, :data:`SPARSE_KEY_ORDER_TUNER` (no
+    ``persist``). Each tuner's candidates share their numerics (:attr:`GluonConfig.numerics`)."""
     view = _permuted_k_view(k.shape, k.stride(), k.element_size(), k_block if k_scale is not None else 0,
                             TUNED_CONFIGS[0].block_n)
     if view is not None and not (skip and key_bias is not None):
@@ -103,7 +106,9 @@ def tuner_for(k: torch.Tensor, k_scale: Optional[torch.Tensor], k_block: int,
         if skip:
             return SKIP_TUNER
         return QUAD_TUNER if quad_serves(k.shape[-1], key_bias is not None) else TUNER
-    return SKIP_KEY_ORDER_TUNER if skip else KEY_ORDER_TUNER
+    if skip:
+        return SKIP_KEY_ORDER_TUNER
+    return SPARSE_KEY_ORDER_TUNER if sparse else KEY_ORDER_TUNER
 
 
 def ineligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
