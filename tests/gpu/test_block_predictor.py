@@ -15,6 +15,7 @@ pooling allocates only its small outputs (no fp32 copy of Q or K), the fused sel
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -179,14 +180,21 @@ SELECT_SHAPES = {"wan-720p": dict(b=1, hq=40, hkv=40, sq=75600, skv=75600, d=128
                  "short-kv": dict(b=1, hq=4, hkv=4, sq=4096, skv=77, d=128, bias=False)}
 
 
+@functools.lru_cache(maxsize=1)
+def _select_inputs(shape):
+    """The pooled Q and K of ``SELECT_SHAPES[shape]``, made once per worker: the Wan-720p inputs take ~3 GB while
+    they are made, which several GPU workers at once could not hold beside the other tests."""
+    s = SELECT_SHAPES[shape]
+    q, k = make(s["b"], s["hq"], s["sq"], s["d"], seed=30), make(s["b"], s["hkv"], s["skv"], s["d"], seed=31)
+    return fused.pool(q, k, padding(s["b"], s["skv"]) if s["bias"] else None)
+
+
 @pytest.mark.parametrize("mode,keep,similarity", [("cdf", 0.5, 0.0), ("cdf", 0.9, 0.6), ("top_k", 0.15, 0.0),
                                                   ("top_k", 0.3, 0.6)])
 @pytest.mark.parametrize("shape", list(SELECT_SHAPES))
 def test_fused_selection_matches_the_torch_selection(shape, mode, keep, similarity):
     s = SELECT_SHAPES[shape]
-    q, k = make(s["b"], s["hq"], s["sq"], s["d"], seed=30), make(s["b"], s["hkv"], s["skv"], s["d"], seed=31)
-    key_bias = padding(s["b"], s["skv"]) if s["bias"] else None
-    pooled = fused.pool(q, k, key_bias)
+    pooled = _select_inputs(shape)
     sm = 1 / math.sqrt(s["d"])
     rule = (s["sq"], s["skv"], sm, keep, mode, 1, True, similarity)
     got, want = triton_select.select(pooled, *rule), reference.select(pooled, *rule)
