@@ -52,14 +52,18 @@ def launch_signature(kernel, args: list, meta: dict) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def compile_offline(kernel, args: list, meta: dict, capability: tuple[int, int], options: dict):
-    """``triton.compile`` of ``kernel`` for ``capability`` as launched with ``args`` and ``meta``
-    (:func:`launch_signature`), ``options`` (``num_warps``, ``num_stages``) as the launch passes them. Returns
-    Triton's compiled kernel (``.asm["ttgir" | "ptx" | "cubin"]``, ``.metadata``); needs Triton's bundled ptxas,
-    not a GPU."""
+def compile_offline(kernel, args: list, meta: dict, capability: tuple[int, int], options: dict, *,
+                    gluon: bool = False):
+    """``triton.compile`` of ``kernel`` (a ``@triton.jit`` function, or ``@gluon.jit`` with ``gluon``) for
+    ``capability`` as launched with ``args`` and ``meta`` (:func:`launch_signature`), ``options`` (``num_warps``,
+    ``num_stages``, ``maxnreg``) as the launch passes them. Returns Triton's compiled kernel (``.asm["ttgir" | "ptx" |
+    "cubin"]``, ``.metadata``); needs Triton's bundled ptxas, not a GPU."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
 
     signature, constexprs, attrs = launch_signature(kernel, args, meta)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)

@@ -16,7 +16,7 @@ from .. import q_quantized_in_kernel
 from .._config_tuner import ConfigTuner
 from .._cuda_utils import empty_bshd
 from . import tail_split
-from ._gluon import GLUON_ERROR, triton
+from ._gluon import GLUON_ERROR
 from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, QUAD_HEAD_DIM,
                      QUAD_TUNED_CONFIGS, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
                      SPARSE_KEY_ORDER_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, forced_config,
@@ -300,10 +300,7 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     fine: data pointers are taken as 16-byte aligned), with the tail split ``tail`` if given, with Skip-Softmax's
     test if ``skip`` (2: counting skipped tiles), with block lists if ``sparse``. Returns Triton's
     compiled kernel (``.asm["ptx"|"cubin"]``); needs only Triton's bundled ptxas, no GPU."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from .._offline import launch_signature
+    from .._offline import compile_offline
 
     common.validate(KERNEL, q, q_scale, k, k_scale, v, v_scale, q_block, k_block, key_bias)
     bsz, hq, sq, _ = q.shape
@@ -322,9 +319,5 @@ def compile_for(config: GluonConfig, q, q_scale, k, k_scale, v, v_scale, q_block
     plan = plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out, lse, return_lse, config,
                        tail, ws, key_bias, skip_args, None if key_bias is None else common.bias_range(key_bias),
                        blocks)
-    kernel = _sage_fwd_ws
-    meta = plan.meta
-    signature, constexprs, attrs = launch_signature(kernel, plan.args, meta)
-    source = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": launch_maxnreg(meta)})
+    return compile_offline(_sage_fwd_ws, plan.args, plan.meta, CAPABILITY,
+                           {"num_warps": 4, "maxnreg": launch_maxnreg(plan.meta)}, gluon=True)
