@@ -66,7 +66,8 @@ linears``); ``--cache fbc`` adds each row's variant again with diffusers' First 
 against the first row, compiled dense with bf16 linears and no cache; with ``--steps`` the final latents of the
 loop are compared too (``cos_final_vs_dense``: what a cache changes shows there, not in the first call). One row of
 the stack table per command, e.g. ``--linears fp8 --cache fbc --steps 8 --only auto`` runs dense bf16 compiled,
-qattn, FP8 linears, FP8 linears + qattn and each of them with the cache.
+qattn, FP8 linears, FP8 linears + qattn and each of them with the cache; ``--stack-only`` leaves out the rows with
+bf16 linears and no cache but the first (each FP8-linears compile takes minutes: the stacked rows then fit one call).
 
 Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
 denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
@@ -743,6 +744,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --linears fp8: cublas (default: the ATen FP8 matmul, no autotuning) or autotune "
                              "(Inductor's default, which autotunes Triton templates per matmul shape: minutes of "
                              "compile; qattn_fx.stack)")
+    parser.add_argument("--stack-only", action="store_true",
+                        help="with --linears or --cache: of the rows with bf16 linears and no cache only the first "
+                             "(compiled dense, the reference), so a call's time goes to the stacked rows")
     parser.add_argument("--cache", choices=stack.CACHES, default="none",
                         help="also run every row with a step cache: fbc (diffusers' First Block Cache; needs --steps)")
     parser.add_argument("--cache-threshold", type=float, default=0.05,
@@ -767,6 +771,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(str(e))
     if args.block_dense_steps and not args.block_keep:
         parser.error("--block-dense-steps needs --block-keep (the block-sparse rows it schedules)")
+    if args.stack_only and args.linears == "bf16" and args.cache == "none":
+        parser.error("--stack-only needs --linears or --cache: without them there is no stacked row to run")
     if args.cache != "none" and args.steps < 2:
         parser.error(f"--cache {args.cache} needs --steps N with N >= 2: a cache reuses work between denoising steps")
     for name in ("steps", "iters", "warmup"):
@@ -794,7 +800,7 @@ class Row:
 def plan(args: argparse.Namespace) -> list[Row]:
     """The rows ``args`` ask for, in the order they run: the model's own linears first (TorchAO quantizes the
     weights in place), each without then with the cache. The first row, compiled dense with bf16 linears and no
-    cache, is the reference of every cosine."""
+    cache, is the reference of every cosine (with ``--stack-only`` the only row without linears or cache)."""
     attention = [name for name in VARIANTS if not args.only or any(s in name for s in args.only)]
     rows = [Row("compiled dense (torch SDPA)", "dense")]
     if not args.skip_no_attention:
@@ -803,6 +809,8 @@ def plan(args: argparse.Namespace) -> list[Row]:
         for cache in dict.fromkeys(("none", args.cache)):
             suffix = (f" + {linears} linears" if linears != "bf16" else "") + (
                 f" + {cache} {args.cache_threshold:g}" if cache != "none" else "")
+            if args.stack_only and not suffix:
+                continue
             if suffix:
                 rows.append(Row("compiled dense" + suffix, "dense", linears, cache))
             for name in attention:

@@ -370,8 +370,11 @@ def test_dit_step_stack_rows():
     assert [r.name for r in dit_step.plan(plain)][:3] == ["compiled dense (torch SDPA)", "compiled, no attention", auto]
     assert (args.fp8_gemms, plain.fp8_gemms) == ("cublas", "cublas")
     assert dit_step.parse_args(["--linears", "fp8", "--fp8-gemms", "autotune"]).fp8_gemms == "autotune"
+    only = dit_step.parse_args(["--linears", "fp8", "--only", "auto", "--skip-no-attention", "--stack-only"])
+    assert [r.name for r in dit_step.plan(only)] == ["compiled dense (torch SDPA)", "compiled dense + fp8 linears",
+                                                      auto + " + fp8 linears"]
     for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"],
-                ["--fp8-gemms", "triton"]):
+                ["--fp8-gemms", "triton"], ["--stack-only"]):
         with pytest.raises(SystemExit):
             dit_step.parse_args(bad)
 
