@@ -75,7 +75,9 @@ model's output, as a pipeline calls the transformer. For each variant: median st
 time to issue a step (the call's return, before the GPU finishes: at the step time the step is host-bound), speedup
 over compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
 compiled on the first call and the recompiles after it (graphs compiled during warm-up and timed steps), and the
-site summary. Prints one table and writes JSON. ``--profile`` adds, per variant, one call under ``torch.profiler``:
+site summary, and ``compile_phases_s``: the compile's slowest phases (Dynamo's and Inductor's timers;
+``--stacks-every S`` also prints the Python stacks every S seconds while a row compiles). Prints one table and
+writes JSON. ``--profile`` adds, per variant, one call under ``torch.profiler``:
 its GPU time by kernel class (:data:`KERNEL_CLASSES`) and its heaviest kernels, to say where a speedup goes.
 """
 
@@ -83,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import re
 import statistics
@@ -582,6 +585,20 @@ def kernel_class(kernel: str) -> str:
     return next(name for name, pattern in KERNEL_CLASSES if re.search(pattern, kernel, re.IGNORECASE))
 
 
+def compile_phases() -> dict[str, float]:
+    """Seconds this process has spent in each of Dynamo's and Inductor's timed compile phases so far
+    (``torch._dynamo.utils.compile_times``, aggregated)."""
+    names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+    return {n: float(v) for n, v in zip(names, values)}
+
+
+def top_phases(before: dict[str, float], after: dict[str, float], top: int = 8) -> dict[str, float]:
+    """The ``top`` phases by time spent between two :func:`compile_phases` snapshots (the outermost ones first by
+    nature: they contain the rest)."""
+    spent = {n: t - before.get(n, 0.0) for n, t in after.items()}
+    return dict(sorted(((n, t) for n, t in spent.items() if t > 0), key=lambda kv: -kv[1])[:top])
+
+
 def profile_call(step: Callable, case: Case, top: int = 12) -> dict:
     """One call of ``step`` under ``torch.profiler``: GPU ms per kernel class (:data:`KERNEL_CLASSES`) and the
     ``top`` kernels by GPU time (name cut to 100 characters, ms, launches)."""
@@ -654,12 +671,18 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
     recomputed: list = []
     step = in_cache_context(compile_model(case.model, backend, args.compile, args.mode), case.model, recomputed)
     print(f"{name}: compiling ({args.compile}, mode {args.mode}) ...", flush=True)
+    phases_before = compile_phases()
+    if args.stacks_every:  # where a long compile spends its time, even if the call's limit ends it
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
     t0 = time.perf_counter()
     with torch.no_grad(), block_sparse.measure() as blocks:  # the predictor's choice on the first call (it syncs)
         torch.compiler.cudagraph_mark_step_begin()
         out = step(**case.inputs)[0].clone()  # cloned: a CUDA-graph output is overwritten by the next replay
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
+    faulthandler.cancel_dump_traceback_later()
+    phases = top_phases(phases_before, compile_phases())
+    print(f"{name}: compile phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()), flush=True)
     with torch.no_grad():
         graphs = graphs_compiled()
         timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls"
@@ -677,7 +700,7 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
         recompiles = graphs_compiled() - graphs
         profiled = profile_call(step, case) if args.profile else None
     row = {"variant": name, "step_ms": statistics.median(times), "host_ms": statistics.median(host),
-           "compile_s": compile_s, "graphs": graphs, "recompiles": recompiles}
+           "compile_s": compile_s, "compile_phases_s": phases, "graphs": graphs, "recompiles": recompiles}
     if profiled:
         row["profile"] = profiled
     if blocks.sites:  # block-sparse sites ran: the fraction of blocks their predictor skipped on the first call
@@ -757,6 +780,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-dense-steps", default="0",
                         help="with --block-keep and --steps: the first N steps dense (N, or P%% of --steps, e.g. "
                              "25%%) through disabled_until_timestep; no recompile")
+    parser.add_argument("--stacks-every", type=float, default=0,
+                        help="while a row compiles, print every thread's Python stack every S seconds (faulthandler, "
+                             "to stderr): where a compile that outlasts the call's limit spends its time")
     parser.add_argument("--out", default="bench_out/dit_step.json")
     args = parser.parse_args(argv)
     try:
