@@ -71,7 +71,8 @@ bf16 linears and no cache but the first (each FP8-linears compile takes minutes:
 
 Timing: after the compiling call and ``--warmup`` calls, ``--iters`` calls on one input, or with ``--steps N`` a
 denoising loop of N flow-matching Euler steps whose timestep changes every step and whose latents advance with the
-model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events), median host
+model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events; the JSON also
+has every step's time and their mean: under a step schedule the median is a step of the majority), median host
 time to issue a step (the call's return, before the GPU finishes: at the step time the step is host-bound), speedup
 over compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
 compiled on the first call and the recompiles after it (graphs compiled during warm-up and timed steps), and the
@@ -699,7 +700,8 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
             repeat(step, case, args.iters, cuda_timer(times, host))
         recompiles = graphs_compiled() - graphs
         profiled = profile_call(step, case) if args.profile else None
-    row = {"variant": name, "step_ms": statistics.median(times), "host_ms": statistics.median(host),
+    row = {"variant": name, "step_ms": statistics.median(times), "step_mean_ms": statistics.fmean(times),
+           "step_times_ms": times, "host_ms": statistics.median(host),
            "compile_s": compile_s, "compile_phases_s": phases, "graphs": graphs, "recompiles": recompiles}
     if profiled:
         row["profile"] = profiled
