@@ -589,8 +589,12 @@ def kernel_class(kernel: str) -> str:
 def compile_phases() -> dict[str, float]:
     """Seconds this process has spent in each of Dynamo's and Inductor's timed compile phases so far
     (``torch._dynamo.utils.compile_times``, aggregated)."""
-    names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
-    return {n: float(v) for n, v in zip(names, values)}
+    try:
+        names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+        return {n: float(v) for n, v in zip(names, values, strict=True)}
+    except (TypeError, ValueError) as error:  # a private API: a diagnostic, so the row goes on without it
+        print(f"compile phases unavailable on torch {torch.__version__}: {error}", flush=True)
+        return {}
 
 
 def top_phases(before: dict[str, float], after: dict[str, float], top: int = 8) -> dict[str, float]:

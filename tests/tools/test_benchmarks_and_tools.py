@@ -489,3 +489,14 @@ def test_dit_step_block_sparse_loop_with_dense_steps_compiles_once():
         dit_step.denoise(step, case, 3, measured)
     assert dit_step.graphs_compiled() == graphs
     assert skipped[0] == 0.0 and all(s > 0.2 for s in skipped[1:]), skipped
+
+
+def test_dit_step_compile_phases_are_the_time_spent_between_snapshots():
+    from benchmarks import dit_step
+
+    before = dit_step.compile_phases()
+    torch.compile(lambda x: x.cos() * 2, backend="eager")(torch.randn(3))
+    phases = dit_step.top_phases(before, dit_step.compile_phases(), top=3)
+    assert 0 < len(phases) <= 3 and all(t > 0 for t in phases.values())
+    assert list(phases.values()) == sorted(phases.values(), reverse=True)
+    assert dit_step.top_phases({"a": 1.0, "b": 2.0}, {"a": 1.5, "b": 2.0, "c": 0.1}) == {"a": 0.5, "c": 0.1}
