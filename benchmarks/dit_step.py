@@ -680,12 +680,14 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
     if args.stacks_every:  # where a long compile spends its time, even if the call's limit ends it
         faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
     t0 = time.perf_counter()
-    with torch.no_grad(), block_sparse.measure() as blocks:  # the predictor's choice on the first call (it syncs)
-        torch.compiler.cudagraph_mark_step_begin()
-        out = step(**case.inputs)[0].clone()  # cloned: a CUDA-graph output is overwritten by the next replay
-        torch.cuda.synchronize()
-        compile_s = time.perf_counter() - t0
-    faulthandler.cancel_dump_traceback_later()
+    try:
+        with torch.no_grad(), block_sparse.measure() as blocks:  # the predictor's choice on the first call (syncs)
+            torch.compiler.cudagraph_mark_step_begin()
+            out = step(**case.inputs)[0].clone()  # cloned: a CUDA-graph output is overwritten by the next replay
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+    finally:  # a failed compile must not leave the stacks printing through the next rows
+        faulthandler.cancel_dump_traceback_later()
     phases = top_phases(phases_before, compile_phases())
     print(f"{name}: compile phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()), flush=True)
     with torch.no_grad():

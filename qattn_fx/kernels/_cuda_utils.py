@@ -216,6 +216,11 @@ def format_version(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at least ``n`` (1 for ``n <= 1``): Triton block sizes, tuning-key buckets."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def triton_interpreting() -> bool:
     """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now; False without triton."""
     try:

@@ -14,13 +14,13 @@ from ... import block_sparse, skip_softmax
 from .. import _sage_common as common
 from .. import q_quantized_in_kernel
 from .._config_tuner import ConfigTuner
-from .._cuda_utils import empty_bshd
+from .._cuda_utils import empty_bshd, next_power_of_2
 from . import tail_split
 from ._gluon import GLUON_ERROR
 from .config import (CAPABILITY, DEFAULT_CONFIGS, KEY_ORDER_DEFAULT_CONFIG, KEY_ORDER_TUNED_CONFIGS, QUAD_HEAD_DIM,
                      QUAD_TUNED_CONFIGS, SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS,
-                     SPARSE_KEY_ORDER_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS, TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, forced_config,
-                     quad_serves)
+                     SPARSE_KEY_ORDER_TUNED_CONFIGS, SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
+                     TRIO_DEFAULT_CONFIG, TUNED_CONFIGS, GluonConfig, forced_config, quad_serves)
 from .descriptors import _permuted_k_view, tma_aligned
 from .kernel import _sage_fwd_ws
 from .plan import KERNEL, launch_maxnreg, plan_launch, q_blocks, sm_count
@@ -48,7 +48,7 @@ def tuning_key(q: torch.Tensor, k: torch.Tensor, q_block: int, k_block: int, ret
     tuned apart."""
     bsz, hq, sq, d = q.shape
     key = (d, str(q.dtype).removeprefix("torch."), q_block, k_block, bool(return_lse), common.seq_bucket(sq),
-           common.seq_bucket(k.shape[2]), 1 << max(bsz * hq - 1, 0).bit_length())
+           common.seq_bucket(k.shape[2]), next_power_of_2(bsz * hq))
     key += ("q_in_kernel",) if q_quantized_in_kernel(q.dtype, k.dtype) else ()
     return key + (("bias",) if key_bias else ()) + (("skip",) if skip else ()) + (("sparse",) if sparse else ())
 

@@ -1,4 +1,4 @@
-"""The Triton source of the predictor's selection (:mod:`.select_triton` loads it once per Triton mode, as
+"""The Triton source of the predictor's selection (:mod:`.triton_select` loads it once per Triton mode, as
 :mod:`.triton` loads the pooling kernel, so ``TRITON_INTERPRET=1`` set before the first call runs it under the
 interpreter).
 

@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse
-from .._cuda_utils import TritonSource
+from .._cuda_utils import TritonSource, next_power_of_2
 from .reference import Pooled, kept_keys, tile_counts
 
 #: The pooling kernel's source (:mod:`._pool_kernel`).
-KERNELS = TritonSource(__package__, Path(__file__).with_name("_pool_kernel.py"), "_pool", "qattn::predict_blocks on CUDA",
+KERNELS = TritonSource(__package__, Path(__file__).with_name("_pool_kernel.py"), "_pool",
+                       "qattn::predict_blocks on CUDA",
                        "the fused pooling kernel, qattn_fx.kernels.predict_blocks.triton")
 #: Tokens a program reads per step of its tile.
 ROWS = 32
@@ -42,7 +43,7 @@ def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: to
     else:
         bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
     args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2], *mean.stride()[2:]]
-    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=1 << (d - 1).bit_length() if d > 1 else 1, HAS_BIAS=bias is not None)
+    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=next_power_of_2(d), HAS_BIAS=bias is not None)
     return (b * h * n,), args, meta
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse
-from .._cuda_utils import TritonSource
+from .._cuda_utils import TritonSource, next_power_of_2
 from .reference import _CEIL_SLACK, MODES, Pooled, host_keep
 
 #: The selection kernel's source (:mod:`._select_kernel`).
@@ -70,7 +70,7 @@ def _double_bits(x: float) -> int:
 
 
 def _block_n(nk: int) -> int:
-    return max(1 << (max(nk, 1) - 1).bit_length(), 16)
+    return max(next_power_of_2(nk), 16)
 
 
 def rows_per_program(nk: int) -> int:
