@@ -18,10 +18,14 @@ graph as Dynamo traced it:
   under any other backend (``tests/models/test_stack.py``). The hook's frames start at the block, so a site is named
   from there (``attn1``), without the block's index.
 
+**Inductor settings.** TorchAO's configs change Inductor's settings for the whole process unless told not to
+(``set_inductor_config=True``, their default, turns on coordinate-descent tuning of every generated kernel: most of
+the minutes a DiT's compile then takes); :func:`linears_config` tells them not to, so the only settings the stack
+changes are :func:`inductor_config`'s, and only where the caller applies them.
+
 **FP8 matmuls under Inductor.** Inductor lowers each FP8 matmul (``aten._scaled_mm``) with Triton templates beside
 cuBLAS and autotunes among them *also in the default mode* (``tuned_scaled_mm`` asks for templates without the
-max-autotune check, torch 2.11 and 2.13), compiling and timing every template config for every matmul shape: the
-compile of a model with ``fp8`` linears takes minutes, not seconds (BENCHMARKS.md, "The whole stack").
+max-autotune check, torch 2.11 and 2.13), compiling and timing every template config for every matmul shape.
 :func:`inductor_config` gives the Inductor settings of a choice in :data:`FP8_GEMMS`: ``cublas`` (the ATen kernel,
 no autotuning) or ``autotune`` (Inductor's default); apply them around the compiled model's first calls
 (``with torch._inductor.config.patch(stack.inductor_config("fp8", "cublas")):``), since Inductor compiles there.
@@ -52,12 +56,14 @@ def linears_config(kind: str):
                                           Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow)
     except ImportError as e:
         raise ImportError(f"linears={kind!r} needs torchao: pip install -e '.[stack]' ({e})") from e
+    # set_inductor_config=False: TorchAO's default turns on Inductor's coordinate-descent tuning for the whole
+    # process (minutes per compile of a DiT); the stack's Inductor settings are :func:`inductor_config`'s alone.
     if kind == "fp8":
-        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
     if kind == "int8wo":
-        return Int8WeightOnlyConfig()
+        return Int8WeightOnlyConfig(set_inductor_config=False)
     if kind == "int8dq":
-        return Int8DynamicActivationInt8WeightConfig()
+        return Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
     raise ValueError(f"linears={kind!r} is invalid; valid: {', '.join(LINEARS)}")
 
 

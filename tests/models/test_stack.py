@@ -140,6 +140,21 @@ def compiled_graphs(model, inputs, backend, runs=3):
     return graphs, per_run, out, recomputed
 
 
+@pytest.mark.parametrize("linears", ["fp8", "int8wo", "int8dq"])
+def test_torchao_configs_leave_the_process_inductor_config_alone(linears):
+    """TorchAO's configs default to ``set_inductor_config=True``, which turns on coordinate-descent tuning for the
+    whole process (a compile of Wan2.1-14B, 4 blocks, with ``fp8`` linears spent most of its minutes there); the
+    stack's configs set it off, and quantizing a model's linears changes no Inductor setting."""
+    pytest.importorskip("torchao")
+    assert stack.linears_config(linears).set_inductor_config is False
+    before = torch._inductor.config.save_config_portable()
+    model, _ = tiny_models.wan()
+    if linears != "fp8":  # FP8 matmuls need a GPU; the config object is what differs
+        assert stack.quantize_linears(model, linears) > 0
+    assert torch._inductor.config.save_config_portable() == before
+    assert not torch._inductor.config.coordinate_descent_tuning
+
+
 @pytest.mark.slow
 def test_first_block_cache_compiles_only_the_caches_graphs_and_reports_every_site():
     model, inputs = tiny_models.wan(num_layers=3)
