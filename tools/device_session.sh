@@ -20,6 +20,10 @@
 #                                $OUT/block_sparse.{json,png}, Skip-Softmax's curve beside it when skip-bench ran first
 #   dit                          python -m benchmarks.dit_step (DIT_ARGS, split on spaces: --only takes substrings
 #                                without spaces, e.g. DIT_ARGS="--model flux --compile whole --steps 4 --only auto")
+#   stack                        the whole-stack table (BENCHMARKS.md, "The whole stack"): python -m benchmarks.dit_step
+#                                --linears fp8 --stack-only --only auto for each of STACK_ROWS (default: wan14b wan1.3b
+#                                flux1024 flux2048; wan14b adds --block-keep 0.5 --block-dense-steps 1), each within
+#                                STACK_S seconds (default 240), into $OUT/stack_<row>.{json,log}
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
@@ -72,6 +76,17 @@ for s in "$@"; do
         --out "$OUT/$(date +%F)_${gpu}_attention_ops_cost.json" ${COST_ARGS:-} ;;
     ops) TAIL=70 step ops 560 python3 -m benchmarks.attention_ops --out "$OUT/ops.json" --max-seconds 480 ${OPS_ARGS:-} ;;
     dit) TAIL=20 step dit ${DIT_S:-560} python3 -m benchmarks.dit_step --out "$OUT/dit.json" ${DIT_ARGS:-} ;;
+    stack) for row in ${STACK_ROWS:-wan14b wan1.3b flux1024 flux2048}; do
+        case $row in
+          wan14b) args="--config 14b --resolution 720 --blocks 4 --skip-no-attention --block-keep 0.5 --block-dense-steps 1" ;;
+          wan1.3b) args="--config 1.3b --resolution 480 --blocks 10 --skip-no-attention" ;;
+          flux1024) args="--model flux --resolution 1024 --blocks 4 --single-blocks 8 --skip-no-attention" ;;
+          flux2048) args="--model flux --resolution 2048 --blocks 4 --single-blocks 8 --skip-no-attention" ;;
+          *) echo "unknown stack row $row; valid: wan14b wan1.3b flux1024 flux2048"; continue ;;
+        esac
+        TAIL=12 step "stack_$row" ${STACK_S:-240} python3 -m benchmarks.dit_step --out "$OUT/stack_$row.json" $args \
+          --compile whole --steps 4 --warmup 1 --only auto --linears fp8 --stack-only
+      done ;;
     ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \
         --launch-count 1 ${NCU_SECTIONS:---section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats} \
         python3 -m tools.profile_gluon ${PROFILE_ARGS:-} ;;
