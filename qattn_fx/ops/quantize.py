@@ -132,14 +132,20 @@ def mask_keys(x: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
     return torch.where(_valid_keys(key_bias), x, 0)
 
 
-def smooth_k(k: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
-    _check_4d("smooth_k", k)
-    if key_bias is not None:  # the mean of the kept keys; masked keys' rows 0, whatever they held
-        return torch.where(_valid_keys(key_bias), k - _key_mean(k, key_bias), 0.0)
+def _smoothed(k: torch.Tensor, mean: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    """``k - mean`` in fp32 (``mean``: :func:`_key_mean`'s ``(B, H, 1, D)``); with ``key_bias``, masked keys' rows
+    0, whatever they held."""
+    if key_bias is not None:
+        return torch.where(_valid_keys(key_bias), k - mean, 0.0)
     # = k.float() - k.float().mean(...), written without an fp32 copy of k (the subtraction promotes exactly):
     # given that copy, Inductor stores it as K's buffer in fp32 (twice the bytes of K, read by the mean, the block
     # amax and the cast); this way K stays in its own dtype and the kernels upcast as they read it
-    return k - _key_mean(k, None)
+    return k - mean
+
+
+def smooth_k(k: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
+    _check_4d("smooth_k", k)
+    return _smoothed(k, _key_mean(k, key_bias), key_bias)  # with key_bias: the mean of the kept keys
 
 
 def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,12 +176,21 @@ def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = F
     return _layout(data, seq_major), scale
 
 
+def _channel_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 ``(B, H, D)`` per-channel scale of ``x (B, H, S, D)``: its amax over tokens, as a scale."""
+    return formats.amax_to_scale(x.abs().float().amax(dim=-2), dtype)
+
+
+def _cast_channels(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, seq_major: bool) -> torch.Tensor:
+    """``x`` cast with its per-channel ``scale (B, H, D)``, in :func:`_layout`'s layout."""
+    return _layout(formats.cast_scaled(x, scale.unsqueeze(-2), dtype), seq_major)
+
+
 def quantize_per_channel(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
     _check_4d("quantize_per_channel", x)
     _check_8bit(dtype)
-    scale = formats.amax_to_scale(x.abs().float().amax(dim=-2), dtype)
-    data = formats.cast_scaled(x, scale.unsqueeze(-2), dtype)
-    return _layout(data, seq_major), scale
+    scale = _channel_scale(x, dtype)
+    return _cast_channels(x, scale, dtype, seq_major), scale
 
 
 def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
