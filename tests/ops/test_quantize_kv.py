@@ -198,3 +198,22 @@ def test_a_cuda_site_gets_the_fused_ops_unless_the_setting_is_off(hopper, fused,
         assert k_data.shape == (2, 4, 300, 64) and k_data.stride() == k.stride() and k_scale.shape == (2, 4, 20)
         assert v_data.shape == (2, 4, 304, 64) and v_data.stride(2) == 1
     assert out.meta["example_value"].shape == (2, 4, 77, 64)
+
+
+def test_one_compiled_graph_serves_every_length():
+    """Under dynamic shapes the fake's lengths (K's scales rows, sequence-major V's padding) are written as the
+    separate ops write theirs: one graph for every length, its outputs those of the eager op."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def fused(k, v):
+        return ops.quantize_kv(k, v, *ops.kv_stats(k, v), None, 16, I8, True)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(fused, backend=counter, dynamic=True)
+    for s in (40, 77, 300):
+        k = support.make_layout("bshd", 1, 2, s, 16, dtype=torch.bfloat16, seed=s)
+        got, want = compiled(k, k), fused(k, k)
+        cases.assert_bitwise(got, want)
+        assert [x.stride() for x in got] == [x.stride() for x in want]
+    assert counter.frame_count == 1

@@ -113,12 +113,12 @@ def outputs(k: torch.Tensor, v: torch.Tensor, k_block: int, k_dtype: torch.dtype
     ``(B, H, NB4)`` contiguous, V's data like V or, ``seq_major``, stored ``(B, H, Dv, S16)`` and viewed as
     ``(B, H, S16, Dv)``."""
     b, h, s, _ = k.shape
-    blocks = -(-s // k_block)
-    nb4 = -(-blocks // SCALE_PAD) * SCALE_PAD
+    # (lengths rounded up as qattn_fx.formats.pad_to_multiple writes them, so symbolic ones match the separate ops')
+    nb4 = ((s + k_block - 1) // k_block + SCALE_PAD - 1) // SCALE_PAD * SCALE_PAD
     k_data = torch.empty_like(k, dtype=k_dtype)
     k_scale = torch.empty((b, h, nb4), dtype=torch.float32, device=k.device)
     if seq_major:
-        s16 = -(-s // SEQ_PAD) * SEQ_PAD
+        s16 = (s + SEQ_PAD - 1) // SEQ_PAD * SEQ_PAD
         v_data = torch.empty((b, h, v.shape[3], s16), dtype=torch.float8_e4m3fn, device=v.device).transpose(-1, -2)
     else:
         v_data = torch.empty_like(v, dtype=torch.float8_e4m3fn)
