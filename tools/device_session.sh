@@ -27,6 +27,11 @@
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
+#   quantize-ab                  the fused K/V quantize against the separate ops at flux-1024, d64 and wan1.3b-480p,
+#                                gluon_sage's default recipe and config (QATTN_AUTOTUNE=0): python -m
+#                                tools.profile_quantize --fused-kv on,off (QAB_PROFILE_S, default 150 s), then python -m
+#                                benchmarks.attention_ops --timer graph with QATTN_FUSED_KV_QUANTIZE=1 and =0 (QAB_OPS_S
+#                                each, default 165 s; QAB_ARGS), writing $OUT/quantize_ab_fused{1,0}.json
 #   calibrate                    python examples/calibrate_wan.py --real-size: Wan2.1-1.3B config, 2 blocks, 480p,
 #                                2 calls, candidates on the real kernels (CALIB_ARGS, CALIB_S); writes
 #                                $OUT/calibrate/{spec.json,calibration.json,calibration.png}. Its GPU test:
@@ -92,6 +97,12 @@ for s in "$@"; do
         python3 -m tools.profile_gluon ${PROFILE_ARGS:-} ;;
     ab-tail-split) TAIL=20 step ab-tail-split ${AB_S:-240} python3 -m tools.ab_tail_split ${AB_ARGS:-} ;;
     quantize-profile) TAIL=40 step quantize-profile ${QUANT_S:-240} python3 -m tools.profile_quantize ${QUANT_ARGS:-} ;;
+    quantize-ab) shapes=flux-1024,d64,wan1.3b-480p
+        TAIL=80 step quantize-ab-profile ${QAB_PROFILE_S:-150} env QATTN_AUTOTUNE=0 \
+          python3 -m tools.profile_quantize --shapes $shapes --fused-kv on,off
+        for on in 1 0; do TAIL=12 step quantize-ab-fused$on ${QAB_OPS_S:-165} \
+          env QATTN_AUTOTUNE=0 QATTN_FUSED_KV_QUANTIZE=$on python3 -m benchmarks.attention_ops --timer graph \
+          --shapes $shapes --only gluon_sage/int8-1-16-1 --max-seconds $(( ${QAB_OPS_S:-165} - 45 )) --out "$OUT/quantize_ab_fused$on.json" ${QAB_ARGS:-}; done ;;
     calibrate) TAIL=60 step calibrate ${CALIB_S:-150} env QATTN_AUTOTUNE=0 \
         python3 examples/calibrate_wan.py --real-size --out "$OUT/calibrate" ${CALIB_ARGS:-} ;;
     save-jit) tar -C ~/.cache -czf "$OUT/flashinfer.tgz" flashinfer 2>/dev/null; ls -la "$OUT/flashinfer.tgz" ;;

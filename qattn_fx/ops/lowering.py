@@ -13,7 +13,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .. import kernels
+from .. import config, kernels
+from ..kernels import quantize_kv as fused_kv
 from ..recipes import BlockSparse, Recipe, SkipSoftmax
 from . import attention as _attention  # noqa: F401  (registers qattn::*_attention)
 from . import predict as _predict  # noqa: F401  (registers qattn::predict_blocks, qattn::block_keep)
@@ -88,6 +89,34 @@ def _quantize_v(emit: Emitter, v: Any, recipe: Recipe, seq_major: bool) -> tuple
         return (*_unpack(emit, res, ("v_data", "v_scale")), None)
     res = emit(ops.quantize_nvfp4.default, (v, True), "v_quant")
     return _unpack(emit, res, ("v_data", "v_scale", "v_tensor_scale"))
+
+
+def uses_fused_kv(recipe: Recipe, k: Any, v: Any) -> bool:
+    """Whether a site quantizes K and V with ``qattn::kv_stats`` and ``qattn::quantize_kv`` (one Triton launch)
+    instead of the separate ops (``smooth_k``, ``quantize_per_block``, ``mask_keys``, ``quantize_per_channel``):
+    the recipe is one the fused op covers (smoothed int8/fp8 K in blocks of a power of two up to 128 tokens,
+    per-channel fp8 V), ``qattn_fx.config.fused_kv_quantize`` is on, and ``k`` and ``v`` (tensors, or nodes whose
+    fake values tell) are on a CUDA device the kernel compiles for, in dtypes and head dims it takes. Graphs of
+    CPU tensors never change."""
+    if not (recipe.smooth_k and recipe.qk_dtype in ("int8", "fp8") and recipe.k_block_size in fused_kv.K_BLOCKS
+            and recipe.v_dtype == "fp8" and recipe.v_block_size == 1):
+        return False
+    if not config.flag("fused_kv_quantize"):
+        return False
+    k_value, v_value = value_of(k), value_of(v)
+    if k_value is None or v_value is None or k_value.device != v_value.device:
+        return False
+    return fused_kv.device_supported(k_value.device) and fused_kv.unsupported(k_value, v_value) is None
+
+
+def _quantize_kv(emit: Emitter, k: Any, v: Any, key_bias: Any, recipe: Recipe, seq_major: bool) -> tuple:
+    """``(k_data, k_scale, v_data, v_scale)`` of a site :func:`uses_fused_kv` says the fused op covers: the
+    statistics (K's mean, V's scales) as reductions Inductor fuses, then one pass over K and V."""
+    stats = emit(ops.kv_stats.default, (k, v) if key_bias is None else (k, v, key_bias), "kv_stats")
+    k_mean, v_scale = _unpack(emit, stats, ("k_mean", "v_scale"))
+    args = (k, v, k_mean, v_scale, key_bias, recipe.k_block_size, formats.torch_dtype(recipe.qk_dtype), seq_major)
+    res = emit(ops.quantize_kv.default, args, "kv_quant")
+    return (*_unpack(emit, res, ("k_data", "k_scale", "v_data")), v_scale)
 
 
 def value_of(x: Any) -> Any:
@@ -329,19 +358,25 @@ def quantized_attention(
         args = (q, k, v, float(sm_scale), out_dtype, kernel, key_bias, runtime_scale, skip, skip_label)
         return _from_canonical(emit, emit(ops.skip_softmax_attention.default, args, "attention"), q_call, plan)
     # masked keys (key_bias -inf) reach no scale and no mean: their rows of K and V are zeroed first (smooth_k does
-    # it for K while taking the mean of the kept keys; bf16 K has no scale), whatever they hold
+    # it for K while taking the mean of the kept keys; bf16 K has no scale), whatever they hold; the fused K/V
+    # quantize does all of it in one pass
+    fused = uses_fused_kv(recipe, k, v)
     if key_bias is not None and recipe.qk_dtype != "bf16" and not recipe.smooth_k:
         k = emit(ops.mask_keys.default, (k, key_bias), "k_masked")
-    if recipe.smooth_k:
+    if recipe.smooth_k and not fused:
         k = emit(ops.smooth_k.default, (k,) if key_bias is None else (k, key_bias), "k_smooth")
     if _q_in_kernel(recipe, entry, value_of(q).dtype):
         q_data, q_scale, q_gs = q, None, None  # the kernel quantizes Q itself, with quantize_per_block's numerics
     else:
         q_data, q_scale, q_gs = _quantize_qk(emit, q, recipe, recipe.q_block_size, "q")
-    k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
-    if key_bias is not None:
-        v = emit(ops.mask_keys.default, (v, key_bias), "v_masked")
-    v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
+    if fused:
+        k_data, k_scale, v_data, v_scale = _quantize_kv(emit, k, v, key_bias, recipe, entry.v_seq_major)
+        k_gs = v_gs = None
+    else:
+        k_data, k_scale, k_gs = _quantize_qk(emit, k, recipe, recipe.k_block_size, "k")
+        if key_bias is not None:
+            v = emit(ops.mask_keys.default, (v, key_bias), "v_masked")
+        v_data, v_scale, v_gs = _quantize_v(emit, v, recipe, entry.v_seq_major)
     extra = (() if key_bias is None and runtime_scale is None and skip is None and not blocks else
              (key_bias, runtime_scale)) + (() if skip is None and not blocks else (skip, skip_label)) + blocks
     if return_lse:

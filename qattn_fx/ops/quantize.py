@@ -1,4 +1,5 @@
-"""Quantize ops: each one FX node, defined in plain aten (CompositeImplicitAutograd) so Inductor fuses it.
+"""Quantize ops: each one FX node, defined in plain aten (CompositeImplicitAutograd) so Inductor fuses it (all but
+``quantize_kv``, the fused K/V quantize of a CUDA Sage site, whose CUDA implementation is a Triton kernel).
 
 All ops live in the ``qattn`` torch.library namespace, take logical ``(B, H, S, D)`` tensors of any strides and
 never mutate their inputs. The numerics are those of :mod:`qattn_fx.formats`.
@@ -31,6 +32,15 @@ until, timestep_scale)``                               ``threshold + per_key / S
 ``quantize_nvfp4(x, transpose)``                       packed e2m1 ``(..., N/2)`` uint8, E4M3 scales ``(..., N/16)``,
                                                        fp32 tensor scale ``()``; ``transpose`` quantizes
                                                        ``x.transpose(-1, -2)`` (V along the sequence)
+``kv_stats(k, v, key_bias=None)``                      fp32 K mean over kept keys ``(B, H, 1, Dk)`` (``smooth_k``'s)
+                                                       and V's per-channel e4m3 scale ``(B, H, Dv)`` of the masked
+                                                       V (``quantize_per_channel``'s)
+``quantize_kv(k, v, k_mean, v_scale, key_bias,         ``(k_data, k_scale, v_data)``: ``smooth_k`` with
+k_block, k_dtype, seq_major)``                         ``k_mean`` → ``quantize_per_block``; ``mask_keys`` →
+                                                       ``quantize_per_channel`` with ``v_scale`` (an opaque op:
+                                                       one Triton launch on CUDA,
+                                                       :mod:`qattn_fx.kernels.quantize_kv`; that composition
+                                                       elsewhere)
 =====================================================  ==========================================================
 
 Masked keys (``key_bias`` ``-inf``: a boolean key-padding mask's ``False``) leave no trace in any scale: the
@@ -67,6 +77,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats
+from ..kernels import quantize_kv as _fused_kv
 
 lib = torch.library.Library("qattn", "DEF")
 
@@ -132,14 +143,20 @@ def mask_keys(x: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
     return torch.where(_valid_keys(key_bias), x, 0)
 
 
-def smooth_k(k: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
-    _check_4d("smooth_k", k)
-    if key_bias is not None:  # the mean of the kept keys; masked keys' rows 0, whatever they held
-        return torch.where(_valid_keys(key_bias), k - _key_mean(k, key_bias), 0.0)
+def _smoothed(k: torch.Tensor, mean: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    """``k - mean`` in fp32 (``mean``: :func:`_key_mean`'s ``(B, H, 1, D)``); with ``key_bias``, masked keys' rows
+    0, whatever they held."""
+    if key_bias is not None:
+        return torch.where(_valid_keys(key_bias), k - mean, 0.0)
     # = k.float() - k.float().mean(...), written without an fp32 copy of k (the subtraction promotes exactly):
     # given that copy, Inductor stores it as K's buffer in fp32 (twice the bytes of K, read by the mean, the block
     # amax and the cast); this way K stays in its own dtype and the kernels upcast as they read it
-    return k - _key_mean(k, None)
+    return k - mean
+
+
+def smooth_k(k: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
+    _check_4d("smooth_k", k)
+    return _smoothed(k, _key_mean(k, key_bias), key_bias)  # with key_bias: the mean of the kept keys
 
 
 def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,12 +187,58 @@ def quantize_per_tensor(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = F
     return _layout(data, seq_major), scale
 
 
+def _channel_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 ``(B, H, D)`` per-channel scale of ``x (B, H, S, D)``: its amax over tokens, as a scale."""
+    return formats.amax_to_scale(x.abs().float().amax(dim=-2), dtype)
+
+
+def _cast_channels(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, seq_major: bool) -> torch.Tensor:
+    """``x`` cast with its per-channel ``scale (B, H, D)``, in :func:`_layout`'s layout."""
+    return _layout(formats.cast_scaled(x, scale.unsqueeze(-2), dtype), seq_major)
+
+
 def quantize_per_channel(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
     _check_4d("quantize_per_channel", x)
     _check_8bit(dtype)
-    scale = formats.amax_to_scale(x.abs().float().amax(dim=-2), dtype)
-    data = formats.cast_scaled(x, scale.unsqueeze(-2), dtype)
-    return _layout(data, seq_major), scale
+    scale = _channel_scale(x, dtype)
+    return _cast_channels(x, scale, dtype, seq_major), scale
+
+
+def kv_stats(k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None = None):
+    """What a Sage site's K and V quantization needs from the whole sequence, for :func:`quantize_kv`: K's mean over
+    the kept keys ``(B, H, 1, Dk)`` (:func:`smooth_k`'s) and V's per-channel e4m3 scales ``(B, H, Dv)`` of the
+    masked V (:func:`quantize_per_channel` of :func:`mask_keys`'), fp32; reductions Inductor fuses."""
+    _check_4d("kv_stats", k)
+    _check_4d("kv_stats", v)
+    v_kept = v if key_bias is None else mask_keys(v, key_bias)
+    return _key_mean(k, key_bias), _channel_scale(v_kept, torch.float8_e4m3fn)
+
+
+def _quantize_kv_composed(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, seq_major):
+    """:func:`quantize_kv`'s definition: the unfused ops given the statistics (``smooth_k`` with ``k_mean``, then
+    ``quantize_per_block``; ``mask_keys`` of V, then ``quantize_per_channel``'s cast with ``v_scale``)."""
+    k_data, k_scale = quantize_per_block(_smoothed(k, k_mean, key_bias), k_block, k_dtype)
+    v_kept = v if key_bias is None else mask_keys(v, key_bias)
+    return k_data, k_scale, _cast_channels(v_kept, v_scale, torch.float8_e4m3fn, seq_major)
+
+
+def _quantize_kv_cpu(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, seq_major):
+    _fused_kv.check(k, v, k_mean, v_scale, key_bias, k_block, k_dtype)
+    composed = _quantize_kv_composed(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, seq_major)
+    out = _fused_kv.outputs(k, v, k_block, k_dtype, seq_major)  # the layouts the fake promises
+    return tuple(c if c.stride() == o.stride() else o.copy_(c) for c, o in zip(composed, out))
+
+
+def _quantize_kv_cuda(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, seq_major):
+    _fused_kv.check(k, v, k_mean, v_scale, key_bias, k_block, k_dtype)
+    out = _fused_kv.outputs(k, v, k_block, k_dtype, seq_major)
+    _fused_kv.launch(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, *out)
+    return out
+
+
+def _quantize_kv_fake(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, seq_major):
+    _fused_kv.check(k, v, k_mean, v_scale, key_bias, k_block, k_dtype)
+    return _fused_kv.outputs(k, v, k_block, k_dtype, seq_major)
 
 
 def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,8 +325,17 @@ _define(
 _define(
     "quantize_per_channel(Tensor x, ScalarType dtype, bool seq_major=False) -> (Tensor, Tensor)", quantize_per_channel
 )
+_define("kv_stats(Tensor k, Tensor v, Tensor? key_bias=None) -> (Tensor, Tensor)", kv_stats)
 _define("quantize_mxfp8(Tensor x, int axis) -> (Tensor, Tensor)", quantize_mxfp8)
 _define("quantize_nvfp4(Tensor x, bool transpose) -> (Tensor, Tensor, Tensor)", quantize_nvfp4)
+
+# the fused K/V quantize: an opaque op (one Triton launch on CUDA, the unfused ops' composition elsewhere)
+lib.define("quantize_kv(Tensor k, Tensor v, Tensor k_mean, Tensor v_scale, Tensor? key_bias, int k_block, "
+           "ScalarType k_dtype, bool seq_major) -> (Tensor, Tensor, Tensor)")
+lib.impl("quantize_kv", _quantize_kv_cpu, "CPU")
+lib.impl("quantize_kv", _quantize_kv_cuda, "CUDA")
+torch.library.register_fake("qattn::quantize_kv", _quantize_kv_fake, lib=lib)
+_DEFINED.append(torch.ops.qattn.quantize_kv.default)
 
 #: Every op defined here (the quantize nodes the pass inserts and their helpers).
 QUANTIZE_OPS = tuple(_DEFINED)

@@ -104,12 +104,18 @@ OPCHECK_CASES = [
     (ops.lse_shift.default, (_XB, _XB, 0.125, None, _BIAS[:1])),
     (ops.skip_threshold.default, (_X, 0.01, 0.0, None, 0.0, 1000.0)),
     (ops.skip_threshold.default, (_XB, 0.0, 2000.0, torch.tensor([700]), 0.9, 1000.0)),
+    (ops.kv_stats.default, (_XB, _X)),
+    (ops.kv_stats.default, (_X.expand(2, 2, 37, 64), _XB.expand(2, 2, 37, 48), _BIAS)),
+    (ops.quantize_kv.default, (_XB, _X, *ops.kv_stats(_XB, _X), None, 16, I8, True)),
+    (ops.quantize_kv.default, (_X.expand(2, 2, 37, 64), _XB.expand(2, 2, 37, 48),
+                               *ops.kv_stats(_X.expand(2, 2, 37, 64), _XB.expand(2, 2, 37, 48), _BIAS), _BIAS, 64,
+                               F8, False)),
 ]
 
 
 def test_opcheck_cases_cover_every_quantize_op():
     assert {op for op, _ in OPCHECK_CASES} == set(QUANTIZE_OPS)
-    assert len(QUANTIZE_OPS) == 12
+    assert len(QUANTIZE_OPS) == 14
 
 
 @pytest.mark.parametrize("op, args", OPCHECK_CASES, ids=lambda v: getattr(v, "__name__", None) or "")
