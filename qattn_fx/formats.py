@@ -21,6 +21,14 @@ Conventions (all tensors are logical ``(B, H, S, D)`` unless stated):
   share an E4M3 block scale, and one fp32 tensor scale ``g = amax / (448 · 6)`` keeps block scales in range:
   ``x ≈ e2m1 · e4m3_block_scale · g``. Two elements per byte along the last axis, element ``2i`` in the low
   nibble; bit 3 of a nibble is the sign.
+
+Block counts along the sequence (per-block Q/K scales, MXFP8 and NVFP4 V scales) are zero-padded to a multiple
+of 4 blocks where the quantize ops produce them (``blocks_multiple`` / ``scale_multiple`` below; 16 bytes of fp32
+scales, the 4 scale columns of Blackwell's 128x4 scale tiles). Besides alignment, this is what lets one compiled
+graph serve every length: under symbolic lengths a tensor with a dim of ``ceil(S/block)`` — which may be 1 —
+makes the compiler guard on that dim being 1 (every contiguity check does, and every traced node's metadata is
+checked), so the graph would recompile when a call crosses ``S = block``; ``4·ceil(S/(4·block))`` is never 1.
+Padded blocks hold zeros (scale 0, E8M0 byte 0) and are never read.
 """
 
 from __future__ import annotations
@@ -119,14 +127,15 @@ def cast_scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
     return y.clamp(-limit, limit).to(dtype)
 
 
-def seq_block_amax(x: torch.Tensor, block: int, multiplier: float = 1.0) -> torch.Tensor:
+def seq_block_amax(x: torch.Tensor, block: int, multiplier: float = 1.0, blocks_multiple: int = 1) -> torch.Tensor:
     """Amax of ``x (B,H,S,D)`` over blocks of ``block`` tokens and all channels, times ``multiplier`` (in fp32)
-    → ``(B, H, ceil(S/block))``.
+    → ``(B, H, NB)``: ``NB = ceil(S/block)`` zero-padded to a multiple of ``blocks_multiple`` (padded blocks are 0).
 
     The product is taken per element before the reduction (the same fp32 result: rounding is monotonic), so no
-    elementwise op touches the block axis, whose symbolic length may be 1 (a broadcast there would guard on it).
+    elementwise op touches the block axis. Under symbolic lengths, ``blocks_multiple`` > 1 keeps that axis off 1
+    (the module docstring): the padding is made before the split, so no tensor has ``ceil(S/block)`` as a dim.
     """
-    a = pad_to_multiple(x.abs().float() * multiplier, -2, block)
+    a = pad_to_multiple(x.abs().float() * multiplier, -2, block * blocks_multiple)
     return a.unflatten(-2, (a.shape[-2] // block, block)).amax(dim=(-2, -1))  # splitting S is a view in any layout
 
 
@@ -164,9 +173,10 @@ def round_p_fp8(p: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def _blocks_along(x: torch.Tensor, axis: int, block: int) -> torch.Tensor:
-    """``x`` with ``axis`` (zero-padded to a multiple of ``block``) split into ``(..., nblocks, block)`` last."""
-    xp = pad_to_multiple(x, axis, block).movedim(axis, -1)
+def _blocks_along(x: torch.Tensor, axis: int, block: int, multiple: int = 1) -> torch.Tensor:
+    """``x`` with ``axis`` (zero-padded to a multiple of ``block · multiple``) split into ``(..., nblocks, block)``
+    last (``nblocks`` a multiple of ``multiple``)."""
+    xp = pad_to_multiple(x, axis, block * multiple).movedim(axis, -1)
     return xp.reshape(*xp.shape[:-1], xp.shape[-1] // block, block)
 
 
@@ -177,14 +187,15 @@ def mx_exponent(amax: torch.Tensor) -> torch.Tensor:
     return exponent - (mantissa == 0.5).to(exponent.dtype)
 
 
-def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_mxfp8(x: torch.Tensor, axis: int, scale_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8 with 32-element blocks along ``axis`` → ``(e4m3 data like x, E8M0 scale bytes as uint8)``.
 
     Scales have ``x``'s shape with ``axis`` replaced by ``ceil(n/32)`` blocks (Q/K: ``axis=-1`` →
-    ``(B,H,S,ceil(D/32))``; V: ``axis=-2`` → ``(B,H,ceil(S/32),D)``).
+    ``(B,H,S,ceil(D/32))``; V: ``axis=-2`` → ``(B,H,ceil(S/32),D)``), zero-padded (byte 0) to a multiple of
+    ``scale_multiple`` blocks (``qattn::quantize_mxfp8`` pads V's to 4: the module docstring).
     """
     axis = axis % x.dim()
-    blocks = _blocks_along(x.float(), axis, MX_BLOCK)
+    blocks = _blocks_along(x.float(), axis, MX_BLOCK, scale_multiple)
     amax = blocks.abs().amax(dim=-1)
     exp = mx_exponent(amax).clamp(-127, 127)
     byte = torch.where(amax == 0, torch.zeros_like(exp), exp + 127)
@@ -259,12 +270,13 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_nvfp4(
-    x: torch.Tensor, global_scale: torch.Tensor | float | None = None
+    x: torch.Tensor, global_scale: torch.Tensor | float | None = None, scale_multiple: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """NVFP4 along the last axis → ``(packed uint8 (..., N16/2), e4m3 block scales (..., N16/16), fp32 g)``.
+    """NVFP4 along the last axis → ``(packed uint8 (..., N16/2), e4m3 block scales (..., NB), fp32 g)``.
 
-    ``N16`` is the last axis zero-padded to a multiple of 16. ``global_scale`` defaults to
-    :func:`nvfp4_global_scale` of ``x``.
+    ``N16`` is the last axis zero-padded to a multiple of 16; ``NB`` its ``N16/16`` blocks, zero-padded to a
+    multiple of ``scale_multiple`` (``qattn::quantize_nvfp4`` pads V's to 4: the module docstring).
+    ``global_scale`` defaults to :func:`nvfp4_global_scale` of ``x``.
     """
     if global_scale is None:
         g = nvfp4_global_scale(x)
@@ -272,20 +284,22 @@ def quantize_nvfp4(
         g = torch.full((), global_scale, dtype=torch.float32, device=x.device)
     else:
         g = global_scale.float()
-    blocks = _blocks_along(x.float(), -1, NVFP4_BLOCK)
+    blocks = _blocks_along(x.float(), -1, NVFP4_BLOCK, scale_multiple)
     amax = blocks.abs().amax(dim=-1)
     sf = (amax / E2M1_MAX / g).clamp(max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     denom = sf.float() * g
     safe = torch.where(denom == 0, torch.ones_like(denom), denom)
     codes = e2m1_encode(blocks / safe.unsqueeze(-1))
     codes = codes.reshape(*codes.shape[:-2], -1)
+    if scale_multiple > 1:  # the data keeps N16 elements (a gather under symbolic lengths: take_first)
+        codes = take_first(codes, -1, (x.shape[-1] + NVFP4_BLOCK - 1) // NVFP4_BLOCK * NVFP4_BLOCK)
     return pack_nibbles(codes).contiguous(), sf.contiguous(), g.reshape(())
 
 
 def dequantize_nvfp4(packed: torch.Tensor, sf: torch.Tensor, global_scale: torch.Tensor, n: int) -> torch.Tensor:
-    """fp32 values of the first ``n`` elements along the last axis."""
+    """fp32 values of the first ``n`` elements along the last axis (``sf`` may hold padded blocks past the data)."""
     values = e2m1_decode(unpack_nibbles(packed))
-    s = sf.float().repeat_interleave(NVFP4_BLOCK, dim=-1) * global_scale.float()
+    s = take_first(sf.float().repeat_interleave(NVFP4_BLOCK, dim=-1), -1, values.shape[-1]) * global_scale.float()
     return (values * s)[..., :n]
 
 

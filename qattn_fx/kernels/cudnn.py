@@ -363,7 +363,10 @@ def _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtyp
               "k_sf": (k_sf, (k.shape[0], k.shape[1], k.shape[2], (d + 31) // 32)),
               "v_sf": (v_sf, (v.shape[0], v.shape[1], (v.shape[2] + 31) // 32, dv))}
     for name, (sf, shape) in expect.items():
-        if tuple(sf.shape) != shape:
+        got = tuple(sf.shape)
+        if name == "v_sf" and len(got) == 4 and got[2] >= shape[2]:  # padded token blocks (never read)
+            got = got[:2] + shape[2:3] + got[3:]
+        if got != shape:
             raise ValueError(f"{kernel}: {name} must have shape {shape}; got {tuple(sf.shape)}")
 
 
@@ -401,9 +404,10 @@ def mxfp8_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_fo
     cudnn-frontend 1.32 API; not yet run on hardware by qattn_fx.
 
     Inputs (the op's layouts): ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` e4m3 with E8M0 scales ``(B, H, S, D/32)``
-    (32 channels per scale); ``v (B, Hkv, Skv, Dv)`` e4m3 with E8M0 scales ``(B, Hkv, ceil(Skv/32), Dv)`` (32 tokens per
-    scale); any data strides with a unit stride on D (V sequence-fastest is copied to BSHD). D, Dv ∈ {64, 128};
-    ``out_dtype`` bf16/fp16. The scales are re-laid out on every call by :func:`pack_f8_128x4` (Q/K, rowwise) and
+    (32 channels per scale); ``v (B, Hkv, Skv, Dv)`` e4m3 with E8M0 scales ``(B, Hkv, >= ceil(Skv/32), Dv)`` (32 tokens
+    per scale; blocks past ``ceil(Skv/32)``, the quantize op's padding, are dropped before packing); any data strides
+    with a unit stride on D (V sequence-fastest is copied to BSHD). D, Dv ∈ {64, 128}; ``out_dtype`` bf16/fp16. The
+    scales are re-laid out on every call by :func:`pack_f8_128x4` (Q/K, rowwise) and
     :func:`pack_f8_128x4_columnwise` (V) — two small gathers over ``B·H·S·D/32`` bytes. Returns ``(B, Hq, Sq, Dv)``
     stored BSHD.
     """
@@ -424,7 +428,7 @@ def mxfp8_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_fo
     descales = {
         "descale_q": pack_f8_128x4(q_sf).view(e8m0),
         "descale_k": pack_f8_128x4(k_sf).view(e8m0),
-        "descale_v": pack_f8_128x4_columnwise(v_sf).view(e8m0),
+        "descale_v": pack_f8_128x4_columnwise(v_sf[:, :, : (v.shape[2] + 31) // 32]).view(e8m0),
     }
     o_buf = empty_bshd(b, hq, sq, dv, out_dtype, device)
     handle = thread_handle(cudnn, device)

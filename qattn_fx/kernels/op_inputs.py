@@ -197,10 +197,10 @@ def check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_fo
     b, h = v.shape[0], v.shape[1]
     if v_format == "fp8":
         _check_scale("v_sf", v_sf, (b, h, v.shape[3]), "(B|1, H|1, Dv|1)")
-    elif v_format == "mxfp8":
-        _check_sf_shape("v_sf", v_sf, (b, h, -(-v.shape[2] // 32), v.shape[3]))
+    elif v_format == "mxfp8":  # token blocks: at least ceil(S/32) (the quantize op pads them to a multiple of 4)
+        _check_sf_shape("v_sf", v_sf, (b, h, -(-v.shape[2] // 32), v.shape[3]), blocks_dim=2)
     else:
-        _check_sf_shape("v_sf", v_sf, (b, h, v.shape[2], v.shape[3] * 2 // 16))
+        _check_sf_shape("v_sf", v_sf, (b, h, v.shape[2], v.shape[3] * 2 // 16), blocks_dim=3)
         _check_tensor_scale("v_gs", v_gs)
 
 
@@ -210,9 +210,14 @@ def check_4d(*tensors: torch.Tensor) -> None:
             fail(f"{name} must be 4-D (B, H, S, D); got shape {tuple(t.shape)}")
 
 
-def _check_sf_shape(name: str, sf: torch.Tensor, shape: tuple) -> None:
-    if tuple(sf.shape) != tuple(shape):
-        fail(f"{name} must have shape {tuple(shape)}; got {tuple(sf.shape)}")
+def _check_sf_shape(name: str, sf: torch.Tensor, shape: tuple, blocks_dim: int | None = None) -> None:
+    """``sf`` has ``shape``; with ``blocks_dim``, that dim (a count of token blocks) may be larger (padded blocks,
+    never read)."""
+    ok = sf.dim() == len(shape) and all(
+        n >= want if i == blocks_dim else n == want for i, (n, want) in enumerate(zip(sf.shape, shape)))
+    if not ok:
+        want = ", ".join(f">= {n}" if i == blocks_dim else str(n) for i, n in enumerate(shape))
+        fail(f"{name} must have shape ({want}); got {tuple(sf.shape)}")
 
 
 def _check_tensor_scale(name: str, gs: torch.Tensor) -> None:

@@ -46,8 +46,10 @@ out_dtype, kernel, key_bias=None, runtime_scale=None)``
 * ``qk_format`` ``mxfp8``: e4m3 ``(B, H, S, D)`` data with E8M0 scales ``(B, H, S, ceil(D/32))``, as uint8 bytes
   (what ``qattn::quantize_mxfp8`` gives) or ``float8_e8m0fnu``;
   ``nvfp4``: packed e2m1 ``(B, H, S, D/2)`` uint8, E4M3 scales ``(B, H, S, D/16)``, fp32 tensor scale ``()``.
-* ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, ceil(Skv/32), Dv)``;
-  ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, Skv16/16)``, tensor scale.
+* ``v_format`` ``fp8``: as above; ``mxfp8``: e4m3 ``(B, H, Skv, Dv)`` with E8M0 ``(B, H, NB, Dv)``;
+  ``nvfp4``: stored transposed, packed ``(B, H, Dv, Skv16/2)``, scales ``(B, H, Dv, NB)``, tensor scale. ``NB``:
+  the token blocks, at least ``ceil(Skv/32)`` (mxfp8) or ``Skv16/16`` (nvfp4); entries past them, the quantize
+  node's padding to a multiple of 4 blocks, are never read.
 * ``key_bias``, ``runtime_scale``, ``skip_threshold`` and ``skip_label`` as above.
 
 ``qattn::skip_softmax_attention(q, k, v, sm_scale, out_dtype, kernel, key_bias=None, runtime_scale=None,

@@ -19,7 +19,9 @@ op                                                     returns
 ``quantize_per_tensor(x, dtype, seq_major)``           data, scale ``(1, 1, 1)``
 ``quantize_per_channel(x, dtype, seq_major)``          data, scale ``(B, H, D)`` (V: amax over tokens)
 ``quantize_mxfp8(x, axis)``                            e4m3 data like x, E8M0 scales (32 along ``axis``) as
-                                                       their bytes in uint8 (:mod:`qattn_fx.formats`)
+                                                       their bytes in uint8 (:mod:`qattn_fx.formats`); V's
+                                                       (``axis=-2``) ``(B, H, NB4, D)``: the ``ceil(S/32)``
+                                                       token blocks zero-padded to a multiple of 4
 ``key_bias(mask, k)``                                  a per-key mask as an fp32 logit bias ``(B|1, Skv)``
                                                        (boolean: 0 / ``-inf``)
 ``as_scalar_tensor(value)``                            a graph's float value as a 0-d float64 CPU tensor
@@ -31,7 +33,8 @@ until, timestep_scale)``                               ``threshold + per_key / S
                                                        given (:mod:`qattn_fx.skip_softmax`)
 ``quantize_nvfp4(x, transpose)``                       packed e2m1 ``(..., N/2)`` uint8, E4M3 scales ``(..., N/16)``,
                                                        fp32 tensor scale ``()``; ``transpose`` quantizes
-                                                       ``x.transpose(-1, -2)`` (V along the sequence)
+                                                       ``x.transpose(-1, -2)`` (V along the sequence), its
+                                                       scales' block count zero-padded to a multiple of 4
 ``kv_stats(k, v, key_bias=None)``                      fp32 K mean over kept keys ``(B, H, 1, Dk)`` (``smooth_k``'s)
                                                        and V's per-channel e4m3 scale ``(B, H, Dv)`` of the masked
                                                        V (``quantize_per_channel``'s)
@@ -70,6 +73,11 @@ of the logical shape and is never sliced away: a view of the first ``S`` of ``S1
 ``S`` is a multiple of 16, and tracing such a view under symbolic lengths specializes the compiled graph on that.
 Consumers take the real lengths from Q and K. The MXFP8 and
 NVFP4 ops return contiguous data and scales (their kernels re-pack scales into hardware layouts anyway).
+
+Scales per block of tokens (``quantize_per_block``, MXFP8 and NVFP4 V) have their block count zero-padded to a
+multiple of 4, which is never 1: under symbolic lengths a tensor with a ``ceil(S/block)`` dim makes the compiler
+guard on that dim being 1, and the graph would recompile for the lengths on the other side of ``S = block``
+(:mod:`qattn_fx.formats`). The padded scales are never read.
 """
 
 from __future__ import annotations
@@ -164,11 +172,12 @@ def quantize_per_block(x: torch.Tensor, block: int, dtype: torch.dtype) -> tuple
     _check_8bit(dtype)
     if block < 1:
         raise ValueError(f"quantize_per_block: block={block} is invalid; valid: an int >= 1 (tokens per scale)")
-    scale = formats.seq_block_amax(x, block, formats.inv_qmax(dtype))
-    data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
     # each head's row padded to 4 fp32 (16 bytes), so every head's scales start where a TMA load can (75600 tokens
-    # in groups of 16 give 4725 scales per head; the row holds 4728, the last 3 zero and never read)
-    return data, _rows_padded(scale, 4)
+    # in groups of 16 give 4725 scales per head; the row holds 4728, the last 3 zero and never read); padded as the
+    # blocks are made, so that no tensor has ceil(S/block) as a dim (the module docstring)
+    scale = formats.seq_block_amax(x, block, formats.inv_qmax(dtype), blocks_multiple=4)
+    data = formats.cast_scaled(x, formats.expand_seq_scale(scale, block, x.shape[-2]), dtype)
+    return data, scale.contiguous()
 
 
 def quantize_per_head(x: torch.Tensor, dtype: torch.dtype, seq_major: bool = False):
@@ -245,12 +254,12 @@ def quantize_mxfp8(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tens
     _check_4d("quantize_mxfp8", x)
     if axis not in (-1, -2, 2, 3):
         raise ValueError(f"quantize_mxfp8: axis={axis} is invalid; valid: -1 (channels, Q/K), -2 (tokens, V)")
-    return formats.quantize_mxfp8(x, axis)
+    return formats.quantize_mxfp8(x, axis, scale_multiple=1 if axis in (-1, 3) else 4)
 
 
 def quantize_nvfp4(x: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_4d("quantize_nvfp4", x)
-    return formats.quantize_nvfp4(x.transpose(-1, -2) if transpose else x)
+    return formats.quantize_nvfp4(x.transpose(-1, -2) if transpose else x, scale_multiple=4 if transpose else 1)
 
 
 def key_bias(mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

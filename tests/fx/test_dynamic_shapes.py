@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import qattn_fx
-from qattn_fx import tiny_models
+from qattn_fx import AttentionSpec, Recipe, Spec, tiny_models
 from qattn_fx.ops import quantized_attention
 from qattn_fx.spec import DEFAULT_RECIPE
 
@@ -60,12 +60,12 @@ def test_symbolic_lengths_show_in_the_report():
 
 def test_cross_attention_lengths_vary_independently():
     """Query and key lengths are separate symbols, and a call where they happen to be equal (200, 200) runs the
-    same graph: the pass compares lengths without a guard. (Key lengths of at most 16 tokens, one K scale block,
-    compile once more: the symbolic graph guards on the block count not being 1.)"""
+    same graph: the pass compares lengths without a guard. So does a call with 9 keys, one K scale block of 16
+    (:func:`test_one_graph_serves_key_lengths_of_one_scale_block`)."""
     backend = qattn_fx.backend(emulate=True, compiler="aot_eager")
     fn = compiled(backend)
     torch.manual_seed(0)
-    for sq, skv in ((64, 20), (100, 33), (129, 77), (200, 200), (1000, 250)):
+    for sq, skv in ((64, 20), (100, 33), (129, 77), (200, 200), (40, 9), (1000, 250)):
         q, k, v = torch.randn(1, 2, sq, 32), torch.randn(1, 2, skv, 32), torch.randn(1, 2, skv, 32)
         torch.testing.assert_close(fn(q, k, v), quantized_attention(q, k, v, DEFAULT_RECIPE), rtol=0, atol=0)
     assert len(backend.graph_modules) == 2 and all(s.rewritten for s in backend.report.sites)
@@ -97,6 +97,50 @@ def test_the_op_takes_a_runtime_scale():
 
     out = quantized_attention(q, k, v, DEFAULT_RECIPE, sm_scale=0.2, emit=emit)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+#: Recipes whose scales come in blocks of tokens: K per 16 tokens (the default), V's MXFP8 scales per 32 tokens,
+#: V's NVFP4 scales per 16 (V quantized along the sequence).
+TOKEN_BLOCK_RECIPES = {
+    "int8-k16": ("auto", DEFAULT_RECIPE),
+    "mxfp8": ("CUDNN", Recipe("mxfp8", "mxfp8", 0, 0, 0)),
+    "nvfp4": ("FLASHINFER", Recipe("nvfp4", "nvfp4", 0, 0, 0)),
+}
+
+
+def masked_sdpa(q, k, v, m):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", list(TOKEN_BLOCK_RECIPES))
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+@torch.compiler.config.patch(force_disable_caches=True)
+def test_one_graph_serves_key_lengths_of_one_scale_block(name, compiler):
+    """Key lengths on both sides of one scale block (17 tokens: one MXFP8 V block of 32; 5: one K block of 16 and
+    one NVFP4 V block) run the graph compiled at 80 keys, with ``dynamic=True`` and a key-padding mask: the quantize
+    ops pad their block counts to a multiple of 4, so no tensor in the graph has a dim ``ceil(S/block)``, which the
+    compiler guards on being 1 (every traced node's metadata checks its contiguity). That guard recompiled the graph
+    for the short keys, and the recompiled MXFP8 graph failed in Inductor's C++ codegen (``AssertionError`` in
+    ``try_loop_split``: K's and V's lengths, separate symbols there, made equal by a guard). The failure depends on
+    the symbols' names, which Dynamo derives from the sources: the mask is ``m`` as in the fuzzer's repro. Caches
+    off: a warm Inductor cache skips the codegen that failed."""
+    backend_name, recipe = TOKEN_BLOCK_RECIPES[name]
+    spec = Spec(default=AttentionSpec(backend_name, recipe))
+    backend = qattn_fx.backend(spec, emulate=True, compiler=compiler)
+    fn = compiled(backend, dynamic=True, fn=masked_sdpa)
+    counters.clear()
+    torch.manual_seed(0)
+    for skv in (80, 17, 5, 100):  # the query length stays 40 (no length equals another dim: duck sizing)
+        q = torch.randn(2, 1, 40, 64, dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 1, skv, 64, dtype=torch.bfloat16) for _ in range(2))
+        mask = torch.rand(2, 1, 1, skv) > 0.3
+        mask[..., 0] = True
+        with torch.no_grad():
+            out = fn(q, k, v, mask)
+        torch.testing.assert_close(out, quantized_attention(q, k, v, recipe, attn_mask=mask), rtol=0, atol=0)
+    assert backend.report.sites and all(site.rewritten for site in backend.report.sites), backend.report
+    assert counters["stats"]["unique_graphs"] == 1 and len(backend.graph_modules) == 1, backend.report
 
 
 #: (frames, height, width) for Wan, image tokens for Flux. The second call changes every varying dim, so Dynamo's

@@ -264,7 +264,7 @@ BLOCK_ERRORS = [
                                             "torch.float8_e8m0fnu; got torch.float8_e4m3fn, torch.int8"),
     (_M, dict(q_sf=_M[1][..., :1]), "q_sf must have shape (1, 4, 33, 2); got (1, 4, 33, 1)"),
     (_M, dict(k_sf=_M[4][:, :, :3]), "k_sf must have shape (1, 2, 45, 2); got (1, 2, 3, 2)"),
-    (_M, dict(v_sf=_M[7][:, :, :1]), "v_sf must have shape (1, 2, 2, 64); got (1, 2, 1, 64)"),
+    (_M, dict(v_sf=_M[7][:, :, :1]), "v_sf must have shape (1, 2, >= 2, 64); got (1, 2, 1, 64)"),
     (_M, dict(q=_M[0][..., :32], q_sf=_M[1][..., :1]), "q and k head dims differ: 32 vs 64"),
     (_M, dict(k=_M[3][:, :, :0], k_sf=_M[4][:, :, :0], v=_M[6][:, :, :0]),
      "k has zero tokens: attention over an empty key set is undefined"),
@@ -272,7 +272,7 @@ BLOCK_ERRORS = [
     (_N, dict(q_gs=None), "q_gs (tensor scale) is required for nvfp4 and must be None for mxfp8"),
     (_N, dict(k_gs=_N[5].double()), "k_gs must be a float32 scalar tensor; got torch.float64 of shape ()"),
     (_N, dict(v_gs=None), "v_gs (tensor scale) is required for nvfp4 V and must be None otherwise"),
-    (_N, dict(v_sf=_N[7][..., :2]), "v_sf must have shape (1, 2, 64, 3); got (1, 2, 64, 2)"),
+    (_N, dict(v_sf=_N[7][..., :2]), "v_sf must have shape (1, 2, 64, >= 3); got (1, 2, 64, 2)"),
     (_N, dict(q_sf=_N[1][..., :2]), "q_sf must have shape (1, 4, 33, 4); got (1, 4, 33, 2)"),
     (_N, dict(v=_N[6][..., :16], v_sf=_N[7][..., :2]), "nvfp4 v holds 32 padded tokens; expected ceil16(Skv) for "
                                                        "Skv=45"),

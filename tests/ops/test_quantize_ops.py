@@ -52,7 +52,7 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 def nvfp4_values(packed, sf, gs, n) -> torch.Tensor:
     vals = decode_e2m1(unpack(packed))
-    scale = sf.double().repeat_interleave(16, dim=-1) * gs.double()
+    scale = sf.double().repeat_interleave(16, dim=-1)[..., :vals.shape[-1]] * gs.double()  # sf: padded blocks too
     return (vals * scale)[..., :n]
 
 
@@ -346,13 +346,13 @@ def test_block_scaled_layouts():
     assert data.shape == x.shape and data.is_contiguous() and data.dtype == F8
     # E8M0 scales as their bytes: Inductor's C++ backend has no float8_e8m0fnu (test_recipes.py compiles them)
     assert scales.shape == (2, 3, 40, 2) and scales.dtype == torch.uint8 and scales.is_contiguous()
-    data, scales = ops.quantize_mxfp8(x, -2)
-    assert scales.shape == (2, 3, 2, 48)
+    data, scales = ops.quantize_mxfp8(x, -2)  # V: 2 token blocks, zero-padded to 4 (a block count never 1)
+    assert scales.shape == (2, 3, 4, 48) and (scales[:, :, 2:] == 0).all()
     packed, sf, gs = ops.quantize_nvfp4(x, False)
     assert packed.shape == (2, 3, 40, 24) and packed.dtype == torch.uint8
     assert sf.shape == (2, 3, 40, 3) and sf.dtype == F8 and gs.shape == () and gs.dtype == torch.float32
-    packed, sf, gs = ops.quantize_nvfp4(x, True)  # V: along the sequence, padded to 48
-    assert packed.shape == (2, 3, 48, 24) and sf.shape == (2, 3, 48, 3)
+    packed, sf, gs = ops.quantize_nvfp4(x, True)  # V: along the sequence, padded to 48; 3 blocks padded to 4
+    assert packed.shape == (2, 3, 48, 24) and sf.shape == (2, 3, 48, 4) and (sf[..., 3:].float() == 0).all()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -397,7 +397,7 @@ def test_mxfp8_zero_blocks_and_partial_blocks():
     # along the sequence (V): S=40 -> blocks of 32 and 8 tokens
     v = torch.randn(1, 2, 40, 16)
     data, scales = ops.quantize_mxfp8(v, -2)
-    assert scales.shape == (1, 2, 2, 16)
+    assert scales.shape == (1, 2, 4, 16) and (scales.view(torch.uint8)[:, :, 2:] == 0).all()  # padded to 4 blocks
     expected = torch.ceil(torch.log2(v[:, :, 32:].abs().amax(2).double() / 448)).long() + 127
     assert torch.equal(scales.view(torch.uint8)[:, :, 1].long(), expected)
 
@@ -554,8 +554,10 @@ def test_quantize_property(b, h, sq, skv, d, block, layout, dtype, magnitude, se
             data, scales = ops.quantize_mxfp8(x, axis)
             assert data.dtype == F8 and data.shape == x.shape and data.is_contiguous()
             expect = list(x.shape)
-            expect[axis] = math.ceil(n / 32)
+            blocks = math.ceil(n / 32)
+            expect[axis] = blocks if axis == -1 else 4 * math.ceil(blocks / 4)  # V's token blocks: padded to 4
             assert scales.dtype == torch.uint8 and list(scales.shape) == expect
+            assert (scales.narrow(axis, blocks, expect[axis] - blocks) == 0).all()
             sc = expand_blocks(mx_scale(scales), 32, n, axis)
             assert (data.double().abs() <= 448).all()
             err = (data.double() * sc - xd).abs()
