@@ -37,6 +37,7 @@ from ._cuda_utils import (FifoCache, PerDevice, device_index, empty_bshd, format
                           require_cuda)
 from .cudnn_library import backend_version, check_cudnn_version, import_cudnn, thread_handle
 from .cudnn_pack import pack_f8_128x4, pack_f8_128x4_columnwise
+from .op_inputs import check_block_scaled_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +348,10 @@ def mxfp8_graph_key(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             float(sm_scale), out_dtype)
 
 
-def _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtype) -> None:
+def _check_mxfp8_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype) -> None:
+    """What only this kernel adds (MXFP8 Q/K/V, its head dims, a 16-bit output), then the op boundary's checks
+    (:func:`qattn_fx.kernels.op_inputs.check_block_scaled_inputs`: shapes, scales, dtypes), their messages prefixed
+    with the kernel's name: a direct call is checked as a call through ``qattn::block_scaled_attention``."""
     kernel = "cudnn_mxfp8"
     if qk_format != "mxfp8" or v_format != "mxfp8":
         raise ValueError(f"{kernel} implements MXFP8 Q/K/V only; got qk_format={qk_format!r}, v_format={v_format!r}; "
@@ -359,15 +363,10 @@ def _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtyp
                              f"valid: {', '.join(map(str, MXFP8_HEAD_DIMS))}")
     require_16bit_output(kernel, out_dtype, "sdpa_mxfp8")
     refuse_empty_keys(kernel, k)
-    expect = {"q_sf": (q_sf, (q.shape[0], q.shape[1], q.shape[2], (d + 31) // 32)),
-              "k_sf": (k_sf, (k.shape[0], k.shape[1], k.shape[2], (d + 31) // 32)),
-              "v_sf": (v_sf, (v.shape[0], v.shape[1], (v.shape[2] + 31) // 32, dv))}
-    for name, (sf, shape) in expect.items():
-        got = tuple(sf.shape)
-        if name == "v_sf" and len(got) == 4 and got[2] >= shape[2]:  # padded token blocks (never read)
-            got = got[:2] + shape[2:3] + got[3:]
-        if got != shape:
-            raise ValueError(f"{kernel}: {name} must have shape {shape}; got {tuple(sf.shape)}")
+    try:
+        check_block_scaled_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
+    except ValueError as e:
+        raise ValueError(f"{kernel}: {e}") from None
 
 
 def _build_mxfp8_graph(cudnn, handle, q, k, v, descales, o_shape, o_stride, sm_scale, out_dtype) -> _Graph:
@@ -412,7 +411,7 @@ def mxfp8_attention(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_fo
     stored BSHD.
     """
     kernel = "cudnn_mxfp8"
-    _check_mxfp8_inputs(q, q_sf, k, k_sf, v, v_sf, qk_format, v_format, out_dtype)
+    _check_mxfp8_inputs(q, q_sf, q_gs, k, k_sf, k_gs, v, v_sf, v_gs, qk_format, v_format, out_dtype)
     device = require_cuda(kernel, q=q, k=k, v=v, q_sf=q_sf, k_sf=k_sf, v_sf=v_sf)
     require_capability(kernel, device, MXFP8_ARCHS,
                        "cuDNN sdpa_mxfp8 runs on data-center Blackwell only; it cannot run on Hopper")
