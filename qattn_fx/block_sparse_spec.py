@@ -8,7 +8,7 @@ and the lowering share it.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, InitVar, dataclass
+from dataclasses import dataclass
 
 from .sparsity_key import SparsityKey
 from .validate import check_bool, check_int, check_range, path_at, show
@@ -38,7 +38,8 @@ class BlockSparse(SparsityKey, key="block_sparse", short="bs", controls=("cdf", 
     visited; ``disabled_until_timestep`` D (in [0, 1]; 0 or unset: off): every block visited while the normalized
     timestep is above D (the early, noisy steps), as data in the graph (a denoising loop compiles once).
 
-    ``where`` (keyword only, not a field): its place in a spec, for error messages.
+    ``where`` (keyword only, not a field, :class:`~qattn_fx.validate.Checked`): its place in a spec, for error
+    messages (default ``block_sparse``).
     """
 
     cdf: float | None = None
@@ -48,10 +49,8 @@ class BlockSparse(SparsityKey, key="block_sparse", short="bs", controls=("cdf", 
     diagonal: bool = True
     similarity: float = DEFAULT_SIMILARITY
     disabled_until_timestep: float | None = None
-    _: KW_ONLY
-    where: InitVar[str] = "block_sparse"
 
-    def __post_init__(self, where: str) -> None:
+    def _check(self, where: str) -> None:
         self._check_one_control(where)
         for name in ("cdf", "top_k"):
             path, value = path_at(where, name), getattr(self, name)

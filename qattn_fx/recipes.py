@@ -15,15 +15,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from dataclasses import KW_ONLY, InitVar, dataclass
+from dataclasses import dataclass
 from typing import Iterable, Literal
 
 from . import kernels
 from .block_sparse_spec import BlockSparse  # noqa: F401  (re-exported: the spec key beside SkipSoftmax)
 from .requirements import SM100_103, SM120_121, ANY_HEAD_DIM, HeadDims, Requirements  # noqa: F401  (re-exported)
 from .sparsity_key import SparsityKey
-from .validate import (check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, from_fields, path_at,
-                       unique)
+from .validate import (Checked, check_bool, check_choice, check_int, check_range, fmt_set, fmt_tuple, from_fields,
+                       path_at, unique)
 
 QKDType = Literal["bf16", "int8", "fp8", "mxfp8", "nvfp4"]
 VDType = Literal["fp8", "mxfp8", "nvfp4"]
@@ -37,7 +37,7 @@ BLOCK_SCALED_FORMATS: tuple[str, ...] = ("mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(Checked):
     """The numerics of one quantized attention call.
 
     Fields (VisualGen's configuration surface, plus ``smooth_k`` and ``scale_scope``):
@@ -54,8 +54,8 @@ class Recipe:
     * ``scale_scope``: what a 0 block size spans for int8/fp8 operands: the whole ``tensor`` (cuDNN FP8) or one
       ``head`` (FlashInfer FA3 FP8).
 
-    ``where`` (keyword only, not a field) is where the recipe sits in a spec, e.g. ``spec.default.recipe``; error
-    messages name each bad field under it (bare field names when empty).
+    ``where`` (keyword only, not a field, :class:`~qattn_fx.validate.Checked`) is where the recipe sits in a spec,
+    e.g. ``spec.default.recipe``; error messages name each bad field under it (bare field names when not given).
     """
 
     qk_dtype: str = "bf16"
@@ -65,10 +65,8 @@ class Recipe:
     v_block_size: int = 0
     smooth_k: bool | None = None
     scale_scope: str = "tensor"
-    _: KW_ONLY
-    where: InitVar[str] = ""
 
-    def __post_init__(self, where: str) -> None:
+    def _check(self, where: str) -> None:
         check_choice(path_at(where, "qk_dtype"), self.qk_dtype, QK_DTYPES)
         check_choice(path_at(where, "v_dtype"), self.v_dtype, V_DTYPES)
         check_choice(path_at(where, "scale_scope"), self.scale_scope, SCALE_SCOPES)
@@ -353,17 +351,16 @@ class SkipSoftmax(SparsityKey, key="skip_softmax", short="skip",
     thresholds), and optionally ``disabled_until_timestep`` D (nothing skipped while the normalized timestep is
     above D; 0: off). The test, the tile and the timestep: :mod:`qattn_fx.skip_softmax`.
 
-    ``where`` (keyword only, not a field): its place in a spec, for error messages.
+    ``where`` (keyword only, not a field, :class:`~qattn_fx.validate.Checked`): its place in a spec, for error
+    messages (default ``skip_softmax``).
     """
 
     target_sparsity: float | None = None
     threshold: float | None = None
     disabled_until_timestep: float | None = None
     threshold_scale_factor: float | None = None
-    _: KW_ONLY
-    where: InitVar[str] = "skip_softmax"
 
-    def __post_init__(self, where: str) -> None:
+    def _check(self, where: str) -> None:
         self._check_one_control(where)
         check_range(path_at(where, "target_sparsity"), self.target_sparsity, 0.0, 1.0)
         check_range(path_at(where, "threshold"), self.threshold, 0.0, math.inf)

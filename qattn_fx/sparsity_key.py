@@ -10,16 +10,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from .validate import from_fields, show
+from .validate import Checked, show
 
 
-class SparsityKey:
+class SparsityKey(Checked):
     """Base of a frozen dataclass spec key with the fields named in ``CONTROLS`` and ``disabled_until_timestep``,
     subclassed as ``class SkipSoftmax(SparsityKey, key="skip_softmax", short="skip", controls=(...))``.
 
-    ``KEY``: its name in a spec (the default ``where`` of :meth:`from_dict`); ``SHORT``: its prefix in a table cell
-    (:attr:`short_name`); ``CONTROLS``: the fields of which exactly one is set. A subclass defines
-    ``_short_setting()``, what is set as the cell shows it.
+    ``KEY``: its name in a spec (also its ``WHERE``, the default ``where`` of the constructor and of
+    :meth:`~qattn_fx.validate.Checked.from_dict`); ``SHORT``: its prefix in a table cell (:attr:`short_name`);
+    ``CONTROLS``: the fields of which exactly one is set. A subclass defines ``_short_setting()``, what is set as the
+    cell shows it.
     """
 
     CONTROLS: ClassVar[tuple[str, ...]] = ()
@@ -30,6 +31,7 @@ class SparsityKey:
     def __init_subclass__(cls, *, key: str, short: str, controls: tuple[str, ...], **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.KEY, cls.SHORT, cls.CONTROLS = key, short, controls
+        cls.WHERE = key
 
     def _check_one_control(self, where: str) -> None:
         """``ValueError`` unless exactly one of ``CONTROLS`` is set."""
@@ -60,8 +62,3 @@ class SparsityKey:
     def to_dict(self) -> dict:
         """Every field but the unset ones (the controls not chosen, no gate)."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: Any, *, where: str | None = None):
-        """The key from a mapping of its fields (an unknown key is an error naming ``where``, default ``KEY``)."""
-        return from_fields(cls, data, cls.KEY if where is None else where)

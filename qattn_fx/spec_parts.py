@@ -1,18 +1,19 @@
 """The parts of a spec (:mod:`qattn_fx.spec`): :class:`AttentionSpec` (what to run), :class:`Match` (which call
 sites) and :class:`Rule` (a match and what to use there, an attention spec or ``"dense"``), with their checks.
 
-Each dataclass takes a keyword-only ``where`` (not a field): its path in a spec, for error messages.
+Each dataclass takes a keyword-only ``where`` (not a field, :class:`~qattn_fx.validate.Checked`): its path in a spec,
+for error messages.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import KW_ONLY, InitVar, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from . import kernels, recipes
 from .recipes import ALL_BACKENDS, AUTO, REFERENCE, BlockSparse, Recipe, SkipSoftmax
-from .validate import (check_choice, check_int, check_items, check_str, from_fields, invalid, path_at, reject_unknown,
+from .validate import (Checked, check_choice, check_int, check_items, check_str, invalid, path_at, reject_unknown,
                        show)
 
 ROLES = ("self", "cross", "joint")
@@ -31,7 +32,7 @@ DEFAULT_RECIPE = Recipe("int8", "fp8", 1, 16, 1, smooth_k=True)
 
 
 @dataclass(frozen=True)
-class AttentionSpec:
+class AttentionSpec(Checked):
     """Which recipe to run and through which backend (``auto``: the best kernel available for the site).
 
     ``recipe=None`` is only meaningful with ``skip_softmax`` (vLLM-Omni TRTLLM_ATTN / TensorRT-LLM VisualGen TRTLLM:
@@ -54,25 +55,12 @@ class AttentionSpec:
     skip_softmax: SkipSoftmax | None = None
     kernel: str | None = None
     block_sparse: BlockSparse | None = None
-    _: KW_ONLY
-    where: InitVar[str] = ""
 
-    def __post_init__(self, where: str) -> None:
+    def _check(self, where: str) -> None:
         backend = check_choice(path_at(where, "backend"), self.backend, ALL_BACKENDS)
-        if isinstance(self.recipe, dict):
-            object.__setattr__(self, "recipe", Recipe.from_dict(self.recipe, where=path_at(where, "recipe")))
-        elif self.recipe is not None and not isinstance(self.recipe, Recipe):
-            raise invalid(path_at(where, "recipe"), self.recipe, "a recipe mapping, or null with skip_softmax")
-        if isinstance(self.skip_softmax, dict):
-            object.__setattr__(self, "skip_softmax",
-                               SkipSoftmax.from_dict(self.skip_softmax, where=path_at(where, "skip_softmax")))
-        elif self.skip_softmax is not None and not isinstance(self.skip_softmax, SkipSoftmax):
-            raise invalid(path_at(where, "skip_softmax"), self.skip_softmax, "a skip_softmax mapping, or null")
-        if isinstance(self.block_sparse, dict):
-            object.__setattr__(self, "block_sparse",
-                               BlockSparse.from_dict(self.block_sparse, where=path_at(where, "block_sparse")))
-        elif self.block_sparse is not None and not isinstance(self.block_sparse, BlockSparse):
-            raise invalid(path_at(where, "block_sparse"), self.block_sparse, "a block_sparse mapping, or null")
+        self._read_part(where, "recipe", Recipe, "a recipe mapping, or null with skip_softmax")
+        self._read_part(where, "skip_softmax", SkipSoftmax, "a skip_softmax mapping, or null")
+        self._read_part(where, "block_sparse", BlockSparse, "a block_sparse mapping, or null")
         if self.recipe is None:
             if self.skip_softmax is None:
                 raise ValueError(f"{path_at(where, 'recipe')}=None is invalid without skip_softmax; valid: a recipe, or "
@@ -98,6 +86,15 @@ class AttentionSpec:
                 raise ValueError(f"{path}={self.kernel!r} does not implement {self.describe_recipe()} via backend "
                                  f"{backend!r}; valid: {', '.join(kernels) or 'none'} (the kernels of this backend "
                                  "and recipe)")
+
+    def _read_part(self, where: str, name: str, cls: type[Checked], valid: str) -> None:
+        """The field ``name``: ``None``, a ``cls``, or a mapping read as one (its errors under ``where.name``);
+        anything else is invalid (``valid`` says what is)."""
+        path, value = path_at(where, name), getattr(self, name)
+        if isinstance(value, dict):
+            object.__setattr__(self, name, cls.from_dict(value, where=path))
+        elif value is not None and not isinstance(value, cls):
+            raise invalid(path, value, valid)
 
     def _check_block_sparse(self, backend: str, where: str) -> None:
         """``block_sparse`` needs a recipe of the scaled family and a backend with a kernel that visits block
@@ -221,7 +218,7 @@ def layer_selected(items: tuple[int | str, ...], layer: int, num_layers: int | N
 
 
 @dataclass(frozen=True)
-class Match:
+class Match(Checked):
     """Conditions on a call site; all given ones must hold.
 
     ``role``: any of self/cross/joint; ``module``: an fnmatch glob on the module path (``blocks.*.attn2``);
@@ -231,16 +228,16 @@ class Match:
     ``where`` (keyword only, not a field): the match's place in a spec, for error messages.
     """
 
+    WHERE = "match"
+
     role: tuple[str, ...] | None = None
     module: str | None = None
     layers: tuple[int | str, ...] | None = None
     head_dim: tuple[int, ...] | None = None
     min_q_len: int | None = None
     min_kv_len: int | None = None
-    _: KW_ONLY
-    where: InitVar[str] = "match"
 
-    def __post_init__(self, where: str) -> None:
+    def _check(self, where: str) -> None:
         if self.role is not None:
             object.__setattr__(self, "role", check_items(
                 path_at(where, "role"), self.role, lambda path, r: check_choice(path, r, ROLES), ", ".join(ROLES)))
@@ -275,24 +272,20 @@ class Match:
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
-    @classmethod
-    def from_dict(cls, data: dict, *, where: str = "match") -> "Match":
-        return from_fields(cls, data, where)
-
 
 @dataclass(frozen=True)
-class Rule:
+class Rule(Checked):
     """If ``match`` holds for a site, use ``use`` (an attention spec, or ``"dense"``); either may be a mapping.
 
     ``where`` (keyword only, not a field): the rule's place in a spec, for error messages.
     """
 
+    WHERE = "rule"
+
     match: Match
     use: Use
-    _: KW_ONLY
-    where: InitVar[str] = "rule"
 
-    def __post_init__(self, where: str) -> None:
+    def _check(self, where: str) -> None:
         if not isinstance(self.match, Match):
             object.__setattr__(self, "match", Match.from_dict(self.match, where=path_at(where, "match")))
         object.__setattr__(self, "use", parse_use(self.use, path_at(where, "use")))

@@ -4,14 +4,16 @@
 Every ``check_*`` takes the path of the value (``spec.rules[0].match.head_dim``, or an argument's name) and raises
 ``ValueError`` naming that path, the bad value and what is valid (:func:`invalid`); it returns the value on success.
 :func:`wrong_type` is the ``TypeError`` of an entry point's argument of the wrong Python type, naming what is
-accepted. :func:`path_at` builds a path, :func:`show` a value's shortened ``repr``.
+accepted. :func:`path_at` builds a path, :func:`show` a value's shortened ``repr``. :class:`Checked` is the base of
+the spec's dataclasses, which run these checks when built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable
+from dataclasses import KW_ONLY, InitVar, dataclass
+from typing import Any, Callable, ClassVar, Iterable
 
 
 def check_range(name: str, value: float | None, lo: float, hi: float) -> None:
@@ -113,6 +115,32 @@ def from_fields(cls: type, data: Any, where: str) -> Any:
     return cls(**data, where=where)
 
 
+@dataclass(frozen=True)
+class Checked:
+    """Base of a frozen dataclass of a spec (a recipe, a sparsity key, an attention spec, a match, a rule) that checks
+    its fields when built. It takes a keyword-only ``where`` (an ``InitVar``, not a field): its place in a spec
+    (``spec.rules[0].use``), under which error messages name each bad field; not given, the class's ``WHERE``. A
+    subclass checks (and normalizes, ``object.__setattr__``) its fields in ``_check(where)``.
+    """
+
+    #: The ``where`` of an instance built without one, and of :meth:`from_dict` (empty: bare field names).
+    WHERE: ClassVar[str] = ""
+    _: KW_ONLY
+    where: InitVar[str | None] = None
+
+    def __post_init__(self, where: str | None) -> None:
+        self._check(self.WHERE if where is None else where)
+
+    def _check(self, where: str) -> None:
+        """Raise ``ValueError`` naming the bad field under ``where`` (:func:`path_at`)."""
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str | None = None):
+        """The dataclass from a mapping of its fields (an unknown key is an error naming ``where``, default
+        ``WHERE``)."""
+        return from_fields(cls, data, cls.WHERE if where is None else where)
+
+
 def unique(items: Iterable) -> tuple:
     return tuple(dict.fromkeys(items))
 
@@ -131,6 +159,6 @@ def wrong_type(name: str, value: Any, accepted: str) -> TypeError:
     return TypeError(f"{name} must be {accepted}; got {type(value).__name__}: {show(value, 80)}")
 
 
-__all__ = ["path_at", "show", "invalid", "wrong_type", "check_choice", "check_int", "check_bool", "check_str",
-           "check_mapping", "check_list", "check_items", "check_range", "finite_float", "reject_unknown", "unique",
-           "fmt_tuple", "fmt_set"]
+__all__ = ["Checked", "path_at", "show", "invalid", "wrong_type", "check_choice", "check_int", "check_bool",
+           "check_str", "check_mapping", "check_list", "check_items", "check_range", "finite_float", "reject_unknown",
+           "from_fields", "unique", "fmt_tuple", "fmt_set"]
