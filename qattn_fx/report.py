@@ -39,6 +39,7 @@ import torch
 from . import config
 from .fx.rewrite import SiteOutcome
 from .site import Deployment
+from .sparsity_key import SparsityKey
 
 #: Every field of a site, as ``to_dict()`` and ``markdown()`` give them.
 _COLUMNS = ("graph", "site", "module", "layer", "role", "q_shape", "kv_shape", "dtype", "mask", "mask_shape",
@@ -83,6 +84,34 @@ def _site_notes(site) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class SparsityRecord:
+    """One sparsity setting of a site (its Skip-Softmax, its block sparsity) as the report shows it: in full
+    (``describe()``), its short name (the table's recipe cell) and the fraction it skipped (of tiles, of blocks), once
+    measured."""
+
+    setting: str
+    short: str
+    measured: float | None = None
+
+    @classmethod
+    def of(cls, key: SparsityKey | None) -> SparsityRecord | None:
+        """The record of ``key`` (a :class:`~qattn_fx.recipes.SkipSoftmax`, a :class:`~qattn_fx.recipes.BlockSparse`),
+        not measured yet; ``None`` without one."""
+        return None if key is None else cls(key.describe(), key.short_name)
+
+
+def _part(record: str, part: str) -> property:
+    """A read-only attribute of :class:`SiteRecord`: ``part`` of its :class:`SparsityRecord` ``record``, ``None``
+    where the site has none."""
+
+    def get(site: SiteRecord):
+        found = getattr(site, record)
+        return None if found is None else getattr(found, part)
+
+    return property(get, doc=f"``{record}.{part}``, ``None`` without ``{record}``.")
+
+
+@dataclass(frozen=True)
 class SiteRecord:
     graph: int
     site: str
@@ -103,11 +132,9 @@ class SiteRecord:
     source: str = "default"
     #: ``Recipe.short_name`` of a quantized site.
     recipe_short: str | None = None
-    #: The site's Skip-Softmax setting (``SkipSoftmax.describe()``), if any, and its short name (the table's).
-    skip_softmax: str | None = None
-    skip_short: str | None = None
-    #: The fraction of tiles its Skip-Softmax skipped, once measured (:meth:`Report.record_sparsity`).
-    sparsity: float | None = None
+    #: The site's Skip-Softmax setting, if any, and the fraction of tiles it skipped, once measured
+    #: (:meth:`Report.record_sparsity`).
+    skip: SparsityRecord | None = None
     #: The label of its measured sparsity (the inserted nodes' prefix, ``blocks_0_attn1``).
     label_prefix: str = ""
     #: Where the cost data predict its kernel slower than dense, the prediction (``Decision.predicted_slower``):
@@ -116,11 +143,18 @@ class SiteRecord:
     #: The kind of its ``attn_mask`` as the pass read it (``Site.mask``) and that mask's shape.
     mask: str = "none"
     mask_shape: list | None = None
-    #: The site's block-sparsity setting (``BlockSparse.describe()``), if any, and its short name (the table's).
-    block_sparse: str | None = None
-    block_short: str | None = None
-    #: The fraction of blocks its predictor skipped, once measured (:meth:`Report.record_block_sparsity`).
-    block_sparsity: float | None = None
+    #: The site's block-sparsity setting, if any, and the fraction of blocks its predictor skipped, once measured
+    #: (:meth:`Report.record_block_sparsity`).
+    blocks: SparsityRecord | None = None
+
+    #: :attr:`skip` and :attr:`blocks` by the names of :meth:`to_dict` and the table: the setting in full
+    #: (``SkipSoftmax.describe()``), its short name, the fraction measured.
+    skip_softmax = _part("skip", "setting")
+    skip_short = _part("skip", "short")
+    sparsity = _part("skip", "measured")
+    block_sparse = _part("blocks", "setting")
+    block_short = _part("blocks", "short")
+    block_sparsity = _part("blocks", "measured")
 
     @classmethod
     def from_outcome(cls, graph: int, outcome: SiteOutcome) -> "SiteRecord":
@@ -143,14 +177,12 @@ class SiteRecord:
             deployment=decision.deployment,
             source=decision.source,
             recipe_short=(recipe.short_name if recipe else "bf16" if decision.skip_softmax else None),
-            skip_softmax=decision.skip_softmax.describe() if decision.quantized and decision.skip_softmax else None,
-            skip_short=decision.skip_softmax.short_name if decision.quantized and decision.skip_softmax else None,
+            skip=SparsityRecord.of(decision.skip_softmax) if decision.quantized else None,
             label_prefix=outcome.prefix,
             predicted_slower=decision.predicted_slower,
             mask=site.mask,
             mask_shape=None if site.mask_shape is None else _shape(site.mask_shape),
-            block_sparse=decision.block_sparse.describe() if decision.quantized and decision.block_sparse else None,
-            block_short=decision.block_sparse.short_name if decision.quantized and decision.block_sparse else None,
+            blocks=SparsityRecord.of(decision.block_sparse) if decision.quantized else None,
         )
 
     @property
@@ -163,9 +195,9 @@ class SiteRecord:
         (and the deployment note of an emulated one), for a dense one the whole reason."""
         if not self.rewritten:
             return self.reason
-        skipped = f"; skipped {100 * self.sparsity:.1f}% of tiles" if self.sparsity is not None else ""
-        if self.block_sparsity is not None:
-            skipped += f"; skipped {100 * self.block_sparsity:.1f}% of blocks"
+        skipped = "".join(f"; skipped {100 * found.measured:.1f}% of {unit}"
+                          for found, unit in ((self.skip, "tiles"), (self.blocks, "blocks"))
+                          if found is not None and found.measured is not None)
         return self.source + skipped + (f"; {self.deployment}" if self.deployment else "")
 
     def cell(self, column: str) -> str:
@@ -180,8 +212,7 @@ class SiteRecord:
         if column == "mask":
             return "-" if self.mask == "none" else self.mask
         if column == "recipe":
-            return _cell(self.recipe_short) + "".join(f", {short}" for short in (self.skip_short, self.block_short)
-                                                      if short)
+            return _cell(self.recipe_short) + "".join(f", {found.short}" for found in (self.skip, self.blocks) if found)
         if column == "reason":
             return self.compact_reason()
         if column not in _COLUMNS:
@@ -213,18 +244,23 @@ class Report:
     def record_sparsity(self, measurement) -> "Report":
         """Put the sparsity of a :func:`qattn_fx.skip_softmax.measure` block (calls of the compiled model inside
         it) into the sites it measured (by their label, the inserted nodes' prefix); returns ``self``."""
-        measured = measurement.sparsity()
-        self.sites[:] = [dataclasses.replace(s, sparsity=measured[s.label_prefix])
-                         if s.skip_softmax and s.label_prefix in measured else s for s in self.sites]
-        return self
+        return self._record("skip", measurement)
 
     def record_block_sparsity(self, measurement) -> "Report":
         """Put the block sparsity of a :func:`qattn_fx.block_sparse.measure` block (calls of the compiled model
         inside it) into the block-sparse sites it measured (by their label, the inserted nodes' prefix); returns
         ``self``."""
+        return self._record("blocks", measurement)
+
+    def _record(self, kind: str, measurement) -> "Report":
+        """Put ``measurement.sparsity()`` (by label) into the ``kind`` record (``skip``, ``blocks``) of each site
+        that has one and was measured."""
         measured = measurement.sparsity()
-        self.sites[:] = [dataclasses.replace(s, block_sparsity=measured[s.label_prefix])
-                         if s.block_sparse and s.label_prefix in measured else s for s in self.sites]
+        for i, s in enumerate(self.sites):
+            found = getattr(s, kind)
+            if found is not None and s.label_prefix in measured:
+                found = dataclasses.replace(found, measured=measured[s.label_prefix])
+                self.sites[i] = dataclasses.replace(s, **{kind: found})
         return self
 
     def deployed(self) -> dict[str, tuple[int, int]]:
