@@ -23,8 +23,8 @@ setting                      environment variable             meaning
 ``fused_kv_quantize``        ``QATTN_FUSED_KV_QUANTIZE``      quantize a Sage site's K and V on CUDA with
                                                               ``qattn::kv_stats`` and ``qattn::quantize_kv`` (one
                                                               Triton launch) when the recipe allows (read when a
-                                                              graph is rewritten; default ``0``, the separate
-                                                              ops: the fused op has not yet run on hardware)
+                                                              graph is rewritten; default ``1``; ``0``: the
+                                                              separate ops, bitwise the same data)
 ===========================  ===============================  ================================================
 """
 
@@ -41,7 +41,7 @@ triton_sage_config: Optional[str] = Config(default=None, env_name_default="QATTN
 gluon_sage_config: Optional[str] = Config(default=None, env_name_default="QATTN_GLUON_SAGE_CONFIG",
                                           value_type=Optional[str])
 gluon_tail_split: bool = Config(default=True, env_name_default="QATTN_GLUON_TAIL_SPLIT")
-fused_kv_quantize: bool = Config(default=False, env_name_default="QATTN_FUSED_KV_QUANTIZE")
+fused_kv_quantize: bool = Config(default=True, env_name_default="QATTN_FUSED_KV_QUANTIZE")
 
 def flag(name: str) -> bool:
     """A boolean setting, validated where it is used (an environment variable may hold anything)."""

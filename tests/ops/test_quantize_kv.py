@@ -112,17 +112,18 @@ def test_the_cpu_op_runs_no_triton_and_meta_tensors_need_no_device(monkeypatch):
 @pytest.fixture
 def hopper(monkeypatch):
     """``torch.cuda`` answers for an sm_90 device (the fake CUDA tensors below need no GPU), with the fused K/V
-    quantize turned on (it is opt-in)."""
+    quantize on (its default, pinned here against an environment that turns it off)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     with qattn_fx.config.patch(fused_kv_quantize=True):
         yield
 
 
-def test_the_fused_kv_quantize_is_opt_in(monkeypatch):
-    """Off by default (not yet run on hardware): a CUDA Sage site keeps the separate ops unless asked."""
+def test_the_fused_kv_quantize_is_on_by_default(monkeypatch):
+    """On by default: a CUDA Sage site takes the fused op unless ``$QATTN_FUSED_KV_QUANTIZE=0`` turns it off."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert qattn_fx.config.fused_kv_quantize is False
-    assert not uses_fused_kv(SAGE, *fake_cuda((1, 2, 300, 64), (1, 2, 300, 64)))
+    assert qattn_fx.config._config["fused_kv_quantize"].default is True
+    with qattn_fx.config.patch(fused_kv_quantize=False):
+        assert not uses_fused_kv(SAGE, *fake_cuda((1, 2, 300, 64), (1, 2, 300, 64)))
 
 
 def fake_cuda(*shapes, dtype=torch.bfloat16, mode=None):
