@@ -15,6 +15,7 @@ COMMAND = (
     " benchmarks/results/2026-12-02_h200_attention_ops.json:gluon_sage/int8-1-16-1,cudnn_fp8"
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_short.json:gluon_sage/int8-1-16-1"
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_cogvideox.json:gluon_sage/int8-1-16-1"
+    " benchmarks/results/2026-12-07_h100_attention_ops_cost.json:gluon_sage/int8-1-16-1,cudnn_fp8,flashinfer_fa3_fp8"
     " > qattn_fx/cost_data.py"
 )
 
@@ -54,29 +55,63 @@ SOURCES = {
         "date": "2026-12-02",
         "timer": "graph",
     },
+    "2026-12-07_h100_attention_ops_cost": {
+        "file": "benchmarks/results/2026-12-07_h100_attention_ops_cost.json",
+        "device": "NVIDIA H100 80GB HBM3",
+        "arch": "sm_90",
+        "date": "2026-12-07",
+        "timer": "graph",
+    },
 }
 
 #: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)
 POINTS = (
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "ltx-512", 32, 3872, 3872, 64, 0.7527),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "sd3-1024", 24, 4429, 4429, 64, 0.7199),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "ltx-704", 32, 9196, 9196, 64, 0.9455),
     ("cudnn_fp8", "2026-12-02_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1197),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "d64", 32, 16384, 16384, 64, 1.0931),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "cogvideox", 48, 17776, 17776, 64, 1.112),
     ("cudnn_fp8", "2026-12-02_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.3011),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "cross-512", 40, 32760, 512, 128, 0.2921),
     ("cudnn_fp8", "2026-12-02_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.8177),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "flux-1024", 24, 4608, 4608, 128, 0.7967),
     ("cudnn_fp8", "2026-12-02_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.3525),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "wan1.3b-480p", 12, 32760, 32760, 128, 1.3524),
     ("cudnn_fp8", "2026-12-02_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.4058),
+    ("cudnn_fp8", "2026-12-07_h100_attention_ops_cost", "wan14b-720p", 40, 75600, 75600, 128, 1.4161),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "ltx-512", 32, 3872, 3872, 64, 0.8884),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "sd3-1024", 24, 4429, 4429, 64, 0.8914),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "ltx-704", 32, 9196, 9196, 64, 1.1374),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1918),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "d64", 32, 16384, 16384, 64, 1.2051),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "cogvideox", 48, 17776, 17776, 64, 1.3097),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.5853),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "cross-512", 40, 32760, 512, 128, 0.5683),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.5769),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "flux-1024", 24, 4608, 4608, 128, 0.9484),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4528),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "wan1.3b-480p", 12, 32760, 32760, 128, 1.4065),
     ("flashinfer_fa3_fp8", "2026-11-29_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5078),
+    ("flashinfer_fa3_fp8", "2026-12-07_h100_attention_ops_cost", "wan14b-720p", 40, 75600, 75600, 128, 1.4909),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-512", 32, 3872, 3872, 64, 0.9352),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "ltx-512", 32, 3872, 3872, 64, 0.9419),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "sd3-1024", 24, 4429, 4429, 64, 0.879),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "sd3-1024", 24, 4429, 4429, 64, 0.9083),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_short", "ltx-704", 32, 9196, 9196, 64, 1.0677),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "ltx-704", 32, 9196, 9196, 64, 1.0882),
     ("gluon_sage", "2026-12-02_h200_attention_ops", "d64", 32, 16384, 16384, 64, 1.1367),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "d64", 32, 16384, 16384, 64, 1.156),
     ("gluon_sage", "2026-12-02_h200_attention_ops_d64_cogvideox", "cogvideox", 48, 17776, 17776, 64, 1.2942),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "cogvideox", 48, 17776, 17776, 64, 1.2703),
     ("gluon_sage", "2026-12-02_h200_attention_ops", "cross-512", 40, 32760, 512, 128, 0.658),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "cross-512", 40, 32760, 512, 128, 0.6583),
     ("gluon_sage", "2026-12-02_h200_attention_ops", "flux-1024", 24, 4608, 4608, 128, 0.9021),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "flux-1024", 24, 4608, 4608, 128, 0.9295),
     ("gluon_sage", "2026-12-02_h200_attention_ops", "wan1.3b-480p", 12, 32760, 32760, 128, 1.5001),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "wan1.3b-480p", 12, 32760, 32760, 128, 1.5262),
     ("gluon_sage", "2026-12-02_h200_attention_ops", "wan14b-720p", 40, 75600, 75600, 128, 1.5306),
+    ("gluon_sage", "2026-12-07_h100_attention_ops_cost", "wan14b-720p", 40, 75600, 75600, 128, 1.5076),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "d64", 32, 16384, 16384, 64, 0.9205),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "flux-1024", 24, 4608, 4608, 128, 0.4546),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "wan1.3b-480p", 12, 32760, 32760, 128, 1.1798),

@@ -253,7 +253,7 @@ def test_default_speed_is_autos_cost_data_and_the_plan_agrees_with_its_cost_rule
             s.choice != "dense" for s in result.sites], [s.deployment for s in report.sites]
         for row in result.table:
             assert row.deploy == "gluon_sage on sm_90" and row.speed_upper_bound
-            assert row.speed_source == "cost data (H200 2026-12-02)"
+            assert row.speed_source == "cost data (H100 80GB HBM3/H200 2026-12-07)"  # sm_90: both GPUs' points
         bound = "0.88x" if head_dim == 64 else "0.66x"
         assert all(s.reason.startswith(f"{reason}: the fastest candidate inside the budget, int8-1-16-1, is "
                                        f"predicted at most {bound} of dense") for s in result.sites)
