@@ -83,12 +83,11 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         s = s_all[..., n]
         if k_scale is not None and k_block > 0:
             ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]
+            if per_col:  # the kernels cut scales that vary inside a tile to 22 significant bits, whatever Q's dtype
+                ks = (ks.view(torch.int32) & -4).view(torch.float32)
         if q.dtype == torch.int8:
             t = (s + 0x4B400000).view(torch.float32)
-            if per_col:
-                t = (t - 12582912.0) * (ks.view(torch.int32) & -4).view(torch.float32)[:, :, None, :]
-            else:
-                t = t - 12582912.0
+            t = (t - 12582912.0) * ks[:, :, None, :] if per_col else t - 12582912.0
         else:
             t = s * ks[:, :, None, :] if per_col else s
         r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
