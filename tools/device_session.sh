@@ -9,7 +9,8 @@
 #   lib-tests, triton-tests, gluon-tests, shapes-tests
 #                                GPU tests (TRITON_K / GLUON_K / SHAPES_K: -k filters; GLUON_X= runs past failures)
 #   gpu-tests                    the qattn_fx kernel and model GPU tests in parallel workers (GPU_N workers, default 6;
-#                                GPU_TESTS: files; GPU_K: -k filter): after a kernel refactor, in one step
+#                                GPU_TESTS: files, default the Sage kernels', shapes and masks, compiled models, the
+#                                fused K/V quantize, persistent configs; GPU_K: -k filter): after a kernel refactor
 #   tune-gluon, tune             python -m benchmarks.tune --kernel gluon_sage / triton_sage (TUNE_GLUON_ARGS, TUNE_ARGS)
 #   ops                          python -m benchmarks.attention_ops (OPS_ARGS)
 #   skip-tests                   Skip-Softmax GPU tests in parallel workers (GPU_N; SKIP_K: -k filter)
@@ -62,7 +63,7 @@ for s in "$@"; do
     lib-tests) TAIL=30 step lib-tests ${LIB_TESTS_S:-330} python3 -m pytest -q -n 0 -rs --durations=8 tests/gpu/test_library_kernels.py tests/gpu/test_compiled_models.py ;;
     triton-tests) TAIL=45 step triton-tests ${TRITON_TESTS_S:-300} python3 -m pytest -q -n 0 -rfEs --durations=5 -k "${TRITON_K:-}" tests/gpu/test_triton_sage.py ;;
     gluon-tests) TAIL=45 step gluon-tests ${GLUON_TESTS_S:-240} python3 -m pytest -q -n 0 -rfEs ${GLUON_X--x} --durations=5 -k "${GLUON_K:-}" tests/gpu/test_gluon_sage.py ;;
-    gpu-tests) TAIL=45 step gpu-tests ${GPU_TESTS_S:-480} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${GPU_K:-}" ${GPU_TESTS:-tests/gpu/test_gluon_sage.py tests/gpu/test_triton_sage.py tests/gpu/test_shapes_and_masks.py tests/gpu/test_compiled_models.py} ;;
+    gpu-tests) TAIL=45 step gpu-tests ${GPU_TESTS_S:-480} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${GPU_K:-}" ${GPU_TESTS:-tests/gpu/test_gluon_sage.py tests/gpu/test_triton_sage.py tests/gpu/test_shapes_and_masks.py tests/gpu/test_compiled_models.py tests/gpu/test_quantize_kv.py tests/gpu/test_gluon_sage_persist.py} ;;
     shapes-tests) TAIL=45 step shapes-tests ${SHAPES_TESTS_S:-300} python3 -m pytest -q -n 0 -rfEs --durations=8 -k "${SHAPES_K:-}" tests/gpu/test_shapes_and_masks.py ;;
     tune-gluon) TAIL=40 step tune-gluon ${TUNE_GLUON_S:-240} python3 -m benchmarks.tune --kernel gluon_sage --out "$OUT/tune_gluon.json" ${TUNE_GLUON_ARGS:-} ;;
     tune) TAIL=30 step tune ${TUNE_S:-240} python3 -m benchmarks.tune --kernel triton_sage --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
