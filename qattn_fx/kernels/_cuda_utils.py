@@ -216,6 +216,19 @@ def format_version(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
+def bias_stride(key_bias: torch.Tensor | None) -> int:
+    """A ``(B|1, S)`` key bias's batch stride (0: one row for every batch element, or no bias)."""
+    return 0 if key_bias is None or key_bias.shape[0] == 1 else key_bias.stride(0)
+
+
+def bias_args(key_bias: torch.Tensor | None, placeholder: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """A Triton launch's ``(pointer, batch stride, key stride)`` of a ``(B|1, S)`` key bias; without one,
+    ``placeholder`` and zeros (never read: the kernel's ``HAS_BIAS`` is false)."""
+    if key_bias is None:
+        return placeholder, 0, 0
+    return key_bias, bias_stride(key_bias), key_bias.stride(1)
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two at least ``n`` (1 for ``n <= 1``): Triton block sizes, tuning-key buckets."""
     return 1 << max(n - 1, 0).bit_length()

@@ -208,11 +208,6 @@ def scale_strides(s: Optional[torch.Tensor]) -> tuple[int, int, int]:
     return tuple(0 if n == 1 else st for n, st in zip(s.shape, s.stride()))
 
 
-def bias_stride(key_bias: Optional[torch.Tensor]) -> int:
-    """The key bias's batch stride (0: one row for every batch element, or no bias)."""
-    return 0 if key_bias is None or key_bias.shape[0] == 1 else key_bias.stride(0)
-
-
 def bias_range(key_bias: torch.Tensor) -> torch.Tensor:
     """Per row of an fp32 key bias ``(B|1, Skv)``: ``[first, end)``, the first key whose bias is not 0 and one past
     the last (``[Skv, 0)`` for a row of zeros; NaN counts as nonzero), int32 ``(B|1, 2)`` on its device (a few

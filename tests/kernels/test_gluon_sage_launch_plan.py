@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from qattn_fx.kernels import _sage_common as common
+from qattn_fx.kernels._cuda_utils import bias_stride
 from qattn_fx.kernels import gluon_sage as gs
 from qattn_fx.kernels import q_quantized_in_kernel
 from qattn_fx.kernels.gluon_sage import descriptors, launch
@@ -54,7 +55,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
         qs, ks, v_scale, key_bias if key_bias is not None else v_scale, key_range if key_range is not None else v_scale,
         out, lse, float(sm_scale) * common.LOG2E,
         *q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
-        common.bias_stride(key_bias),
+        bias_stride(key_bias),
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
         n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0,

@@ -11,7 +11,7 @@ from typing import Optional
 
 from .. import _sage_common as common
 from .. import q_quantized_in_kernel
-from .._cuda_utils import FifoCache, layout_key
+from .._cuda_utils import FifoCache, bias_stride, layout_key
 from . import tail_split
 from .config import (PRODUCER_REGS, REGISTERS, ROWS_PER_CONSUMER, GluonConfig, check_quad_config, check_skip_config,
                      check_sparse_config)
@@ -172,7 +172,7 @@ def launch_geometry(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, out, r
     kp_desc, kp_xh, kp_gb, kp_gh = permuted if permuted else (None, 0, 0, 0)
     n_m = q_blocks(sq, config)
     scalars = (*q_strides, *common.scale_strides(k_scale), *common.scale_strides(v_scale),
-               common.bias_stride(key_bias),
+               bias_stride(key_bias),
                out.stride(0), out.stride(1), out.stride(2),
                hq, hq // hkv, sq, skv, kp_xh, kp_gb, kp_gh,
                n_m, tail.main if tail else 0, tail.splits if tail else 1, tail.kv_split if tail else 0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse
-from .._cuda_utils import TritonSource, next_power_of_2
+from .._cuda_utils import TritonSource, bias_args, next_power_of_2
 from .reference import Pooled, kept_keys, tile_counts
 
 #: The pooling kernel's source (:mod:`._pool_kernel`).
@@ -38,11 +38,8 @@ def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: to
     """``(grid, args, meta)`` of one :func:`._pool_kernel._pool_tiles` launch over ``x``'s tiles."""
     b, h, s, d = x.shape
     n = -(-s // tile)
-    if bias is None:
-        bias_args = (x, 0, 0)  # never read (HAS_BIAS false)
-    else:
-        bias_args = (bias, bias.stride(0) if bias.shape[0] > 1 else 0, bias.stride(1))
-    args = [x, bias_args[0], mean, sim, h, s, d, n, *x.stride(), bias_args[1], bias_args[2], *mean.stride()[2:]]
+    bias_ptr, stride_bias_b, stride_bias_s = bias_args(bias, x)
+    args = [x, bias_ptr, mean, sim, h, s, d, n, *x.stride(), stride_bias_b, stride_bias_s, *mean.stride()[2:]]
     meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=next_power_of_2(d), HAS_BIAS=bias is not None)
     return (b * h * n,), args, meta
 

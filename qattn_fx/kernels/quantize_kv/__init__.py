@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ... import formats
-from .._cuda_utils import FifoCache, TritonSource, capability, next_power_of_2, triton_interpreting
+from .._cuda_utils import FifoCache, TritonSource, bias_args, capability, next_power_of_2, triton_interpreting
 
 #: Tokens per program (a K block is at most one tile).
 TILE = 128
@@ -125,18 +125,12 @@ def outputs(k: torch.Tensor, v: torch.Tensor, k_block: int, k_dtype: torch.dtype
     return k_data, k_scale, v_data
 
 
-def _bias_args(key_bias: torch.Tensor | None, k: torch.Tensor) -> tuple:
-    if key_bias is None:
-        return k, 0, 0  # never read (HAS_BIAS false)
-    return key_bias, key_bias.stride(0) if key_bias.shape[0] > 1 else 0, key_bias.stride(1)
-
-
 def _launch_args(k, v, k_mean, v_scale, key_bias, k_block, k_dtype, k_data, k_scale, v_data, interpret: bool):
     """``(grid, args, meta)`` of the :func:`._kernel._kv_quantize` launch."""
     b, h, s, dk = k.shape
     dv = v.shape[3]
     tiles = -(-s // TILE)
-    bias, stride_bias_b, stride_bias_s = _bias_args(key_bias, k)
+    bias, stride_bias_b, stride_bias_s = bias_args(key_bias, k)
     args = [k, v, k_mean, v_scale, bias, k_data, k_scale, v_data,
             h, s, v_data.shape[2], dk, dv, -(-s // k_block), k_scale.shape[2], tiles,
             *k.stride(), *v.stride(), k_mean.stride(0), k_mean.stride(1), k_mean.stride(3), *v_scale.stride(),

@@ -10,7 +10,7 @@ import torch
 from ... import block_sparse
 from .. import _sage_common as common
 from .. import requirements as kernel_requirements
-from .._cuda_utils import empty_bshd
+from .._cuda_utils import bias_stride, empty_bshd
 from .._cuda_utils import triton_interpreting as interpreter_active
 from . import source
 from .config import BLOCK_N_BY_CAPABILITY, CONFIGS, INTERPRET_CONFIG, KernelConfig, forced_config
@@ -141,7 +141,7 @@ def _launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, out_
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         *common.scale_strides(q_scale), *common.scale_strides(k_scale), *common.scale_strides(v_scale),
-        common.bias_stride(key_bias),
+        bias_stride(key_bias),
         out.stride(0), out.stride(1), out.stride(2),
         hq, hq // hkv, sq, skv,
         common.seq_bucket(sq), common.seq_bucket(skv),
