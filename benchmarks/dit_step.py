@@ -10,6 +10,7 @@
     python -m benchmarks.dit_step --model flux --blocks 2 --single-blocks 4 --compile whole --steps 8 --only auto
     python -m benchmarks.dit_step --model flux --compile whole --mode reduce-overhead --steps 8
     python -m benchmarks.dit_step --model qwen_image --blocks 8 --compile whole --steps 4
+    python -m benchmarks.dit_step --model sd3 --compile whole --steps 4
 
 Models (random weights at the published configs, bf16, built on the GPU):
 
@@ -39,6 +40,9 @@ Models (random weights at the published configs, bf16, built on the GPU):
 * ``qwen_image``: ``QwenImageTransformer2DModel`` (Qwen-Image's config: 24 heads, d128, 60 dual-stream blocks),
   ``--resolution`` pixels square (default 1328: 6,889 packed latent tokens of 64 channels) and ``--text-tokens``
   text tokens under a key mask of ones, as its pipeline passes one prompt: joint attention over 7,009 tokens.
+* ``sd3``: ``SD3Transformer2DModel`` (Stable Diffusion 3 Medium's config: 24 heads, **d64**, 24 joint blocks),
+  ``--resolution`` pixels square (default 1024: latents ``(1, 16, 128, 128)``, 4,096 tokens in 2 x 2 patches) and
+  333 text tokens: joint attention over 4,429 tokens.
 
 ``--blocks`` / ``--single-blocks`` keep fewer blocks (the blocks of a kind are identical, so per-block times scale).
 ``--compile regional`` (default) compiles the repeated blocks (``compile_repeated_blocks``: one block graph reused
@@ -479,9 +483,46 @@ def build_cogvideox(*, blocks: int | None = None, frames: int = 49, resolution: 
     return Case(model, inputs, timestep, header)
 
 
+#: Stable Diffusion 3 Medium's published transformer config (``stabilityai/stable-diffusion-3-medium-diffusers``,
+#: ``transformer/config.json``): an MMDiT of 24 joint blocks, 24 heads of head_dim 64.
+SD3_MEDIUM = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,
+                  num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
+                  pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192)
+
+
+def build_sd3(*, blocks: int | None = None, resolution: int | None = None, device: str = "cuda",
+              dims: dict | None = None, **_) -> Case:
+    """Stable Diffusion 3 Medium at ``resolution`` x ``resolution`` pixels (a multiple of 16; default 1024) with its
+    333 text tokens (77 CLIP + 256 T5), inputs as ``StableDiffusion3Pipeline`` makes them (latents ``(1, 16, H/8,
+    W/8)`` in 2 x 2 patches, the timestep ``1000 · sigma``); its head_dim is 64. ``dims`` as for Wan."""
+    from diffusers import SD3Transformer2DModel
+
+    resolution = image_side(resolution, 1024)
+    cfg = dict(SD3_MEDIUM)
+    if blocks:
+        cfg["num_layers"] = blocks
+    cfg.update(dims or {})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = SD3Transformer2DModel(**cfg).to(torch.bfloat16).eval()
+    side, text = resolution // 8, 333
+    tokens = (side // 2) ** 2
+    timestep = timestep_x1000(device)
+    inputs = dict(
+        hidden_states=torch.randn(1, cfg["in_channels"], side, side, device=device, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, text, cfg["joint_attention_dim"], device=device, dtype=torch.bfloat16),
+        pooled_projections=torch.randn(1, cfg["pooled_projection_dim"], device=device, dtype=torch.bfloat16),
+        timestep=timestep(0.5),
+        return_dict=False,
+    )
+    header = (f"SD3-medium config ({cfg['num_layers']} blocks, {cfg['num_attention_heads']} heads, "
+              f"d{cfg['attention_head_dim']}), {resolution}x{resolution} = {tokens} image tokens + {text} text")
+    return Case(model, inputs, timestep, header)
+
+
 MODELS = {"wan": build_wan, "hunyuan_video": build_hunyuan_video, "ltx_video": build_ltx_video, "flux": build_flux,
           "cogvideox": build_cogvideox, "qwen_image": build_qwen_image,
-          "hunyuan_video15": build_hunyuan_video15}
+          "hunyuan_video15": build_hunyuan_video15, "sd3": build_sd3}
 
 
 def no_attention_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -751,8 +792,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                      "HunyuanVideo-1.5: of 1000; LTX-Video: of 128; "
                                                                      "Qwen-Image: text tokens")
     parser.add_argument("--frames", type=int, default=81, help="video frames (latent frames = 1 + (f-1)/4)")
-    parser.add_argument("--resolution", type=int, help="Flux, Qwen-Image: image side in pixels, a multiple of 16 "
-                        "(default 1024, Qwen-Image 1328); Wan: 480 (832 x 480, the default) or 720 (1280 x 720); "
+    parser.add_argument("--resolution", type=int, help="Flux, Qwen-Image, SD3: image side in pixels, a multiple of "
+                        "16 (default 1024, Qwen-Image 1328); Wan: 480 (832 x 480, the default) or 720 (1280 x 720); "
                         "HunyuanVideo (1.5): 480 (848 x 480, the default) or 720 (1280 x 720); LTX-Video: 512 (704 x "
                         "512, the default) or 704 (1216 x 704); CogVideoX: 480 (720 x 480)")
     parser.add_argument("--compile", choices=("regional", "whole"), default="regional")

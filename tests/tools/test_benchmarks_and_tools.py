@@ -198,6 +198,8 @@ TINY_DIT = {
     "qwen_image": dict(resolution=64, text_tokens=6, dims=dict(num_attention_heads=2, attention_head_dim=16,
                                                                joint_attention_dim=24, num_layers=1,
                                                                axes_dims_rope=(4, 6, 6))),
+    "sd3": dict(resolution=128, blocks=1, dims=dict(num_attention_heads=2, attention_head_dim=16, joint_attention_dim=24,
+                                                    caption_projection_dim=32, pooled_projection_dim=20)),
 }
 
 
@@ -209,7 +211,7 @@ def test_dit_step_arguments():
     assert (args.model, args.compile, args.mode, args.steps, args.skip_no_attention) == \
         ("flux", "whole", "reduce-overhead", 8, True)
     assert dit_step.parse_args([]).steps == 0 and dit_step.parse_args([]).mode == "default"
-    for bad in (["--mode", "max-autotune"], ["--steps", "-1"], ["--steps", "0", "--iters", "0"], ["--model", "sd3"]):
+    for bad in (["--mode", "max-autotune"], ["--steps", "-1"], ["--steps", "0", "--iters", "0"], ["--model", "sd35"]):
         with pytest.raises(SystemExit):
             dit_step.parse_args(bad)
     # Flux.1-dev's published transformer config; the README's one line is among the variants
@@ -256,6 +258,11 @@ def test_dit_step_arguments():
     cos, sin = cog.inputs["image_rotary_emb"]
     assert cog.inputs["hidden_states"].shape == (1, 2, 16, 60, 90) and cos.shape == sin.shape == (2700, 16)
     assert "5 frames 720x480 = 2700 video tokens + 226 text" in cog.header
+    sd3 = dit_step.build_sd3(device="cpu", **{**TINY_DIT["sd3"], "resolution": None})  # 1024²: 64 x 64 patches
+    assert sd3.inputs["hidden_states"].shape == (1, 16, 128, 128) and sd3.inputs["encoder_hidden_states"].shape[1] == 333
+    assert "1024x1024 = 4096 image tokens + 333 text" in sd3.header and dit_step.timestep_scale(sd3) == 1000.0
+    assert {k: dit_step.SD3_MEDIUM[k] for k in ("num_layers", "num_attention_heads", "attention_head_dim")} == \
+        dict(num_layers=24, num_attention_heads=24, attention_head_dim=64)
 
 
 def test_dit_step_timer_keeps_the_gpu_and_the_host_time_of_each_step(monkeypatch):
