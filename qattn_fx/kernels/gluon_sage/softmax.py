@@ -5,25 +5,12 @@ algebra's constants come from :mod:`qattn_fx.kernels._sage_common`.
 """
 
 from ._gluon import constexpr_function, gl, jit
-from .._sage_common import C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E
-
-
-@constexpr_function
-def _k_scale_kind(K_BLOCK, BLOCK_N):
-    """How K's scales (one per ``K_BLOCK`` keys) vary over a tile of ``BLOCK_N`` keys: ``"group"`` (``1 < K_BLOCK <
-    BLOCK_N`` dividing it: ``BLOCK_N / K_BLOCK`` scales, each for a group of columns), ``"column"`` (another
-    ``K_BLOCK`` not a multiple of ``BLOCK_N``, e.g. 1: a scale per column), ``"tile"`` (a multiple: one scale) or
-    ``"none"`` (``K_BLOCK == 0``: K's scale is folded into the row scale)."""
-    if K_BLOCK > 1 and BLOCK_N % K_BLOCK == 0 and K_BLOCK < BLOCK_N:
-        return "group"
-    if K_BLOCK > 0 and K_BLOCK % BLOCK_N != 0:
-        return "column"
-    return "tile" if K_BLOCK > 0 else "none"
+from .._sage_common import C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E, k_scale_kind
 
 
 @jit
 def _cut_k_scales(ks, KIND: gl.constexpr):
-    """The tile's K scales ``ks`` (:func:`_k_scale_kind` ``KIND``) as the softmax applies them: scales that vary
+    """The tile's K scales ``ks`` (:func:`~.._sage_common.k_scale_kind` ``KIND``) as the softmax applies them: scales that vary
     inside the tile (``"group"``, ``"column"``) cut to 22 significant bits (relative change < 2e-7), so that
     ``1.5·2^23 · ks`` is exact in fp32 and :func:`_scale_logits`' int8 fma rounds ``S · ks`` once (as triton_sage
     does); one scale per tile (or none) as it is."""
@@ -36,9 +23,9 @@ def _cut_k_scales(ks, KIND: gl.constexpr):
 def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr,
                    K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
     """K scales of the tile at ``start_n`` from global memory (the path when they cannot come by TMA), as stored, by
-    their :func:`_k_scale_kind`: ``"group"``: ``(BLOCK_N / K_BLOCK,)`` in ``GROUP_LAYOUT``; ``"column"``:
+    their :func:`~.._sage_common.k_scale_kind`: ``"group"``: ``(BLOCK_N / K_BLOCK,)`` in ``GROUP_LAYOUT``; ``"column"``:
     ``(BLOCK_N,)`` in ``COL_LAYOUT``; ``"tile"``: one scalar; ``"none"``: 1.0."""
-    KIND: gl.constexpr = _k_scale_kind(K_BLOCK, BLOCK_N)
+    KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     if KIND == "group":
         offs_g = start_n // K_BLOCK + gl.arange(0, BLOCK_N // K_BLOCK, layout=GROUP_LAYOUT)
         ks = gl.load(ks_ptr + offs_g * stride_ksn, mask=offs_g * K_BLOCK < SEQ_KV, other=0.0)
@@ -63,7 +50,7 @@ def _tile_k_scales(i, j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.conste
     ``SEQ_KV`` only meet masked columns). Else a global load (issue it a tile ahead of use)."""
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
-    KIND: gl.constexpr = _k_scale_kind(K_BLOCK, BLOCK_N)
+    KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
     if flags.KS_TMA:  # group or column scales
         tile = ks_smem.index(i % (2 * flags.STAGES))
@@ -151,7 +138,7 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
     ``rs`` (64,) being ``q_scale · sm_scale · log2 e`` times K's scale when it is one per tile. ``ks``: the tile's
     K scales (:func:`_tile_k_scales`). Reads every register of ``S``, which the next Q·Kᵀ may then reuse."""
     s_layout: gl.constexpr = s.type.layout
-    KIND: gl.constexpr = _k_scale_kind(K_BLOCK, BLOCK_N)
+    KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     if QK_KIND == 0:
         t = s.to(gl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
     else:

@@ -8,7 +8,7 @@ Loaded by :mod:`.source` once per Triton mode, as a module of its own, like ever
 import triton
 import triton.language as tl
 
-from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E
+from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E, k_scale_kind
 
 
 @triton.jit
@@ -51,22 +51,9 @@ def load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl
     return v
 
 
-@triton.constexpr_function
-def ks_kind(K_BLOCK, BLOCK_N):
-    """How K's scales (one per ``K_BLOCK`` keys) vary over a tile of ``BLOCK_N`` keys: ``"group"`` (``1 < K_BLOCK <
-    BLOCK_N`` dividing it: ``BLOCK_N / K_BLOCK`` scales, applied through a 3-D view of ``S``), ``"column"`` (another
-    ``K_BLOCK`` not a multiple of ``BLOCK_N``, e.g. 1: a scale per column), ``"tile"`` (a multiple: one scale) or
-    ``"none"`` (``K_BLOCK == 0``: K's scale is already folded into the row scale)."""
-    if K_BLOCK > 1 and BLOCK_N % K_BLOCK == 0 and K_BLOCK < BLOCK_N:
-        return "group"
-    if K_BLOCK > 0 and K_BLOCK % BLOCK_N != 0:
-        return "column"
-    return "tile" if K_BLOCK > 0 else "none"
-
-
 @triton.jit
 def cut_ks(ks, KIND: tl.constexpr):
-    """The tile's K scales ``ks`` (:func:`ks_kind` ``KIND``) as :func:`_softmax` applies them: scales that vary
+    """The tile's K scales ``ks`` (:func:`~.._sage_common.k_scale_kind` ``KIND``) as :func:`_softmax` applies them: scales that vary
     inside the tile (``"group"``, ``"column"``) cut to 22 significant bits (relative change < 2e-7), so that the
     constant ``1.5·2^23·ks = 3·2^22·ks`` of the int8 logits' fma is exact in fp32 and the fma rounds ``S·ks`` once;
     one scale per tile (or none) as it is."""
@@ -78,13 +65,13 @@ def cut_ks(ks, KIND: tl.constexpr):
 @triton.jit
 def load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
              MASK_KV: tl.constexpr):
-    """K scales of the tile at ``start_n`` by their :func:`ks_kind`, cut by :func:`cut_ks`: ``"group"``: a
+    """K scales of the tile at ``start_n`` by their :func:`~.._sage_common.k_scale_kind`, cut by :func:`cut_ks`: ``"group"``: a
     (BLOCK_N // K_BLOCK,) vector; ``"column"``: a (BLOCK_N,) vector; ``"tile"``: one scalar; ``"none"``: 1.
 
     Loaded before the tile's Q·Kᵀ is issued so that, when Q·Kᵀ runs ahead (``PIPE``), nothing the softmax
     needs waits behind the asynchronous MMA.
     """
-    KIND: tl.constexpr = ks_kind(K_BLOCK, BLOCK_N)
+    KIND: tl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     if KIND == "group":
         offs_g = start_n // K_BLOCK + tl.arange(0, BLOCK_N // K_BLOCK)
         if MASK_KV:
@@ -137,7 +124,7 @@ def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
         n_valid = offs_n < SEQ_KV
 
     # ---- t = S with per-column K scales applied (exact int32 → fp32 for int8) ------------------------------
-    KIND: tl.constexpr = ks_kind(K_BLOCK, BLOCK_N)
+    KIND: tl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     if KIND == "group":
         # S viewed as (BLOCK_M, groups, K_BLOCK): the split of the key axis is a pure relabeling of registers
         t3 = tl.reshape(s.to(tl.float32, bitcast=True) if QK_KIND == 0 else s,
