@@ -37,6 +37,28 @@ def _constexpr(value):
     return tl.constexpr(value) if tl is not None else value
 
 
+def _constexpr_function(fn):  # callable from the host and, as a constexpr, from Triton and Gluon kernel source
+    if tl is None:
+        return fn
+    import triton  # noqa: PLC0415
+
+    return triton.constexpr_function(fn)
+
+
+@_constexpr_function
+def k_scale_kind(K_BLOCK, BLOCK_N):
+    """How K's scales (one per ``K_BLOCK`` keys) vary over a key tile of ``BLOCK_N`` keys: ``"group"`` (``1 <
+    K_BLOCK < BLOCK_N`` dividing it: ``BLOCK_N / K_BLOCK`` scales, each for a group of columns), ``"column"``
+    (another ``K_BLOCK`` not a multiple of ``BLOCK_N``, e.g. 1: a scale per column), ``"tile"`` (a multiple: one
+    scale) or ``"none"`` (``K_BLOCK == 0``: K's scale is folded into the row scale). Scales that vary inside a tile
+    (group, column) are cut to 22 significant bits by both kernels and the emulation (triton_sage's ``cut_ks``)."""
+    if K_BLOCK > 1 and BLOCK_N % K_BLOCK == 0 and K_BLOCK < BLOCK_N:
+        return "group"
+    if K_BLOCK > 0 and K_BLOCK % BLOCK_N != 0:
+        return "column"
+    return "tile" if K_BLOCK > 0 else "none"
+
+
 #: log2(e): natural-log logits to log2 units.
 LOG2E = 1.4426950408889634
 #: log2(448): the fixed e4m3 scale of P (``exp2(z - m + log2 448) = 448 · P``).

@@ -16,7 +16,7 @@ import math
 import torch
 
 from .. import block_sparse, formats, skip_softmax
-from ._sage_common import LOG2_448, LOG2E
+from ._sage_common import INT8_ACC_BITS, INT8_ACC_OFFSET, LOG2_448, LOG2E, k_scale_kind
 
 FP8 = torch.float8_e4m3fn
 
@@ -58,7 +58,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         rs = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float().expand(b, hq, sq) * qk_scale
         if k_block == 0:
             rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
-    per_col = k_scale is not None and k_block > 0 and k_block % block_n != 0
+    per_col = k_scale is not None and k_scale_kind(k_block, block_n) in ("group", "column")  # vary inside a tile
     skipping = skip_threshold is not None
     sparse = block_index is not None
     if sparse:
@@ -86,8 +86,8 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             if per_col:  # the kernels cut scales that vary inside a tile to 22 significant bits, whatever Q's dtype
                 ks = (ks.view(torch.int32) & -4).view(torch.float32)
         if q.dtype == torch.int8:
-            t = (s + 0x4B400000).view(torch.float32)
-            t = (t - 12582912.0) * ks[:, :, None, :] if per_col else t - 12582912.0
+            t = (s + INT8_ACC_BITS).view(torch.float32)
+            t = (t - INT8_ACC_OFFSET) * ks[:, :, None, :] if per_col else t - INT8_ACC_OFFSET
         else:
             t = s * ks[:, :, None, :] if per_col else s
         r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs

@@ -5,29 +5,34 @@ algebra's constants come from :mod:`qattn_fx.kernels._sage_common`.
 """
 
 from ._gluon import constexpr_function, gl, jit
-from .._sage_common import C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E
+from .._sage_common import C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E, k_scale_kind
+
+
+@jit
+def _cut_k_scales(ks, KIND: gl.constexpr):
+    """The tile's K scales ``ks`` (:func:`~.._sage_common.k_scale_kind` ``KIND``) as the softmax applies them: scales that vary
+    inside the tile (``"group"``, ``"column"``) cut to 22 significant bits (relative change < 2e-7), so that
+    ``1.5·2^23 · ks`` is exact in fp32 and :func:`_scale_logits`' int8 fma rounds ``S · ks`` once (as triton_sage
+    does); one scale per tile (or none) as it is."""
+    if KIND == "group" or KIND == "column":
+        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
+    return ks
 
 
 @jit
 def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr,
                    K_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr):
-    """K scales of the tile at ``start_n`` from global memory (the path when they cannot come by TMA):
-
-    * ``1 < k_block < BLOCK_N`` dividing it: ``(BLOCK_N / k_block,)`` group scales in ``GROUP_LAYOUT``;
-    * other ``k_block`` not a multiple of ``BLOCK_N`` (e.g. 1): ``(BLOCK_N,)`` column scales in ``COL_LAYOUT``;
-    * ``k_block`` a multiple of ``BLOCK_N``: one scalar; ``k_block == 0``: 1.0 (folded into the row scale).
-
-    Per-column/group scales are cut to 22 significant bits so that ``1.5·2^23 · ks`` is exact (see triton_sage).
-    """
-    if K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N:
+    """K scales of the tile at ``start_n`` from global memory (the path when they cannot come by TMA), as stored, by
+    their :func:`~.._sage_common.k_scale_kind`: ``"group"``: ``(BLOCK_N / K_BLOCK,)`` in ``GROUP_LAYOUT``; ``"column"``:
+    ``(BLOCK_N,)`` in ``COL_LAYOUT``; ``"tile"``: one scalar; ``"none"``: 1.0."""
+    KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
+    if KIND == "group":
         offs_g = start_n // K_BLOCK + gl.arange(0, BLOCK_N // K_BLOCK, layout=GROUP_LAYOUT)
         ks = gl.load(ks_ptr + offs_g * stride_ksn, mask=offs_g * K_BLOCK < SEQ_KV, other=0.0)
-        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
-    elif K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0:
+    elif KIND == "column":
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=COL_LAYOUT)
         ks = gl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=offs_n < SEQ_KV, other=0.0)
-        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
-    elif K_BLOCK > 0:
+    elif KIND == "tile":
         ks = gl.load(ks_ptr + (start_n // K_BLOCK) * stride_ksn)
     else:
         ks = 1.0
@@ -37,27 +42,27 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 @jit
 def _tile_k_scales(i, j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
     """K scales of key tile ``j``, the ``i``-th tile the CTA visits (its ring position; ``j == i`` but in block-sparse
-    launches) (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr, stride_ksn, ks_smem,
-    SEQ_KV)``; ``flags``: the kernel's :class:`~.state.KernelFlags` (``K_BLOCK``, ``BLOCK_N``, ``STAGES``,
-    ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with the K tile
-    (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already be
-    released); a shared-memory broadcast read instead of masked global loads (zeros past the tensor; values past
+    launches), cut by :func:`_cut_k_scales` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr,
+    stride_ksn, ks_smem, SEQ_KV)``; ``flags``: the kernel's :class:`~.state.KernelFlags` (``K_BLOCK``, ``BLOCK_N``,
+    ``STAGES``, ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with
+    the K tile (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already
+    be released); a shared-memory broadcast read instead of masked global loads (zeros past the tensor; values past
     ``SEQ_KV`` only meet masked columns). Else a global load (issue it a tile ahead of use)."""
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
+    KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
-    if flags.KS_TMA:
+    if flags.KS_TMA:  # group or column scales
         tile = ks_smem.index(i % (2 * flags.STAGES))
-        if K_BLOCK > 1 and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
+        if KIND == "group" and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
             ks = tile.slice(0, BLOCK_N // K_BLOCK).load(GROUP_LAYOUT)
-        elif K_BLOCK > 1:
+        elif KIND == "group":
             ks = tile.load(GROUP_LAYOUT)
         else:
             ks = tile.load(COL_LAYOUT)
-        ks = (ks.to(gl.int32, bitcast=True) & -4).to(gl.float32, bitcast=True)
     else:
         ks = _load_k_scales(ks_ptr, stride_ksn, j * BLOCK_N, SEQ_KV, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N)
-    return ks
+    return _cut_k_scales(ks, KIND)
 
 
 @jit
@@ -133,21 +138,20 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
     ``rs`` (64,) being ``q_scale · sm_scale · log2 e`` times K's scale when it is one per tile. ``ks``: the tile's
     K scales (:func:`_tile_k_scales`). Reads every register of ``S``, which the next Q·Kᵀ may then reuse."""
     s_layout: gl.constexpr = s.type.layout
-    PER_COL: gl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
-    GROUPED: gl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
+    KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
     if QK_KIND == 0:
         t = s.to(gl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
     else:
         t = s
-    if GROUPED:
+    if KIND == "group":
         t3 = gl.reshape(t, [t.shape[0], BLOCK_N // K_BLOCK, K_BLOCK])  # a relabeling of registers
         ks3 = ks[None, :, None]
         if QK_KIND == 0:
-            t3 = gl.fma(t3, ks3, -(ks3 * C_INT8_ACC_OFFSET))  # round(S · ks) in one fma (ks has 22 significant bits)
+            t3 = gl.fma(t3, ks3, -(ks3 * C_INT8_ACC_OFFSET))  # round(S · ks) in one fma (:func:`_cut_k_scales`)
         else:
             t3 = t3 * ks3
         t = gl.convert_layout(gl.reshape(t3, [t.shape[0], BLOCK_N]), s_layout, assert_trivial=True)
-    elif PER_COL:
+    elif KIND == "column":
         if QK_KIND == 0:
             t = gl.fma(t, ks[None, :], -(ks * C_INT8_ACC_OFFSET)[None, :])
         else:
@@ -155,7 +159,7 @@ def _scale_logits(s, ks, rs, QK_KIND: gl.constexpr, K_BLOCK: gl.constexpr, BLOCK
     else:
         if QK_KIND == 0:
             t = t - C_INT8_ACC_OFFSET
-        if K_BLOCK > 0:  # one K scale for the whole tile
+        if KIND == "tile":  # one K scale for the whole tile
             rs = rs * ks
     return t, rs
 

@@ -8,7 +8,7 @@ Loaded by :mod:`.source` once per Triton mode, as a module of its own, like ever
 import triton
 import triton.language as tl
 
-from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E
+from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E, k_scale_kind
 
 
 @triton.jit
@@ -52,35 +52,43 @@ def load_v(v_base, v_offs, start_n, SEQ_KV, BLOCK_N: tl.constexpr, INTERPRET: tl
 
 
 @triton.jit
+def cut_ks(ks, KIND: tl.constexpr):
+    """The tile's K scales ``ks`` (:func:`~.._sage_common.k_scale_kind` ``KIND``) as :func:`_softmax` applies them: scales that vary
+    inside the tile (``"group"``, ``"column"``) cut to 22 significant bits (relative change < 2e-7), so that the
+    constant ``1.5·2^23·ks = 3·2^22·ks`` of the int8 logits' fma is exact in fp32 and the fma rounds ``S·ks`` once;
+    one scale per tile (or none) as it is."""
+    if KIND == "group" or KIND == "column":
+        ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
+    return ks
+
+
+@triton.jit
 def load_ks(ks_ptr, stride_ksn, start_n, SEQ_KV, K_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
              MASK_KV: tl.constexpr):
-    """K scales of the tile at ``start_n``: a (BLOCK_N,) column vector when ``k_block`` splits the tile, else one
-    scalar (``k_block`` a multiple of BLOCK_N), else 1 (``k_block == 0``: already folded into the row scale).
+    """K scales of the tile at ``start_n`` by their :func:`~.._sage_common.k_scale_kind`, cut by :func:`cut_ks`: ``"group"``: a
+    (BLOCK_N // K_BLOCK,) vector; ``"column"``: a (BLOCK_N,) vector; ``"tile"``: one scalar; ``"none"``: 1.
 
     Loaded before the tile's Q·Kᵀ is issued so that, when Q·Kᵀ runs ahead (``PIPE``), nothing the softmax
     needs waits behind the asynchronous MMA.
     """
-    if K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N:
-        # grouped: one scale per K_BLOCK columns, (BLOCK_N // K_BLOCK,) values (applied through a 3-D view of S)
+    KIND: tl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
+    if KIND == "group":
         offs_g = start_n // K_BLOCK + tl.arange(0, BLOCK_N // K_BLOCK)
         if MASK_KV:
             ks = tl.load(ks_ptr + offs_g * stride_ksn, mask=offs_g * K_BLOCK < SEQ_KV, other=0.0)
         else:
             ks = tl.load(ks_ptr + offs_g * stride_ksn)
-        ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
-    elif K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0:
+    elif KIND == "column":
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASK_KV:
             ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn, mask=offs_n < SEQ_KV, other=0.0)
         else:
             ks = tl.load(ks_ptr + (offs_n // K_BLOCK) * stride_ksn)
-        # cut to 22 significant bits (relative change < 2e-7): then 1.5·2^23·ks is exact in fp32 (see softmax_pv)
-        ks = (ks.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
-    elif K_BLOCK > 0:
+    elif KIND == "tile":
         ks = tl.load(ks_ptr + (start_n // K_BLOCK) * stride_ksn)
     else:
         ks = 1.0
-    return ks
+    return cut_ks(ks, KIND)
 
 
 @triton.jit
@@ -116,9 +124,8 @@ def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
         n_valid = offs_n < SEQ_KV
 
     # ---- t = S with per-column K scales applied (exact int32 → fp32 for int8) ------------------------------
-    PER_COL: tl.constexpr = K_BLOCK > 0 and (K_BLOCK % BLOCK_N) != 0
-    GROUPED: tl.constexpr = K_BLOCK > 1 and (BLOCK_N % K_BLOCK) == 0 and K_BLOCK < BLOCK_N
-    if GROUPED:
+    KIND: tl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
+    if KIND == "group":
         # S viewed as (BLOCK_M, groups, K_BLOCK): the split of the key axis is a pure relabeling of registers
         t3 = tl.reshape(s.to(tl.float32, bitcast=True) if QK_KIND == 0 else s,
                         (s.shape[0], BLOCK_N // K_BLOCK, K_BLOCK))
@@ -133,10 +140,9 @@ def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
         t = tl.reshape(t3, (s.shape[0], BLOCK_N))
     elif QK_KIND == 0:
         t = s.to(tl.float32, bitcast=True)  # = S + 1.5·2^23 exactly (|S| < 2^22)
-        if PER_COL:
-            # t = round(S · ks) in one fma: ks has 22 significant bits, so the constant 1.5·2^23·ks = 3·2^22·ks
-            # is exact in fp32 and fma(S + 1.5·2^23, ks, -1.5·2^23·ks) rounds the exact product S·ks once; the
-            # interpreter (no fma) gets the same bits from (t - 1.5·2^23)·ks.
+        if KIND == "column":
+            # t = round(S · ks) in one fma: fma(S + 1.5·2^23, ks, -1.5·2^23·ks), its constant exact (cut_ks),
+            # rounds the exact product S·ks once; the interpreter (no fma) gets the same bits from (t - 1.5·2^23)·ks.
             if INTERPRET:
                 t = (t - C_INT8_ACC_OFFSET) * ks[None, :]
             else:
@@ -146,9 +152,9 @@ def _softmax(l_i, m_i, s, ks, rs, kb, start_n, SEQ_KV,
             t = t - C_INT8_ACC_OFFSET
     else:
         t = s
-        if PER_COL:
+        if KIND == "column":
             t = t * ks[None, :]
-    if K_BLOCK > 0 and not PER_COL:  # one K scale for the whole tile
+    if KIND == "tile":  # one K scale for the whole tile
         rs = rs * ks
 
     # ---- online softmax (log2 units, scales >= 0 so max(t·rs) = max(t)·rs) --------------------------------------
