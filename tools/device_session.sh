@@ -28,6 +28,8 @@
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
+#   host-in-step                 python -m tools.host_overhead --in-step: a forced gluon_sage step's host path per call
+#                                against the dense step's (HOST_ARGS: the model and its flags, default "sd3 --steps 8")
 #   quantize-ab                  the fused K/V quantize against the separate ops at flux-1024, d64 and wan1.3b-480p,
 #                                gluon_sage's default recipe and config (QATTN_AUTOTUNE=0): python -m
 #                                tools.profile_quantize --fused-kv on,off (QAB_PROFILE_S, default 150 s), then python -m
@@ -97,6 +99,8 @@ for s in "$@"; do
         --launch-count 1 ${NCU_SECTIONS:---section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats} \
         python3 -m tools.profile_gluon ${PROFILE_ARGS:-} ;;
     ab-tail-split) TAIL=20 step ab-tail-split ${AB_S:-240} python3 -m tools.ab_tail_split ${AB_ARGS:-} ;;
+    host-in-step) TAIL=30 step host-in-step ${HOST_S:-300} python3 -m tools.host_overhead --out "$OUT/host_in_step.json" \
+        --in-step ${HOST_ARGS:-sd3 --steps 8} ;;
     quantize-profile) TAIL=40 step quantize-profile ${QUANT_S:-240} python3 -m tools.profile_quantize ${QUANT_ARGS:-} ;;
     quantize-ab) shapes=flux-1024,d64,wan1.3b-480p
         TAIL=80 step quantize-ab-profile ${QAB_PROFILE_S:-150} env QATTN_AUTOTUNE=0 \

@@ -63,7 +63,7 @@ from unittest import mock
 
 import torch
 
-from benchmarks import common
+from benchmarks import common, dit_step
 from benchmarks.shapes import SHAPES, Shape, parse_shape
 
 #: The SM count of the mocked device (an H200): what the tail split's plan depends on.
@@ -264,8 +264,6 @@ def step_times(step: Callable[[], object], steps: int, timer: PathTimer) -> list
 def in_step(model: str, resolution: int | None, blocks: int | None, steps: int, warmup: int, iters: int) -> dict:
     """The ``--in-step`` measurement (module docstring): per-step rows of the dense and the forced compiled model,
     and the median µs per call of the op, its gluon_sage entry and Triton's launch, called eagerly."""
-    from benchmarks import dit_step
-
     case = dit_step.MODELS[model](blocks=blocks, resolution=resolution, device="cuda")
     forced = dit_step.VARIANTS["qattn gluon_sage int8 1/16/1"]
     timer = PathTimer()
@@ -328,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions")
     p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
-    p.add_argument("--in-step", default=None, metavar="MODEL", choices=["wan", "hunyuan_video", "ltx_video", "flux"],
+    p.add_argument("--in-step", default=None, metavar="MODEL", choices=sorted(dit_step.MODELS),
                    help="time the host path inside a compiled benchmarks.dit_step model's step (GPU; module doc)")
     p.add_argument("--resolution", type=int, default=None, help="--in-step: the model's resolution")
     p.add_argument("--blocks", type=int, default=None, help="--in-step: transformer blocks")
