@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 pytest.importorskip("triton")
 
+import qattn_fx  # noqa: E402
 import qattn_fx.ops  # noqa: E402,F401  (registers qattn::* ops)
 from qattn_fx import block_sparse  # noqa: E402
 from qattn_fx.kernels import predict_blocks  # noqa: E402
@@ -205,6 +206,22 @@ def test_fused_selection_matches_the_torch_selection(shape, mode, keep, similari
     again = triton_select.select(pooled, s["sq"], s["skv"], sm, device_keep, mode, 1, True, similarity)
     check_lists(again, reference.select(pooled, s["sq"], s["skv"], sm, device_keep, mode, 1, True, similarity),
                 pooled, sm, device_keep, mode)
+
+
+@pytest.mark.parametrize("mode,keep", [("cdf", 0.9), ("top_k", 0.25)])
+@pytest.mark.parametrize("shape", list(SELECT_SHAPES))
+def test_dot_scores_give_the_lists_of_the_scalar_scores(shape, mode, keep):
+    """``qattn_fx.config.predictor_dot_scores``: the FMA ``tl.dot`` chunks sum in the scalar loop's order, so the
+    compiled kernel's lists are the same bit for bit (where a program holds 16 query tiles; elsewhere both are the
+    scalar loop)."""
+    s = SELECT_SHAPES[shape]
+    pooled = _select_inputs(shape)
+    rule = (s["sq"], s["skv"], 1 / math.sqrt(s["d"]), keep, mode, 1, True, 0.6)
+    lists = {}
+    for dot in (True, False):
+        with qattn_fx.config.patch(predictor_dot_scores=dot):
+            lists[dot] = triton_select.select(pooled, *rule)
+    assert torch.equal(lists[True].index, lists[False].index) and torch.equal(lists[True].count, lists[False].count)
 
 
 def test_fused_selection_allocates_only_its_lists():

@@ -279,3 +279,49 @@ def test_compiles_offline_for_older_gpus_without_spills(capability):
     compiled = fused.compile_for(capability, pooled, 591 * 128, 591 * 128, 0.5, "cdf")
     report = ptxas_report(compiled, capability)
     assert report["ptxas_ok"] and report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+
+
+@pytest.mark.parametrize("case,mode,keep", [("cross-300x77", "top_k", 0.25), ("odd-1000x2000", "cdf", 0.9),
+                                            pytest.param("gqa-bias", "cdf", 0.5, marks=pytest.mark.slow)])
+def test_dot_scores_match_the_torch_selection(case, mode, keep):
+    """``qattn_fx.config.predictor_dot_scores``: the scores as FMA ``tl.dot`` chunks give the reference's lists up
+    to the boundary, as the scalar-load scores do."""
+    import qattn_fx
+
+    pooled, sq, skv, sm = pooled_for(case)
+    with qattn_fx.config.patch(predictor_dot_scores=True):
+        assert fused.dot_scores(fused.rows_per_program(pooled.k_mean.shape[2]))
+        compare(pooled, sq, skv, sm, keep, mode, 1, True)
+
+
+def test_dot_scores_give_the_lists_of_the_scalar_scores():
+    """On dyadic means (every product and partial sum exact) both ways of scoring give the same lists, bit for bit."""
+    import qattn_fx
+
+    pooled, sq, skv, sm = pooled_for("odd-1000x2000", seed=10, dyadic=True)
+    for mode, keep in RULES:
+        lists = {}
+        for dot in (True, False):
+            with qattn_fx.config.patch(predictor_dot_scores=dot):
+                lists[dot] = fused.select(pooled, sq, skv, sm, keep, mode, 1, True)
+        dot, rows = lists[True], lists[False]
+        assert torch.equal(dot.index, rows.index) and torch.equal(dot.count, rows.count), (mode, keep)
+
+
+@pytest.mark.parametrize("nk", [40, 256, 512])
+def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk):
+    """With 16 query tiles a program (up to 512 key tiles), scoring by ``tl.dot`` chunks compiles without spills
+    and in fewer registers than one scalar load per query tile and ``d`` (so more programs fit an SM)."""
+    import qattn_fx
+    from qattn_fx.kernels._offline import ptxas_report
+
+    m = "meta"
+    pooled = reference.Pooled(torch.empty(1, 12, 256, 128, device=m), torch.empty(1, 12, 256, device=m),
+                              torch.empty(1, 12, 128, nk, device=m).transpose(2, 3), torch.empty(1, 12, nk, device=m),
+                              torch.empty(1, nk, dtype=torch.bool, device=m))
+    reports = {}
+    for dot in (False, True):
+        with qattn_fx.config.patch(predictor_dot_scores=dot):
+            reports[dot] = ptxas_report(fused.compile_for((9, 0), pooled, 256 * 128, nk * 128, 0.5, "top_k"), (9, 0))
+    assert reports[True]["ptxas_ok"] and reports[True]["spill_stores"] == 0, reports
+    assert reports[True]["registers"] < reports[False]["registers"], reports

@@ -28,6 +28,45 @@ def _sum(x, axis):
 
 
 @triton.jit
+def _scores_by_rows(q_row, k_row, col_ok_row, row0, NQ, stride_q_n, stride_q_d, stride_k_d, D: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL_D: tl.constexpr):
+    """``(ROWS, BLOCK_N)`` fp32 ``q̄ · k̄`` from one ``(1, BLOCK_N)`` row of k̄ per ``d`` and ``ROWS`` scalars of q̄: the
+    accumulator keeps the row load's layout (no layout conversion, so no barrier, in the loop; the ``UNROLL_D`` steps'
+    loads are all in flight at once). ``q_row``: query tile ``row0``'s q̄; ``k_row``: ``(1, BLOCK_N)`` pointers to
+    each key tile's k̄ (masked by ``col_ok_row``)."""
+    pick = tl.arange(0, ROWS)[:, None]
+    acc = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
+    for d0 in range(0, D, UNROLL_D):
+        for dd in tl.static_range(UNROLL_D):
+            d_ok = d0 + dd < D
+            kd = tl.load(k_row + (d0 + dd) * stride_k_d, mask=col_ok_row & d_ok, other=0.0)
+            qd = tl.full((ROWS, 1), 0.0, tl.float32)
+            for r in tl.static_range(ROWS):
+                q_r = tl.load(q_row + r * stride_q_n + (d0 + dd) * stride_q_d, mask=d_ok & (row0 + r < NQ),
+                              other=0.0)
+                qd = tl.where(pick == r, q_r, qd)
+            acc += qd * kd
+    return acc
+
+
+@triton.jit
+def _scores_by_dot(q_row, k_row, col_ok_row, row0, NQ, stride_q_n, stride_q_d, stride_k_d, D: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`_scores_by_rows`' sums as FMA ``tl.dot`` s (fp32, ``ieee``: one FMA per ``d``, in order) of ``(ROWS,
+    16)`` q̄ and ``(16, BLOCK_N)`` k̄ chunks, each a 2-D load: no scalar loads (``ROWS`` at least 16)."""
+    dc = tl.arange(0, 16)
+    q_rows = q_row + tl.arange(0, ROWS)[:, None].to(tl.int64) * stride_q_n
+    q_ok = (row0 + tl.arange(0, ROWS) < NQ)[:, None]
+    acc = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
+    for d0 in range(0, D, 16):
+        d_ok = d0 + dc < D
+        qc = tl.load(q_rows + (d0 + dc)[None, :] * stride_q_d, mask=q_ok & d_ok[None, :], other=0.0)
+        kc = tl.load(k_row + (d0 + dc)[:, None] * stride_k_d, mask=col_ok_row & d_ok[:, None], other=0.0)
+        acc = tl.dot(qc, kc, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_ptr, count_ptr,
                  HQ, G, NQ, NK, SQ, SKV, ROW_BLOCKS,
                  stride_q_b, stride_q_h, stride_q_n, stride_q_d,
@@ -36,13 +75,14 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
                  D: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TOP_K: tl.constexpr,
                  KEEP_ON_DEVICE: tl.constexpr, ALL: tl.constexpr, GUARD: tl.constexpr, DIAGONAL: tl.constexpr,
                  SLACK: tl.constexpr, BISECT_HI: tl.constexpr, BISECT_STEPS: tl.constexpr, TILE_Q: tl.constexpr,
-                 TILE_K: tl.constexpr, UNROLL_D: tl.constexpr):
+                 TILE_K: tl.constexpr, UNROLL_D: tl.constexpr, DOT: tl.constexpr):
     """One program per (b, hq, ``ROWS`` query tiles): steps 2-5 of :mod:`.reference` for those query tiles over
     all ``NK`` key tiles (padded to ``BLOCK_N``, a power of two), writing ``index (B, HQ, NQ, NK)`` and ``count (B,
     HQ, NQ)`` int32 in :class:`~qattn_fx.block_sparse.Blocks` format.
 
     * Scores: ``q̄_i · k̄_j`` summed over ``d`` in order (one fp32 FMA per ``d``, the loads of ``UNROLL_D`` steps
-      issued together), times ``sm_scale``; empty key tiles (``kept`` 0) at ``-inf``; softmax with a correctly
+      issued together; ``DOT``: as FMA ``tl.dot`` s of ``(ROWS, 16) x (16, BLOCK_N)`` chunks of ``d``, which sum in
+      the same order), times ``sm_scale``; empty key tiles (``kept`` 0) at ``-inf``; softmax with a correctly
       rounded division; a row of no non-empty tile has probability 0 everywhere (the reference's ``nan_to_num``).
     * Rank: tile ``i`` is above tile ``j`` when ``p_i > p_j`` or ``p_i == p_j`` and ``i < j`` (a stable descending
       sort). For probabilities ``>= 0`` their fp32 bits order as integers, so with weights ``w`` (``p`` for cdf, 1 for
@@ -73,24 +113,16 @@ def _select_rows(q_ptr, q_sim_ptr, k_ptr, k_sim_ptr, kept_ptr, keep_ptr, index_p
         visit = kept2
     else:
         # step 2: scores and softmax
-        # one (1, BLOCK_N) row of k̄ per d and ROWS scalars of q̄: the accumulator keeps the row load's layout (no
-        # layout conversion, so no barrier, in the loop; the UNROLL_D loads of a step are all in flight at once)
         row0 = rb * ROWS
         q_row = q_ptr + b * stride_q_b + h * stride_q_h + row0.to(tl.int64) * stride_q_n
         k_row = k_ptr + b * stride_k_b + hk * stride_k_h + tl.arange(0, BLOCK_N)[None, :].to(tl.int64) * stride_k_n
         col_ok_row = (tl.arange(0, BLOCK_N) < NK)[None, :]
-        pick = tl.arange(0, ROWS)[:, None]
-        acc = tl.full((ROWS, BLOCK_N), 0.0, tl.float32)
-        for d0 in range(0, D, UNROLL_D):
-            for dd in tl.static_range(UNROLL_D):
-                d_ok = d0 + dd < D
-                kd = tl.load(k_row + (d0 + dd) * stride_k_d, mask=col_ok_row & d_ok, other=0.0)
-                qd = tl.full((ROWS, 1), 0.0, tl.float32)
-                for r in tl.static_range(ROWS):
-                    q_r = tl.load(q_row + r * stride_q_n + (d0 + dd) * stride_q_d, mask=d_ok & (row0 + r < NQ),
-                                  other=0.0)
-                    qd = tl.where(pick == r, q_r, qd)
-                acc += qd * kd
+        if DOT:
+            acc = _scores_by_dot(q_row, k_row, col_ok_row, row0, NQ, stride_q_n, stride_q_d, stride_k_d, D, ROWS,
+                                 BLOCK_N)
+        else:
+            acc = _scores_by_rows(q_row, k_row, col_ok_row, row0, NQ, stride_q_n, stride_q_d, stride_k_d, D, ROWS,
+                                  BLOCK_N, UNROLL_D)
         scores = tl.where(kept2, acc * sm_scale, float("-inf"))
         top = tl.reduce(scores, 1, _max)
         any_kept = top > float("-inf")

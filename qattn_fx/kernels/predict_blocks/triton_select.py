@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ... import block_sparse
+from ... import block_sparse, config
 from .._cuda_utils import TritonSource, next_power_of_2
 from .reference import _CEIL_SLACK, MODES, Pooled, host_keep
 
@@ -83,6 +83,12 @@ def num_warps(nk: int) -> int:
     return max(4, min(NUM_WARPS, rows_per_program(nk) * _block_n(nk) // (32 * 16)))
 
 
+def dot_scores(rows: int) -> bool:
+    """Whether a program of ``rows`` query tiles scores with FMA ``tl.dot`` chunks (``qattn_fx.config.
+    predictor_dot_scores``; ``tl.dot`` needs at least 16 rows) instead of one scalar load per query tile and ``d``."""
+    return rows >= 16 and config.flag("predictor_dot_scores")
+
+
 def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode: str, sink_tiles: int,
                  diagonal: bool, similarity: float, index: torch.Tensor, count: torch.Tensor):
     """``(grid, args, meta)`` of the :func:`._select_kernel._select_rows` launch."""
@@ -109,7 +115,7 @@ def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode:
     meta = dict(D=d, ROWS=rows, BLOCK_N=_block_n(nk), TOP_K=mode == "top_k", KEEP_ON_DEVICE=on_device, ALL=everything,
                 GUARD=similarity > 0, DIAGONAL=bool(diagonal), SLACK=_CEIL_SLACK, BISECT_HI=_ONE_BITS,
                 BISECT_STEPS=_ONE_BITS.bit_length(), TILE_Q=block_sparse.BLOCK_ROWS, TILE_K=block_sparse.BLOCK_KEYS,
-                UNROLL_D=min(UNROLL_D, d))
+                UNROLL_D=min(UNROLL_D, d), DOT=dot_scores(rows))
     return (b * hq * row_blocks,), args, meta
 
 
