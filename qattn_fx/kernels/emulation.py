@@ -58,7 +58,8 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
         rs = formats.expand_seq_scale(q_scale, q_block, sq)[..., 0].float().expand(b, hq, sq) * qk_scale
         if k_block == 0:
             rs = rs * k_scale.float().repeat_interleave(hq // k_scale.shape[1], 1)[..., :1]
-    per_col = k_scale is not None and k_scale_kind(k_block, block_n) in ("group", "column")  # vary inside a tile
+    kind = k_scale_kind(k_block, block_n) if k_scale is not None else "none"  # how K's scales vary over a tile
+    per_col = kind in ("group", "column")
     skipping = skip_threshold is not None
     sparse = block_index is not None
     if sparse:
@@ -81,7 +82,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     for s0 in range(0, skv, block_n):
         n = torch.arange(s0, min(s0 + block_n, skv), device=q.device)
         s = s_all[..., n]
-        if k_scale is not None and k_block > 0:
+        if kind != "none":
             ks = k_scale.float().expand(b, hkv, -1).repeat_interleave(g, 1)[..., n // k_block]
             if per_col:  # the kernels cut scales that vary inside a tile to 22 significant bits, whatever Q's dtype
                 ks = (ks.view(torch.int32) & -4).view(torch.float32)
@@ -90,7 +91,7 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             t = (t - INT8_ACC_OFFSET) * ks[:, :, None, :] if per_col else t - INT8_ACC_OFFSET
         else:
             t = s * ks[:, :, None, :] if per_col else s
-        r = rs * ks[..., :1] if (k_scale is not None and k_block > 0 and not per_col) else rs
+        r = rs * ks[..., :1] if kind == "tile" else rs
         if key_bias is None:
             tile_max = t.amax(-1) * r
             m_new = torch.maximum(m, tile_max)
