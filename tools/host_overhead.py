@@ -37,7 +37,9 @@ It compiles a ``benchmarks.dit_step`` model (whole model, ``--blocks``, ``--reso
 forced, times ``--steps`` calls of each (the host's time to issue the step, then its wall time to the end of its
 GPU work), and inside the forced step each call's gluon_sage entry (``qattn_fx.kernels.gluon_sage.scaled_attention``:
 the kernel's whole host path) and Triton's launch of the kernel within it (``_sage_fwd_ws[grid](...)``). Then it
-calls the op eagerly on the arguments of the step's first call (as ``--cuda`` does), with the same timers::
+calls the op eagerly on the arguments of the step's first call (as ``--cuda`` does), with the same timers. It lists
+the calls that synchronize the host with the GPU in one step of each variant (torch's CUDA sync debug mode), and with
+``--profile N`` prints cProfile's top ``N`` functions of three steps of each::
 
     python -m tools.host_overhead --in-step ltx_video --resolution 512 --blocks 8 --steps 8 --out host.json
 
@@ -261,9 +263,27 @@ def step_times(step: Callable[[], object], steps: int, timer: PathTimer) -> list
     return rows
 
 
-def in_step(model: str, resolution: int | None, blocks: int | None, steps: int, warmup: int, iters: int) -> dict:
+def synchronizing_calls(step: Callable[[], object]) -> list[str]:
+    """The warnings of torch's CUDA sync debug mode during one call of ``step``: each operation of the step that
+    makes the host wait for the GPU (a device-to-host copy, ``.item()``, a synchronizing allocation)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [f"{w.filename}:{w.lineno}: {w.message}" for w in caught]
+
+
+def in_step(model: str, resolution: int | None, blocks: int | None, steps: int, warmup: int, iters: int,
+            top: int = 0) -> dict:
     """The ``--in-step`` measurement (module docstring): per-step rows of the dense and the forced compiled model,
-    and the median µs per call of the op, its gluon_sage entry and Triton's launch, called eagerly."""
+    the synchronizing calls of one step of each, and the median µs per call of the op, its gluon_sage entry and
+    Triton's launch, called eagerly. ``top`` > 0: also prints cProfile's top ``top`` functions of three steps of
+    each variant (by own time, then by cumulative time)."""
     case = dit_step.MODELS[model](blocks=blocks, resolution=resolution, device="cuda")
     forced = dit_step.VARIANTS["qattn gluon_sage int8 1/16/1"]
     timer = PathTimer()
@@ -278,6 +298,11 @@ def in_step(model: str, resolution: int | None, blocks: int | None, steps: int, 
             for _ in range(warmup):
                 step()
             result[name] = step_times(step, steps, timer)
+            result[f"{name}_syncs"] = synchronizing_calls(step)
+            if top:
+                print(f"--- cProfile of 3 {name} steps")
+                for sort in ("tottime", "cumulative"):
+                    profile(step, 3, top, sort)
         if timer.first is None:
             raise RuntimeError(f"no gluon_sage call in the forced {model} step: nothing to compare")
         op = eager_call(timer.first)
@@ -303,6 +328,11 @@ def print_in_step(result: dict) -> None:
     print(f"{'gluon_sage entry (its whole host path)':40} {med(forced, 'entry_us') / calls:12.1f} "
           f"{eager['entry']:8.1f}")
     print(f"{'Triton launch of the kernel':40} {med(forced, 'launch_us') / calls:12.1f} {eager['launch']:8.1f}")
+    for name in ("dense", "gluon_sage"):
+        syncs = result[f"{name}_syncs"]
+        print(f"synchronizing calls in one {name} step: {len(syncs)}")
+        for line in sorted(set(syncs))[:20]:
+            print(f"  {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.in_step:
         if not torch.cuda.is_available():
             p.error("--in-step needs a CUDA GPU")
-        result = in_step(a.in_step, a.resolution, a.blocks, a.steps, warmup=4, iters=min(a.iters, 400))
+        result = in_step(a.in_step, a.resolution, a.blocks, a.steps, warmup=4, iters=min(a.iters, 400), top=a.profile)
         print_in_step(result)
         if a.out:
             with open(a.out, "w") as f:
