@@ -36,10 +36,11 @@ Prints the median, 10th and 90th percentile of ``--iters`` timed calls (after ``
 It compiles a ``benchmarks.dit_step`` model (whole model, ``--blocks``, ``--resolution``) dense and with gluon_sage
 forced, times ``--steps`` calls of each (the host's time to issue the step, then its wall time to the end of its
 GPU work), and inside the forced step each call's gluon_sage entry (``qattn_fx.kernels.gluon_sage.scaled_attention``:
-the kernel's whole host path) and Triton's launch of the kernel within it (``_sage_fwd_ws[grid](...)``). Then it
-calls the op eagerly on the arguments of the step's first call (as ``--cuda`` does), with the same timers. It lists
-the calls that synchronize the host with the GPU in one step of each variant (torch's CUDA sync debug mode), and with
-``--profile N`` prints cProfile's top ``N`` functions of three steps of each::
+the kernel's whole host path) and Triton's launch of the kernel within it (``compiled(_sage_fwd_ws)[grid](...)``,
+:mod:`qattn_fx.kernels._compiled_launch`). Then it calls the op eagerly on the arguments of the step's first call (as
+``--cuda`` does), with the same timers. It lists the calls that synchronize the host with the GPU in one step of each
+variant (torch's CUDA sync debug mode), and with ``--profile N`` prints cProfile's top ``N`` functions of three steps
+of each::
 
     python -m tools.host_overhead --in-step ltx_video --resolution 512 --blocks 8 --steps 8 --out host.json
 
@@ -198,7 +199,8 @@ def profile(fn: Callable[[], object], iters: int, top: int, sort: str, busy: Cal
 class PathTimer:
     """While :meth:`active`: the host time of each gluon_sage call's entry (``entry``: the package's
     ``scaled_attention``, which ``qattn::scaled_attention`` calls) and of each Triton launch of the kernel inside it
-    (``launch``: ``_sage_fwd_ws[grid](...)``), in µs; ``first`` holds the first entry call's ``(args, kwargs)``."""
+    (``launch``: ``compiled(_sage_fwd_ws)[grid](...)``), in µs; ``first`` holds the first entry call's
+    ``(args, kwargs)``."""
 
     entry: list[float] = field(default_factory=list)
     launch: list[float] = field(default_factory=list)
@@ -211,6 +213,7 @@ class PathTimer:
     @contextlib.contextmanager
     def active(self) -> Iterator["PathTimer"]:
         from qattn_fx.kernels import gluon_sage
+        from qattn_fx.kernels._compiled_launch import compiled
         from qattn_fx.kernels.gluon_sage import launch
 
         entry_fn, kernel = gluon_sage.scaled_attention, launch._sage_fwd_ws
@@ -222,7 +225,7 @@ class PathTimer:
 
         class Launch:
             def __getitem__(_, grid):
-                return lambda *args, **kwargs: self._timed(self.launch, kernel[grid], args, kwargs)
+                return lambda *args, **kwargs: self._timed(self.launch, compiled(kernel)[grid], args, kwargs)
 
         with mock.patch.object(gluon_sage, "scaled_attention", entry), mock.patch.object(launch, "_sage_fwd_ws",
                                                                                           Launch()):

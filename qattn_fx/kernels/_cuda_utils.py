@@ -122,6 +122,10 @@ class FifoCache:
         self.hits = 0
         self.misses = 0
 
+    def get(self, key: Hashable) -> Any:
+        """The entry of ``key``, or ``None`` (no lock; not counted)."""
+        return self._entries.get(key)
+
     def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
         entry = self._entries.get(key)
         if entry is not None:

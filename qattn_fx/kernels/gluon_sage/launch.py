@@ -13,6 +13,7 @@ from ... import config as qattn_config
 from ... import block_sparse, skip_softmax
 from .. import _sage_common as common
 from .. import q_quantized_in_kernel
+from .._compiled_launch import compiled
 from .._config_tuner import ConfigTuner
 from .._cuda_utils import empty_bshd, next_power_of_2
 from . import tail_split
@@ -215,7 +216,8 @@ def attention(q, q_scale, k, k_scale, v, v_scale, q_block: int, k_block: int, sm
                 lists += (visit_bounds(*lists, tail, part[7]),)
             plan = plan_launch(*part[:6], q_block, k_block, sm_scale, o, ls, return_lse, config, tail, ws, part[6],
                                skip, part[7], lists)
-            _sage_fwd_ws[plan.grid](*plan.args, **plan.meta, num_warps=4, maxnreg=launch_maxnreg(plan.meta))
+            compiled(_sage_fwd_ws)[plan.grid](*plan.args, **plan.meta, num_warps=4,
+                                              maxnreg=launch_maxnreg(plan.meta))
             if tail:
                 tail_split.merge(tail, *ws, o, ls if return_lse else None, plan.q_blocks)
         LAST.tail = tail

@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from .._compiled_launch import compiled
+
 try:  # optional at import time (CPU machines): merge() needs it, plan() does not
     import triton
     import triton.language as tl
@@ -156,7 +158,7 @@ def merge(tail_plan: TailPlan, o_ws: torch.Tensor, lse_ws: torch.Tensor, out: to
     _, h, sq, dv = out.shape
     rows = o_ws.shape[1]
     block = 64 if rows % 64 == 0 else rows
-    _merge_kernel[(tail_plan.tail, rows // block)](
+    compiled(_merge_kernel)[(tail_plan.tail, rows // block)](
         o_ws, lse_ws, out, lse if lse is not None else lse_ws, out.stride(0), out.stride(1), out.stride(2),
         h, sq, n_m, tail_plan.main, tail_plan.splits,
         CTA_ROWS=rows, DV=dv, ROWS=block, RETURN_LSE=lse is not None, num_warps=4)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse
+from .._compiled_launch import compiled
 from .._cuda_utils import TritonSource, bias_args, next_power_of_2
 from .reference import Pooled, kept_keys, tile_counts
 
@@ -65,7 +66,7 @@ def _pool(x: torch.Tensor, tile: int, bias: torch.Tensor | None,
     if mean.numel() == 0:
         return mean, sim
     grid, args, meta = _launch_args(x, tile, bias, mean, sim)
-    KERNELS.module()._pool_tiles[grid](*args, **meta, num_warps=NUM_WARPS)
+    compiled(KERNELS.module()._pool_tiles)[grid](*args, **meta, num_warps=NUM_WARPS)
     return mean, sim
 
 

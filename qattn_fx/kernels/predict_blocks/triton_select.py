@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ... import block_sparse, config
+from .._compiled_launch import compiled
 from .._cuda_utils import TritonSource, next_power_of_2
 from .reference import _CEIL_SLACK, MODES, Pooled, host_keep
 
@@ -148,7 +149,7 @@ def select(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep: float | tor
         return block_sparse.Blocks(index, count.zero_())
     grid, args, meta = _launch_args(pooled, sq, skv, sm_scale, keep, mode, sink_tiles, diagonal, similarity,
                                     index, count)
-    KERNELS.module()._select_rows[grid](*args, **meta, num_warps=num_warps(nk))
+    compiled(KERNELS.module()._select_rows)[grid](*args, **meta, num_warps=num_warps(nk))
     return block_sparse.Blocks(index, count)
 
 

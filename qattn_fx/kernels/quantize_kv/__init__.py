@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ... import formats
+from .._compiled_launch import compiled
 from .._cuda_utils import FifoCache, TritonSource, bias_args, capability, next_power_of_2, triton_interpreting
 
 #: Tokens per program (a K block is at most one tile).
@@ -186,7 +187,7 @@ def launch(k, v, k_mean, v_scale, key_bias, k_block: int, k_dtype: torch.dtype, 
                                     interpret)
     if grid[0] == 0:
         return
-    _source().module()._kv_quantize[grid](*args, **meta, **OPTIONS)
+    compiled(_source().module()._kv_quantize)[grid](*args, **meta, **OPTIONS)
 
 
 def quantize_kv(k, v, k_mean, v_scale, key_bias, k_block: int, k_dtype: torch.dtype, seq_major: bool,
