@@ -77,7 +77,7 @@ class CompiledLaunch:
             kernel = kernel.result() if hasattr(kernel, "result") else kernel
             self.kernels.get_or_build(key, lambda: kernel)
             return
-        kernel[grid](*self.bound(args, meta))
+        kernel[(*grid, 1, 1)[:3]](*self.bound(args, meta))  # (the compiled kernel reads all three grid dims)
 
     def bound(self, args: tuple, meta: dict) -> list:
         """Every parameter's value in the kernel's order (as Triton's binding gives the compiled kernel): ``args``,
