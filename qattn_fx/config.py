@@ -25,10 +25,6 @@ setting                      environment variable             meaning
                                                               Triton launch) when the recipe allows (read when a
                                                               graph is rewritten; default ``1``; ``0``: the
                                                               separate ops, bitwise the same data)
-``predictor_dot_scores``     ``QATTN_PREDICTOR_DOT_SCORES``   the block predictor's selection kernel scores
-                                                              with FMA ``tl.dot`` chunks where a program holds
-                                                              16 query tiles (the same sums in the same order;
-                                                              default ``0`` until timed on a GPU)
 ===========================  ===============================  ================================================
 """
 
@@ -46,7 +42,6 @@ gluon_sage_config: Optional[str] = Config(default=None, env_name_default="QATTN_
                                           value_type=Optional[str])
 gluon_tail_split: bool = Config(default=True, env_name_default="QATTN_GLUON_TAIL_SPLIT")
 fused_kv_quantize: bool = Config(default=True, env_name_default="QATTN_FUSED_KV_QUANTIZE")
-predictor_dot_scores: bool = Config(default=False, env_name_default="QATTN_PREDICTOR_DOT_SCORES")
 
 def flag(name: str) -> bool:
     """A boolean setting, validated where it is used (an environment variable may hold anything)."""

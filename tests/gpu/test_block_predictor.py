@@ -210,17 +210,16 @@ def test_fused_selection_matches_the_torch_selection(shape, mode, keep, similari
 
 @pytest.mark.parametrize("mode,keep", [("cdf", 0.9), ("top_k", 0.25)])
 @pytest.mark.parametrize("shape", list(SELECT_SHAPES))
-def test_dot_scores_give_the_lists_of_the_scalar_scores(shape, mode, keep):
-    """``qattn_fx.config.predictor_dot_scores``: the FMA ``tl.dot`` chunks sum in the scalar loop's order, so the
-    compiled kernel's lists are the same bit for bit (where a program holds 16 query tiles; elsewhere both are the
-    scalar loop)."""
+def test_dot_scores_give_the_lists_of_the_scalar_scores(shape, mode, keep, monkeypatch):
+    """The FMA ``tl.dot`` chunks (programs of 16 query tiles) sum in the scalar loop's order, so the compiled
+    kernel's lists are the same bit for bit with the scalar loads forced (elsewhere both are the scalar loop)."""
     s = SELECT_SHAPES[shape]
     pooled = _select_inputs(shape)
     rule = (s["sq"], s["skv"], 1 / math.sqrt(s["d"]), keep, mode, 1, True, 0.6)
     lists = {}
     for dot in (True, False):
-        with qattn_fx.config.patch(predictor_dot_scores=dot):
-            lists[dot] = triton_select.select(pooled, *rule)
+        monkeypatch.setattr(triton_select, "dot_scores", lambda rows, dot=dot: dot and rows >= 16)
+        lists[dot] = triton_select.select(pooled, *rule)
     assert torch.equal(lists[True].index, lists[False].index) and torch.equal(lists[True].count, lists[False].count)
 
 

@@ -284,35 +284,30 @@ def test_compiles_offline_for_older_gpus_without_spills(capability):
 @pytest.mark.parametrize("case,mode,keep", [("cross-300x77", "top_k", 0.25), ("odd-1000x2000", "cdf", 0.9),
                                             pytest.param("gqa-bias", "cdf", 0.5, marks=pytest.mark.slow)])
 def test_dot_scores_match_the_torch_selection(case, mode, keep):
-    """``qattn_fx.config.predictor_dot_scores``: the scores as FMA ``tl.dot`` chunks give the reference's lists up
-    to the boundary, as the scalar-load scores do."""
-    import qattn_fx
-
+    """Programs of 16 query tiles score as FMA ``tl.dot`` chunks: the reference's lists up to the boundary, as the
+    scalar-load scores give."""
     pooled, sq, skv, sm = pooled_for(case)
-    with qattn_fx.config.patch(predictor_dot_scores=True):
-        assert fused.dot_scores(fused.rows_per_program(pooled.k_mean.shape[2]))
-        compare(pooled, sq, skv, sm, keep, mode, 1, True)
+    assert fused.dot_scores(fused.rows_per_program(pooled.k_mean.shape[2]))
+    compare(pooled, sq, skv, sm, keep, mode, 1, True)
 
 
-def test_dot_scores_give_the_lists_of_the_scalar_scores():
-    """On dyadic means (every product and partial sum exact) both ways of scoring give the same lists, bit for bit."""
-    import qattn_fx
-
+def test_dot_scores_give_the_lists_of_the_scalar_scores(monkeypatch):
+    """On dyadic means (every product and partial sum exact) both ways of scoring give the same lists, bit for bit
+    (the scalar loads forced where a program holds 16 query tiles)."""
     pooled, sq, skv, sm = pooled_for("odd-1000x2000", seed=10, dyadic=True)
     for mode, keep in RULES:
         lists = {}
         for dot in (True, False):
-            with qattn_fx.config.patch(predictor_dot_scores=dot):
-                lists[dot] = fused.select(pooled, sq, skv, sm, keep, mode, 1, True)
+            monkeypatch.setattr(fused, "dot_scores", lambda rows, dot=dot: dot and rows >= 16)
+            lists[dot] = fused.select(pooled, sq, skv, sm, keep, mode, 1, True)
         dot, rows = lists[True], lists[False]
         assert torch.equal(dot.index, rows.index) and torch.equal(dot.count, rows.count), (mode, keep)
 
 
 @pytest.mark.parametrize("nk", [40, 256, 512])
-def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk):
+def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk, monkeypatch):
     """With 16 query tiles a program (up to 512 key tiles), scoring by ``tl.dot`` chunks compiles without spills
     and in fewer registers than one scalar load per query tile and ``d`` (so more programs fit an SM)."""
-    import qattn_fx
     from qattn_fx.kernels._offline import ptxas_report
 
     m = "meta"
@@ -321,7 +316,7 @@ def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk):
                               torch.empty(1, nk, dtype=torch.bool, device=m))
     reports = {}
     for dot in (False, True):
-        with qattn_fx.config.patch(predictor_dot_scores=dot):
-            reports[dot] = ptxas_report(fused.compile_for((9, 0), pooled, 256 * 128, nk * 128, 0.5, "top_k"), (9, 0))
+        monkeypatch.setattr(fused, "dot_scores", lambda rows, dot=dot: dot and rows >= 16)
+        reports[dot] = ptxas_report(fused.compile_for((9, 0), pooled, 256 * 128, nk * 128, 0.5, "top_k"), (9, 0))
     assert reports[True]["ptxas_ok"] and reports[True]["spill_stores"] == 0, reports
     assert reports[True]["registers"] < reports[False]["registers"], reports

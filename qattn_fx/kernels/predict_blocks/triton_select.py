@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ... import block_sparse, config
+from ... import block_sparse
 from .._compiled_launch import compiled
 from .._cuda_utils import TritonSource, next_power_of_2
 from .reference import _CEIL_SLACK, MODES, Pooled, host_keep
@@ -85,9 +85,10 @@ def num_warps(nk: int) -> int:
 
 
 def dot_scores(rows: int) -> bool:
-    """Whether a program of ``rows`` query tiles scores with FMA ``tl.dot`` chunks (``qattn_fx.config.
-    predictor_dot_scores``; ``tl.dot`` needs at least 16 rows) instead of one scalar load per query tile and ``d``."""
-    return rows >= 16 and config.flag("predictor_dot_scores")
+    """Whether a program of ``rows`` query tiles scores with FMA ``tl.dot`` chunks (``tl.dot`` needs at least 16
+    rows: up to 512 key tiles) rather than one scalar load per query tile and ``d`` (longer key sets). Both sum the
+    same products in the same order."""
+    return rows >= 16
 
 
 def _launch_args(pooled: Pooled, sq: int, skv: int, sm_scale: float, keep, mode: str, sink_tiles: int,
