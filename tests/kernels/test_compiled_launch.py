@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -76,6 +78,35 @@ def test_specialization_separates_every_pair_triton_compiles_apart():
                 assert ours[a] != ours[b], (a, b)
     assert ours["float value"] == ours["base"]  # as Triton: floats are not specialized
     assert triton_keys["float value"] == triton_keys["base"]
+
+
+_DTYPES = (torch.int8, torch.bfloat16, torch.float16, torch.float32)
+_BUFFERS = {dtype: torch.zeros(64, dtype=dtype) for dtype in _DTYPES}
+
+
+@st.composite
+def probe_launches(draw):
+    """A launch of ``_probe``: tensors of any dtype at element offsets (16-byte aligned or not), integers around the
+    values Triton specializes on (1, multiples of 16, the 32-bit limit), a float, constexprs and an option."""
+    def tensor():
+        dtype = draw(st.sampled_from(_DTYPES))
+        offset = draw(st.sampled_from((0, 1, 2, 4, 8, 16)))  # elements into a 16-byte aligned buffer
+        return _BUFFERS[dtype][offset:offset + 32]
+    ints = st.sampled_from((0, 1, 2, 15, 16, 17, 32, 48, 2**31 - 1, 2**31, -16))
+    args = (tensor(), tensor(), draw(ints), draw(st.sampled_from((0.5, 0.25, 1.0))), draw(ints))
+    meta = {"BLOCK": draw(st.sampled_from((16, 32))), "num_warps": draw(st.sampled_from((4, 8)))}
+    if draw(st.booleans()):
+        meta["FLAG"] = draw(st.sampled_from((0, 1)))
+    return args, meta
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(a=probe_launches(), b=probe_launches())
+def test_specialization_is_at_least_as_fine_as_tritons_key(a, b):
+    """Over random pairs of launches: where Triton's cache key differs, so does :func:`specialization` (so a
+    compiled kernel is never reused for arguments Triton would compile apart)."""
+    if triton_binding(_probe, *a)[1] != triton_binding(_probe, *b)[1]:
+        assert cl.specialization(*a) != cl.specialization(*b)
 
 
 def test_gluon_sage_launch_binds_as_triton_does():
