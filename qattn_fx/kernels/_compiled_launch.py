@@ -74,6 +74,8 @@ class CompiledLaunch:
         kernel = self.kernels.get(key)
         if kernel is None:
             kernel = self.fn[grid](*args, **meta)  # binds, compiles or looks up, launches
+            if kernel is None:  # (a JIT cache hook took the launch: nothing was compiled; ask Triton again next time)
+                return
             kernel = kernel.result() if hasattr(kernel, "result") else kernel
             self.kernels.get_or_build(key, lambda: kernel)
             return

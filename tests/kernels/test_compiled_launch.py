@@ -174,6 +174,24 @@ def test_the_compiled_kernel_runs_after_tritons_path_returned_it():
     assert list(fn.log[1][2]) == launch.bound(args, meta)
 
 
+def test_a_launch_triton_did_not_compile_is_not_cached():
+    """Where Triton's path returns no kernel (a JIT cache hook took the launch), the next launch asks it again."""
+    fn = FakeJit()
+    returned = iter((None, FakeKernel(fn.log)))
+    run = fn.__getitem__
+
+    class Hooked(FakeJit):
+        def __getitem__(self, grid):
+            return lambda *a, **meta: (run(grid)(*a, **meta), next(returned))[1]
+
+    hooked = Hooked()
+    launch = cl.CompiledLaunch(hooked)
+    args, meta = _launches()["base"]
+    for grid in ((1,), (2,), (3,)):
+        launch[grid](*args, **meta)
+    assert [(how, grid) for how, grid, _ in fn.log] == [("triton", (1,)), ("triton", (2,)), ("compiled", (3, 1, 1))]
+
+
 def test_interpreted_and_hooked_kernels_take_tritons_path(monkeypatch):
     fn = FakeJit()
     launch = cl.CompiledLaunch(fn)
