@@ -34,8 +34,10 @@ def specialization(args: tuple, meta: dict) -> tuple:
             key.append((a.dtype, a.data_ptr() & 15 == 0))
         elif kind is float:
             key.append(float)
-        elif a is None or kind is int or kind is bool:
+        elif a is None or kind is int:
             key.append(a)
+        elif kind is bool:  # (True == 1 as a key; Triton types them apart)
+            key.append((bool, a))
         elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a host TMA descriptor
             key.append((a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None)))
         else:

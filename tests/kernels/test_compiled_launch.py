@@ -61,6 +61,7 @@ def _launches():
         "x dtype": ((torch.zeros(64, dtype=torch.float16), y, 64, 0.5, 16), base),
         "n not a multiple of 16": ((x, y, 65, 0.5, 16), base),
         "n == 1": ((x, y, 1, 0.5, 16), base),
+        "n == True": ((x, y, True, 0.5, 16), base),
         "stride 32": ((x, y, 64, 0.5, 32), base),
         "BLOCK": ((x, y, 64, 0.5, 16), dict(base, BLOCK=32)),
         "FLAG": ((x, y, 64, 0.5, 16), dict(base, FLAG=1)),
