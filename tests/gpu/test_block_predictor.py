@@ -210,7 +210,7 @@ def test_fused_selection_matches_the_torch_selection(shape, mode, keep, similari
 
 @pytest.mark.parametrize("mode,keep", [("cdf", 0.9), ("top_k", 0.25)])
 @pytest.mark.parametrize("shape", list(SELECT_SHAPES))
-def test_dot_scores_give_the_lists_of_the_scalar_scores(shape, mode, keep, monkeypatch):
+def test_dot_scores_give_the_lists_of_the_scalar_scores(shape, mode, keep):
     """The FMA ``tl.dot`` chunks (programs of 16 query tiles) sum in the scalar loop's order, so the compiled
     kernel's lists are the same bit for bit with the scalar loads forced (elsewhere both are the scalar loop)."""
     s = SELECT_SHAPES[shape]
@@ -218,8 +218,10 @@ def test_dot_scores_give_the_lists_of_the_scalar_scores(shape, mode, keep, monke
     rule = (s["sq"], s["skv"], 1 / math.sqrt(s["d"]), keep, mode, 1, True, 0.6)
     lists = {}
     for dot in (True, False):
-        monkeypatch.setattr(triton_select, "dot_scores", lambda rows, dot=dot: dot and rows >= 16)
-        lists[dot] = triton_select.select(pooled, *rule)
+        with pytest.MonkeyPatch.context() as mp:
+            if not dot:
+                mp.setattr(triton_select, "dot_scores", lambda rows: False)  # the scalar loads everywhere
+            lists[dot] = triton_select.select(pooled, *rule)
     assert torch.equal(lists[True].index, lists[False].index) and torch.equal(lists[True].count, lists[False].count)
 
 

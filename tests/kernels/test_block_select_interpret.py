@@ -291,21 +291,23 @@ def test_dot_scores_match_the_torch_selection(case, mode, keep):
     compare(pooled, sq, skv, sm, keep, mode, 1, True)
 
 
-def test_dot_scores_give_the_lists_of_the_scalar_scores(monkeypatch):
+def test_dot_scores_give_the_lists_of_the_scalar_scores():
     """On dyadic means (every product and partial sum exact) both ways of scoring give the same lists, bit for bit
     (the scalar loads forced where a program holds 16 query tiles)."""
     pooled, sq, skv, sm = pooled_for("odd-1000x2000", seed=10, dyadic=True)
     for mode, keep in RULES:
         lists = {}
         for dot in (True, False):
-            monkeypatch.setattr(fused, "dot_scores", lambda rows, dot=dot: dot and rows >= 16)
-            lists[dot] = fused.select(pooled, sq, skv, sm, keep, mode, 1, True)
+            with pytest.MonkeyPatch.context() as mp:
+                if not dot:
+                    mp.setattr(fused, "dot_scores", lambda rows: False)  # the scalar loads everywhere
+                lists[dot] = fused.select(pooled, sq, skv, sm, keep, mode, 1, True)
         dot, rows = lists[True], lists[False]
         assert torch.equal(dot.index, rows.index) and torch.equal(dot.count, rows.count), (mode, keep)
 
 
 @pytest.mark.parametrize("nk", [40, 256, 512])
-def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk, monkeypatch):
+def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk):
     """With 16 query tiles a program (up to 512 key tiles), scoring by ``tl.dot`` chunks compiles without spills
     and in fewer registers than one scalar load per query tile and ``d`` (so more programs fit an SM)."""
     from qattn_fx.kernels._offline import ptxas_report
@@ -316,7 +318,9 @@ def test_dot_scores_compile_offline_for_sm90_in_fewer_registers(nk, monkeypatch)
                               torch.empty(1, nk, dtype=torch.bool, device=m))
     reports = {}
     for dot in (False, True):
-        monkeypatch.setattr(fused, "dot_scores", lambda rows, dot=dot: dot and rows >= 16)
-        reports[dot] = ptxas_report(fused.compile_for((9, 0), pooled, 256 * 128, nk * 128, 0.5, "top_k"), (9, 0))
+        with pytest.MonkeyPatch.context() as mp:
+            if not dot:
+                mp.setattr(fused, "dot_scores", lambda rows: False)  # the scalar loads everywhere
+            reports[dot] = ptxas_report(fused.compile_for((9, 0), pooled, 256 * 128, nk * 128, 0.5, "top_k"), (9, 0))
     assert reports[True]["ptxas_ok"] and reports[True]["spill_stores"] == 0, reports
     assert reports[True]["registers"] < reports[False]["registers"], reports
