@@ -271,15 +271,14 @@ def synchronizing_calls(step: Callable[[], object]) -> list[str]:
     makes the host wait for the GPU (a device-to-host copy, ``.item()``, a synchronizing allocation)."""
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
+    torch.cuda.set_sync_debug_mode("warn")  # (outside the record: turning it on warns that it is a prototype)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
-            if not str(w.message).startswith("Synchronization debug mode is a prototype")]  # (the mode's own notice)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [f"{w.filename}:{w.lineno}: {w.message}" for w in caught]
 
 
 def in_step(model: str, resolution: int | None, blocks: int | None, steps: int, warmup: int, iters: int,

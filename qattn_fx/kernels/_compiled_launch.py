@@ -57,7 +57,7 @@ class CompiledLaunch:
         self.kernels = FifoCache(maxsize)
         params = getattr(fn, "params", None)
         self._names = tuple(p.name for p in params) if params is not None else None
-        self._defaults = {p.name: p.default for p in params or () if p.has_default} if params is not None else {}
+        self._defaults = {p.name: p.default for p in params if p.has_default} if params is not None else {}
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
