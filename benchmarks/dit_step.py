@@ -65,7 +65,9 @@ first call (timestep 0.5).
 
 The whole stack (:mod:`qattn_fx.stack`): ``--linears fp8`` adds, after those rows, the same model with TorchAO's FP8
 linears (dynamic activation and weight, per-row scales), compiled dense and under each variant (``... + fp8
-linears``); ``--cache fbc`` adds each row's variant again with diffusers' First Block Cache on (``... + fbc``,
+linears``); ``fp8static`` with FP8 linears whose activation scales were calibrated first
+(:func:`qattn_fx.stack.calibrate_linears`, over a denoising loop from other noise than the timed one's); several
+kinds (``--linears fp8 fp8static``) run one after the other, each on the model built afresh; ``--cache fbc`` adds each row's variant again with diffusers' First Block Cache on (``... + fbc``,
 ``--cache-threshold``; it needs ``--steps``: a cache skips work between denoising steps). Every row's cosine is
 against the first row, compiled dense with bf16 linears and no cache; with ``--steps`` the final latents of the
 loop are compared too (``cos_final_vs_dense``: what a cache changes shows there, not in the first call). One row of
@@ -96,7 +98,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -808,10 +810,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-no-attention", action="store_true", help="leave out the 'no attention' variant")
     parser.add_argument("--profile", action="store_true", help="profile one call per variant: GPU time by kernel "
                                                                 "class and the heaviest kernels")
-    parser.add_argument("--linears", choices=stack.LINEARS, default="bf16",
-                        help="also run every row with TorchAO's quantized linears: fp8 (dynamic activation and weight, "
-                             "per-row; sm_89+), int8wo (int8 weight-only: a smoke test on any device); default bf16 "
-                             "(only the model's own linears)")
+    parser.add_argument("--linears", nargs="+", choices=stack.LINEARS, default=["bf16"],
+                        help="also run every row with TorchAO's quantized linears of each kind: fp8 (dynamic "
+                             "activation and weight, per-row; sm_89+), fp8static (per-tensor scales, the "
+                             "activations' calibrated over a denoising loop first), int8wo (int8 weight-only: a smoke "
+                             "test on any device); default bf16 (only the model's own linears)")
     parser.add_argument("--fp8-gemms", choices=stack.FP8_GEMMS, default="cublas",
                         help="with --linears fp8: cublas (default: the ATen FP8 matmul, no autotuning) or autotune "
                              "(Inductor's default, which autotunes Triton templates per matmul shape: minutes of "
@@ -846,7 +849,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(str(e))
     if args.block_dense_steps and not args.block_keep:
         parser.error("--block-dense-steps needs --block-keep (the block-sparse rows it schedules)")
-    if args.stack_only and args.linears == "bf16" and args.cache == "none":
+    if args.stack_only and args.linears == ["bf16"] and args.cache == "none":
         parser.error("--stack-only needs --linears or --cache: without them there is no stacked row to run")
     if args.cache != "none" and args.steps < 2:
         parser.error(f"--cache {args.cache} needs --steps N with N >= 2: a cache reuses work between denoising steps")
@@ -880,7 +883,7 @@ def plan(args: argparse.Namespace) -> list[Row]:
     rows = [Row("compiled dense (torch SDPA)", "dense")]
     if not args.skip_no_attention:
         rows.append(Row("compiled, no attention", "no_attention"))
-    for linears in dict.fromkeys(("bf16", args.linears)):
+    for linears in dict.fromkeys(("bf16", *args.linears)):
         for cache in dict.fromkeys(("none", args.cache)):
             suffix = (f" + {linears} linears" if linears != "bf16" else "") + (
                 f" + {cache} {args.cache_threshold:g}" if cache != "none" else "")
@@ -895,11 +898,21 @@ def plan(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def prepare(case: Case, row: Row, args: argparse.Namespace) -> None:
-    """Put ``case.model`` in the state ``row`` runs in: its linears quantized once (in place, for every later row)
-    and its cache on or off."""
-    if row.linears != "bf16" and not getattr(case.model, "_dit_step_linears", None):
-        count = stack.quantize_linears(case.model, row.linears)
+def prepare(case: Case, row: Row, args: argparse.Namespace, build: Callable[[], Case]) -> Case:
+    """The case ``row`` runs on, in the state it runs in: ``case`` with its linears quantized as ``row.linears``
+    says (in place, once, for the later rows of that kind; a model quantized otherwise is replaced by ``build()``,
+    the same weights afresh) and its cache on or off."""
+    current = getattr(case.model, "_dit_step_linears", "bf16")
+    if row.linears != current:
+        if current != "bf16":
+            torch._dynamo.reset()  # the compiled graphs of the quantized model go with it
+            case = build()
+        if row.linears in stack.CALIBRATED:
+            with stack.calibrate_linears(case.model, kind=row.linears) as calibration:
+                denoise(case.model, calibration_case(case), max(args.steps, 1))
+            count = calibration.quantized
+        else:
+            count = stack.quantize_linears(case.model, row.linears)
         case.model._dit_step_linears = row.linears
         print(f"quantized {count} linears: {row.linears}", flush=True)
     cached = getattr(case.model, "is_cache_enabled", False)
@@ -907,6 +920,15 @@ def prepare(case: Case, row: Row, args: argparse.Namespace) -> None:
         stack.enable_cache(case.model, row.cache, args.cache_threshold)
     elif row.cache == "none" and cached:
         case.model.disable_cache()
+    return case
+
+
+def calibration_case(case: Case) -> Case:
+    """``case`` with latents of other noise (seed 1): what :func:`prepare` calibrates static activation scales on,
+    so that the timed loop runs on inputs the calibration did not see."""
+    noise = torch.randn(case.inputs["hidden_states"].shape, generator=torch.Generator().manual_seed(1))
+    hidden = noise.to(case.inputs["hidden_states"])
+    return replace(case, inputs=dict(case.inputs, hidden_states=hidden))
 
 
 def spec_of(row: Row, steps: int = 0) -> Spec:
@@ -939,25 +961,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     require_cuda()
 
-    try:
-        case = MODELS[args.model](config=args.config, blocks=args.blocks, single_blocks=args.single_blocks,
+    def build() -> Case:
+        return MODELS[args.model](config=args.config, blocks=args.blocks, single_blocks=args.single_blocks,
                                   frames=args.frames, text_tokens=args.text_tokens, resolution=args.resolution,
                                   device="cuda")
+
+    try:
+        case = build()
     except ValueError as e:  # a size the model cannot take, named by its builder
         sys.exit(f"python -m benchmarks.dit_step: error: {e}")
     hw = qattn_fx.detect("cuda")
     timed = f"{args.steps} denoising steps" if args.steps else f"{args.iters} calls on one input"
-    stacked = "".join(f", {k} {v}" for k, v in (("linears", args.linears), ("cache", args.cache)) if v not in (
-        "bf16", "none")) + (f" ({args.fp8_gemms} FP8 matmuls)" if args.linears == "fp8" else "")
+    linears = " + ".join(k for k in args.linears if k != "bf16")
+    fp8 = next((k for k in args.linears if k in stack.FP8), "bf16")
+    stacked = "".join(f", {k} {v}" for k, v in (("linears", linears), ("cache", args.cache)) if v not in (
+        "", "none")) + (f" ({args.fp8_gemms} FP8 matmuls)" if fp8 != "bf16" else "")
     header = (f"{case.header}, bf16, {args.compile} compile, mode {args.mode}, {timed}{stacked}, "
               f"{torch.cuda.get_device_name()} ({hw.arch}), torch {torch.__version__}")
     print(header, flush=True)
     rows = []
     dense_out = dense_final = None
-    with torch.no_grad(), torch._inductor.config.patch(stack.inductor_config(args.linears, args.fp8_gemms)):
+    with torch.no_grad(), torch._inductor.config.patch(stack.inductor_config(fp8, args.fp8_gemms)):
         for i, spec_row in enumerate(plan(args)):
             try:
-                prepare(case, spec_row, args)
+                case = prepare(case, spec_row, args, build)
                 reference = (None, None) if spec_row.attention == "no_attention" else (dense_out, dense_final)
                 backend = backend_of(spec_row, args.steps, timestep_scale(case))
                 row, out = run_variant(spec_row.name, case, backend, reference[0], args, reference[1])

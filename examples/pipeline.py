@@ -94,8 +94,8 @@ def build_pipeline(config: dict, device: torch.device, dtype: torch.dtype, exper
     return pipe
 
 
-def run(pipe, call: dict, device: torch.device) -> tuple[torch.Tensor, list[float]]:
-    """The pipeline's output for ``call`` (same seed every time) and the seconds of each denoising step."""
+def run(pipe, call: dict, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+    """The pipeline's output for ``call`` (from ``seed``'s noise) and the seconds of each denoising step."""
     marks = []
 
     def on_step_end(pipe, step, timestep, callback_kwargs):
@@ -104,7 +104,7 @@ def run(pipe, call: dict, device: torch.device) -> tuple[torch.Tensor, list[floa
         marks.append(time.perf_counter())
         return callback_kwargs
 
-    generator = torch.Generator("cpu").manual_seed(0)
+    generator = torch.Generator("cpu").manual_seed(seed)
     start = time.perf_counter()
     with torch.no_grad():
         out = pipe(**call, generator=generator, callback_on_step_end=on_step_end).frames
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compiler", default="inductor", choices=("inductor", "aot_eager", "eager"),
                         help="what compiles the rewritten graph (default inductor)")
     parser.add_argument("--linears", choices=stack.LINEARS, default="bf16",
-                        help="TorchAO linears in the compiled run: fp8 (dynamic, per-row; a GPU), int8wo (int8 "
+                        help="TorchAO linears in the compiled run: fp8 (dynamic, per-row; a GPU), fp8static (per-tensor "
+                             "scales, the activations' calibrated on a run from other noise first), int8wo (int8 "
                              "weight-only); default: the model's own")
     parser.add_argument("--fp8-gemms", choices=stack.FP8_GEMMS, default="cublas",
                         help="with --linears fp8: cublas (default, no autotuning) or autotune (Inductor's default: "
@@ -172,9 +173,14 @@ def main(argv: list[str] | None = None) -> dict:
     dense, dense_steps = run(pipe, call, device)
     names = ("transformer", "transformer_2")[:args.experts]
     backends = {name: qattn_fx.backend(args.spec, emulate=not on_gpu, compiler=args.compiler) for name in names}
+    if args.linears in stack.CALIBRATED:  # activation scales from a run the compared run does not repeat
+        with stack.calibrate_linears(*(getattr(pipe, name) for name in names), kind=args.linears) as calibration:
+            run(pipe, call, device, seed=1)
+        print(f"calibrated {calibration.quantized} linears as {args.linears} on a run from seed 1")
     for name, backend in backends.items():  # every transformer of the pipeline, each with its own report
         transformer = getattr(pipe, name)
-        stack.quantize_linears(transformer, args.linears)
+        if args.linears not in stack.CALIBRATED:
+            stack.quantize_linears(transformer, args.linears)
         stack.enable_cache(transformer, args.cache, args.cache_threshold)
         setattr(pipe, name, torch.compile(transformer, backend=backend, fullgraph=args.cache == "none"))
     with torch._inductor.config.patch(stack.inductor_config(args.linears, args.fp8_gemms)):  # Inductor compiles here

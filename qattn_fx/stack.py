@@ -8,8 +8,12 @@ graph as Dynamo traced it:
   desugared later, by AOT autograd, into its quantize and matmul ops, which Inductor fuses), so Q, K and V reach
   SDPA as plain tensors out of ``linear`` and every site is found, decided and rewritten as on the plain model, in
   one graph (``fullgraph=True`` holds). ``fp8``: FP8 dynamic activation and weight, per-row scales (Hopper and
-  later, bf16); ``int8wo``: int8 weight-only; ``int8dq``: int8 dynamic activation (per token) and weight (any device:
-  the CPU tests', where Inductor fuses the activation's quantization into the op before the linear).
+  later, bf16); ``fp8static``: FP8 activation and weight with one scale each per linear, the activation's measured
+  on calibration calls (:func:`calibrate_linears`), so quantizing an activation is a multiply and a cast that
+  Inductor writes in the kernel of the op before the linear (no reduction over the activation; any device with
+  FP8 ``_scaled_mm``: sm_89+ GPUs and the CPU); ``int8wo``: int8 weight-only; ``int8dq``: int8 dynamic activation
+  (per token) and weight (any device: the CPU tests', where Inductor fuses the activation's quantization into the
+  op before the linear).
 * **Step caches** (:func:`enable_cache`, diffusers' ``CacheMixin.enable_cache``): ``fbc`` is First Block Cache.
   Its decision (does this step recompute the blocks after the first?) is a host read of a tensor under
   ``torch.compiler.disable``: a graph break by design, so ``fullgraph=True`` cannot hold and Dynamo compiles the
@@ -38,33 +42,47 @@ A call of a model with a cache on must run inside its cache context (diffusers' 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import warnings
 
 import torch
 
 #: ``--linears`` choices: what :func:`quantize_linears` applies.
-LINEARS = ("bf16", "fp8", "int8wo", "int8dq")
+LINEARS = ("bf16", "fp8", "fp8static", "int8wo", "int8dq")
+#: The kinds of :data:`LINEARS` whose activation scales are measured on calibration calls (:func:`calibrate_linears`).
+CALIBRATED = ("fp8static",)
+#: The kinds of :data:`LINEARS` whose matmuls are FP8 (``aten._scaled_mm``; :func:`inductor_config`).
+FP8 = ("fp8", "fp8static")
 #: ``--cache`` choices: what :func:`enable_cache` applies.
 CACHES = ("none", "fbc")
 #: ``--fp8-gemms`` choices: how Inductor picks the kernel of each FP8 matmul (:func:`inductor_config`).
 FP8_GEMMS = ("cublas", "autotune")
 
 
-def linears_config(kind: str):
-    """The TorchAO config of ``kind`` (:data:`LINEARS`, not ``bf16``)."""
+def linears_config(kind: str, step: str | None = None):
+    """The TorchAO config of ``kind`` (:data:`LINEARS`, not ``bf16``); for a :data:`CALIBRATED` kind, of its
+    ``step``: ``"prepare"`` (observers in the linears) or ``"convert"`` (the observed linears quantized)."""
+    if kind not in LINEARS or kind == "bf16":
+        raise ValueError(f"linears={kind!r} is invalid; valid: {', '.join(k for k in LINEARS if k != 'bf16')}")
+    if (step is not None) != (kind in CALIBRATED) or step not in (None, "prepare", "convert"):
+        valid = "'prepare' or 'convert'" if kind in CALIBRATED else "None (it is not calibrated)"
+        raise ValueError(f"step={step!r} is invalid for linears={kind!r}; valid: {valid}")
     try:
         from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig,
-                                          Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow)
+                                          Float8StaticActivationFloat8WeightConfig,
+                                          Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow,
+                                          PerTensor)
     except ImportError as e:
         raise ImportError(f"linears={kind!r} needs torchao: pip install -e '.[stack]' ({e})") from e
     # set_inductor_config=False: TorchAO's default turns on Inductor's coordinate-descent tuning for the whole
     # process (minutes per compile of a DiT); the stack's Inductor settings are :func:`inductor_config`'s alone.
     if kind == "fp8":
         return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
+    if kind == "fp8static":
+        return Float8StaticActivationFloat8WeightConfig(step=step, granularity=PerTensor(), set_inductor_config=False)
     if kind == "int8wo":
         return Int8WeightOnlyConfig(set_inductor_config=False)
-    if kind == "int8dq":
-        return Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
-    raise ValueError(f"linears={kind!r} is invalid; valid: {', '.join(LINEARS)}")
+    return Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
 
 
 def _fp8_shape_ok(module: torch.nn.Module, _fqn: str) -> bool:
@@ -75,27 +93,101 @@ def _fp8_shape_ok(module: torch.nn.Module, _fqn: str) -> bool:
 def quantize_linears(model: torch.nn.Module, kind: str) -> int:
     """Quantize ``model``'s ``nn.Linear`` weights in place as ``kind`` (:data:`LINEARS`) says; returns how many
     linears were quantized (``bf16``: none, the model is left as it is). ``fp8`` leaves linears whose sides are not
-    multiples of 16 as they are (the FP8 matmul cannot take them)."""
+    multiples of 16 as they are (the FP8 matmul cannot take them). A :data:`CALIBRATED` kind is quantized by
+    :func:`calibrate_linears` instead (``ValueError`` here)."""
     if kind == "bf16":
         return 0
+    if kind in CALIBRATED:
+        raise ValueError(f"linears={kind!r} measures its activation scales on calibration calls: quantize with "
+                         f"`with qattn_fx.stack.calibrate_linears(model, kind={kind!r}): <run the model>`")
     from torchao.quantization import quantize_
 
     config = linears_config(kind)
-    take = _fp8_shape_ok if kind == "fp8" else (lambda m, _: isinstance(m, torch.nn.Linear))
+    take = _fp8_shape_ok if kind in FP8 else (lambda m, _: isinstance(m, torch.nn.Linear))
     chosen = sum(take(m, n) for n, m in model.named_modules())
     quantize_(model, config, filter_fn=take)
     return chosen
 
 
+@dataclasses.dataclass
+class LinearsCalibration:
+    """What :func:`calibrate_linears` did, filled when its ``with`` block ends: ``quantized`` linears (every model's),
+    and ``unseen``, the linears no calibration call reached (``model[i].path``), left in their own precision."""
+
+    kind: str
+    quantized: int = 0
+    unseen: list[str] = dataclasses.field(default_factory=list)
+
+
+@contextlib.contextmanager
+def calibrate_linears(*models: torch.nn.Module, kind: str = "fp8static"):
+    """Quantize ``models``' linears in place as ``kind`` (:data:`CALIBRATED`) says, with activation scales measured
+    on the calls run inside the ``with`` block::
+
+        with stack.calibrate_linears(pipe.transformer) as calibration:
+            pipe(prompt, generator=torch.Generator().manual_seed(1))   # a few representative calls
+        # the linears are FP8 now; calibration.quantized of them
+
+    In the block, TorchAO's observers record each linear's input range (the linears still compute in their own
+    precision, so the calls' outputs are the model's); when it ends, each observed linear becomes FP8 with its
+    activation's scale fixed (one per linear: ``amax / 448``; larger values at inference clamp to ±448 · scale)
+    and its weight's. Linears whose sides are not multiples of 16 stay as they are (the FP8 matmul cannot take
+    them), and so do linears no call reached (named in a warning and in ``unseen``). If the block raises, the
+    observers are taken out and the models are as they were."""
+    if kind not in CALIBRATED:
+        raise ValueError(f"kind={kind!r} is invalid for calibrate_linears; valid: {', '.join(CALIBRATED)}")
+    from torchao.quantization import quantize_
+
+    prepare, convert = linears_config(kind, "prepare"), linears_config(kind, "convert")
+    for model in models:
+        quantize_(model, prepare, filter_fn=_fp8_shape_ok)
+    calibration = LinearsCalibration(kind)
+    try:
+        yield calibration
+    except BaseException:
+        for model in models:
+            _unobserve(model, [name for name, _ in _observed(model)])
+        raise
+    for i, model in enumerate(models):
+        unseen = [name for name, m in _observed(model) if not hasattr(m.input_act_obs, "max_val")]
+        _unobserve(model, unseen)
+        calibration.quantized += len(list(_observed(model)))
+        calibration.unseen += [f"model[{i}].{name}" if len(models) > 1 else name for name in unseen]
+        quantize_(model, convert, filter_fn=lambda m, _: _is_observed(m))
+    if calibration.unseen:
+        warnings.warn(f"calibrate_linears: {len(calibration.unseen)} linear(s) saw no calibration call and stay in "
+                      f"their own precision: {', '.join(calibration.unseen)}", stacklevel=3)
+
+
+def _is_observed(module: torch.nn.Module) -> bool:
+    return hasattr(module, "input_act_obs") and isinstance(module, torch.nn.Linear)
+
+
+def _observed(model: torch.nn.Module):
+    """``(path, module)`` of ``model``'s linears with a calibration observer."""
+    return [(name, m) for name, m in model.named_modules() if _is_observed(m)]
+
+
+def _unobserve(model: torch.nn.Module, names: list[str]) -> None:
+    """Put a plain ``nn.Linear`` (the same weight and bias) back where each observed linear of ``names`` is."""
+    for name in names:
+        observed = model.get_submodule(name)
+        plain = torch.nn.Linear(observed.in_features, observed.out_features, bias=observed.bias is not None,
+                                device="meta")
+        plain.weight, plain.bias = observed.weight, observed.bias
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, plain)
+
+
 def inductor_config(linears: str, fp8_gemms: str = "cublas") -> dict:
-    """Inductor config patches for a model with ``linears`` (:data:`LINEARS`): with ``fp8`` linears and
+    """Inductor config patches for a model with ``linears`` (:data:`LINEARS`): with :data:`FP8` linears and
     ``fp8_gemms="cublas"`` (:data:`FP8_GEMMS`), ``max_autotune_gemm_backends="ATEN"``, so that every FP8 matmul is
     the ATen kernel (cuBLAS) without autotuning (the module docstring); otherwise none."""
     if linears not in LINEARS:
         raise ValueError(f"linears={linears!r} is invalid; valid: {', '.join(LINEARS)}")
     if fp8_gemms not in FP8_GEMMS:
         raise ValueError(f"fp8_gemms={fp8_gemms!r} is invalid; valid: {', '.join(FP8_GEMMS)}")
-    if linears == "fp8" and fp8_gemms == "cublas":
+    if linears in FP8 and fp8_gemms == "cublas":
         return {"max_autotune_gemm_backends": "ATEN"}
     return {}
 

@@ -22,9 +22,10 @@
 #   dit                          python -m benchmarks.dit_step (DIT_ARGS, split on spaces: --only takes substrings
 #                                without spaces, e.g. DIT_ARGS="--model flux --compile whole --steps 4 --only auto")
 #   stack                        the whole-stack table (BENCHMARKS.md, "The whole stack"): python -m benchmarks.dit_step
-#                                --linears fp8 --stack-only --only auto for each of STACK_ROWS (default: wan14b wan1.3b
-#                                flux1024 flux2048; wan14b adds --block-keep 0.5 --block-dense-steps 1), each within
-#                                STACK_S seconds (default 240), into $OUT/stack_<row>.{json,log}
+#                                --linears $STACK_LINEARS (default "fp8 fp8static") --stack-only --only auto for each of
+#                                STACK_ROWS (default: wan14b wan1.3b flux1024 flux2048; wan14b adds --block-keep 0.5
+#                                --block-dense-steps 1), each within STACK_S seconds (default 240), into
+#                                $OUT/stack_<row>.{json,log}
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
@@ -94,7 +95,7 @@ for s in "$@"; do
           *) echo "unknown stack row $row; valid: wan14b wan1.3b flux1024 flux2048"; continue ;;
         esac
         TAIL=12 step "stack_$row" ${STACK_S:-240} python3 -m benchmarks.dit_step --out "$OUT/stack_$row.json" $args \
-          --compile whole --steps 4 --warmup 1 --only auto --linears fp8 --stack-only
+          --compile whole --steps 4 --warmup 1 --only auto --linears ${STACK_LINEARS:-fp8 fp8static} --stack-only
       done ;;
     ncu-gluon) TAIL=${TAIL:-150} step ncu-gluon ${NCU_S:-240} ncu --clock-control none -k regex:_sage_fwd_ws --launch-skip 2 \
         --launch-count 1 ${NCU_SECTIONS:---section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats} \

@@ -1,11 +1,14 @@
-"""The whole stack on the GPU: TorchAO FP8 linears (dynamic activation and weight, per-row) and quantized attention
-in one compile of a tiny bf16 Wan (head_dim 128, every linear's sides multiples of 16, so all are FP8).
+"""The whole stack on the GPU: TorchAO FP8 linears (``fp8``: dynamic activation and weight, per-row; ``fp8static``:
+per-tensor scales, the activations' calibrated on other noise first) and quantized attention in one compile of a
+tiny bf16 Wan (head_dim 128, every linear's sides multiples of 16, so all are FP8).
 
 The backend finds and decides the same sites as on the plain model, in one graph (``fullgraph=True``), Inductor's
 code calls the FP8 matmul (``_scaled_mm``) beside the attention kernel, and the output stays close to the dense
 bf16 model. Tolerance: FP8 linears alone are cos ≈ 0.999 on random weights, the Sage recipe ≈ 0.9993 per layer
 (tests/gpu/test_compiled_models.py); together two residual layers keep cosine above 0.99.
 """
+
+import re
 
 import pytest
 import torch
@@ -29,7 +32,8 @@ def cosine(a, b):
     return torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
 
 
-def test_fp8_linears_and_quantized_attention_in_one_graph():
+@pytest.mark.parametrize("linears", ["fp8", "fp8static"])
+def test_fp8_linears_and_quantized_attention_in_one_graph(linears):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs an sm_90+ GPU")
     pytest.importorskip("diffusers")
@@ -43,13 +47,19 @@ def test_fp8_linears_and_quantized_attention_in_one_graph():
         plain = qattn_fx.backend(SAGE)
         plain_out = torch.compile(model, backend=plain, fullgraph=True)(**inputs)[0]
 
-        linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-        assert stack.quantize_linears(model, "fp8") == linears
+        count = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+        if linears == "fp8":
+            assert stack.quantize_linears(model, "fp8") == count
+        else:
+            other = dict(inputs, hidden_states=torch.randn_like(inputs["hidden_states"]))
+            with stack.calibrate_linears(model) as calibration:
+                model(**other)
+            assert calibration.quantized == count and calibration.unseen == []
         fp8_eager = model(**inputs)[0]
         torch._dynamo.reset()
         backend = qattn_fx.backend(SAGE)
         compiled = torch.compile(model, backend=backend, fullgraph=True)
-        with torch._inductor.config.patch(stack.inductor_config("fp8", "cublas")):  # no autotuning: seconds
+        with torch._inductor.config.patch(stack.inductor_config(linears, "cublas")):  # no autotuning: seconds
             out, code = run_and_get_code(compiled, **inputs)
         out = out[0]
         with torch.compiler.set_stance("fail_on_recompile"):
@@ -60,6 +70,9 @@ def test_fp8_linears_and_quantized_attention_in_one_graph():
     assert rows == [(s.module, s.role, s.rewritten, s.kernel, s.reason) for s in plain.report.sites]
     assert all(s.rewritten for s in backend.report.sites), str(backend.report)
     assert any("scaled_mm" in c or "f8f8bf16" in c for c in code), "Inductor's code calls an FP8 matmul"
+    if linears == "fp8static":  # the activation's cast in the GELU's kernel: no pass over the activation of its own
+        kernels = set(re.findall(r"triton_\w+", "\n".join(code)))
+        assert any("gelu" in k and "clamp" in k for k in kernels), sorted(kernels)
     assert cosine(plain_out, dense) >= 0.99
     assert cosine(fp8_eager, dense) >= 0.99
     cos = cosine(out, dense)

@@ -93,11 +93,114 @@ def test_torchao_fp8_skips_linears_the_fp8_matmul_cannot_take():
     eligible = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                 and m.in_features % 16 == 0 and m.out_features % 16 == 0]
     assert [n for n, m in model.named_modules() if stack._fp8_shape_ok(m, n)] == eligible
-    with pytest.raises(ValueError, match="linears='int4' is invalid; valid: bf16, fp8, int8wo, int8dq"):
+    with pytest.raises(ValueError, match="linears='int4' is invalid; valid: fp8, fp8static, int8wo, int8dq"):
         stack.linears_config("int4")
     with pytest.raises(ValueError, match="cache='tea' is invalid; valid: none, fbc"):
         stack.enable_cache(model, "tea")
     assert stack.quantize_linears(model, "bf16") == 0
+
+
+@pytest.mark.slow
+def test_fp8static_linears_calibrate_then_compile_with_qattn_in_one_graph():
+    """``fp8static``: observers record each linear's input range over the calibration calls (which return the
+    model's own output), each linear then becomes FP8 with one activation scale, ``amax / 448``, and one weight
+    scale; under the backend, in one graph, Inductor writes the activation's cast in the kernel of the op before the
+    linear (the GELU, the layer norm; ``fp8``'s per-row scales need a reduction over the activation first), and the
+    output matches the same TorchAO model eagerly."""
+    pytest.importorskip("torchao")
+    from torch._inductor.utils import run_and_get_code
+    from torchao.quantization import Float8Tensor  # noqa: F401  (torchao importable with FP8)
+
+    model, inputs = tiny_models.wan(head_dim=16)  # widths 32 and 16: every linear can be FP8
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    seen = {}
+
+    def record(name):
+        def hook(module, args):
+            seen[name] = max(seen.get(name, 0.0), args[0].abs().amax().item())
+        return hook
+
+    with torch.no_grad():
+        dense = model(**inputs)[0]
+        plain = qattn_fx.explain(model, **inputs, emulate=True)
+        other = dict(inputs, hidden_states=torch.randn_like(inputs["hidden_states"]))
+        with stack.calibrate_linears(model) as calibration:
+            handles = [model.get_submodule(n).register_forward_pre_hook(record(n)) for n in linears]
+            observed = model(**inputs)[0]
+            model(**other)
+            for h in handles:
+                h.remove()
+        assert calibration == stack.LinearsCalibration("fp8static", quantized=len(linears), unseen=[])
+        torch.testing.assert_close(observed, dense, rtol=0, atol=0)  # the observers change nothing
+        q = model.blocks[0].attn1.to_q.weight
+        assert type(q).__name__ == "PrototypeFloat8Tensor" and q.qdata.dtype == torch.float8_e4m3fn
+        scale = q.act_quant_scale.item()
+        assert scale == pytest.approx(seen["blocks.0.attn1.to_q"] / 448, rel=1e-6)
+        eager = model(**inputs)[0]
+
+        torch._dynamo.reset()
+        backend = qattn_fx.backend(emulate=True)
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        out, code = run_and_get_code(compiled, **inputs)
+        out = out[0]
+        with torch.compiler.set_stance("fail_on_recompile"):
+            again = compiled(**inputs)[0]
+
+    assert len(backend.graph_modules) == 1, "one graph: no graph break"
+    assert site_rows(backend.report) == site_rows(plain)
+    assert [s.rewritten for s in backend.report.sites] == [True] * 4
+    kernels = set(re.findall(r"cpp_fused_\w+", "\n".join(code)))
+    assert any("gelu" in k and "_to_copy" in k and "clamp" in k for k in kernels), sorted(kernels)
+    assert any("layer_norm" in k or "native_layer_norm" in k or "var_mean" in k for k in kernels
+               if "_to_copy" in k and "clamp" in k), sorted(kernels)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    assert cosine(out, eager) >= 0.9998  # the attention's quantization error only
+    assert cosine(eager, dense) >= 0.998  # FP8 linears (per-tensor scales) on a random fp32 model
+
+
+def test_fp8static_leaves_unreached_linears_and_undoes_a_failed_calibration():
+    pytest.importorskip("torchao")
+    model, inputs = tiny_models.wan(head_dim=16)
+    weight = model.blocks[0].attn1.to_q.weight
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="calibration failed"):
+            with stack.calibrate_linears(model):
+                model(**inputs)
+                raise RuntimeError("calibration failed")
+        assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+        assert model.blocks[0].attn1.to_q.weight is weight  # the same parameter, nothing copied or lost
+
+        with pytest.warns(UserWarning, match=r"linear\(s\) saw no calibration call and stay in their own "
+                                             r"precision: .*blocks\.0\.attn1\.to_k"):
+            with stack.calibrate_linears(model) as calibration:
+                for block in model.blocks:  # the blocks' FFNs and query projections only
+                    block.ffn(torch.randn(1, 8, 32))
+                    block.attn1.to_q(torch.randn(1, 8, 32))
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    reached = [n for n in linears if n.startswith("blocks.") and (".ffn." in n or n.endswith("attn1.to_q"))]
+    assert calibration.quantized == len(reached) == 6
+    assert calibration.unseen == [n for n in linears if n not in reached]
+    for name in linears:
+        kind = type(model.get_submodule(name).weight).__name__
+        assert kind == ("PrototypeFloat8Tensor" if name in reached else "Parameter"), name
+    assert all(type(model.get_submodule(n)) is torch.nn.Linear for n in calibration.unseen)
+
+
+def test_fp8static_errors_name_the_way_to_calibrate():
+    pytest.importorskip("torchao")
+    model, _ = tiny_models.wan(head_dim=16)
+    with pytest.raises(ValueError, match=r"linears='fp8static' measures its activation scales on calibration calls: "
+                                         r"quantize with `with qattn_fx.stack.calibrate_linears\(model, "):
+        stack.quantize_linears(model, "fp8static")
+    with pytest.raises(ValueError, match="kind='fp8' is invalid for calibrate_linears; valid: fp8static"):
+        with stack.calibrate_linears(model, kind="fp8"):
+            pass
+    with pytest.raises(ValueError, match="step='observe' is invalid for linears='fp8static'; valid: 'prepare' or "
+                                         "'convert'"):
+        stack.linears_config("fp8static", "observe")
+    with pytest.raises(ValueError, match=r"step='prepare' is invalid for linears='fp8'; valid: None \(it is not "):
+        stack.linears_config("fp8", "prepare")
+    assert stack.inductor_config("fp8static") == {"max_autotune_gemm_backends": "ATEN"}
 
 
 STEPS = 5
@@ -261,5 +364,5 @@ def test_cublas_fp8_gemms_keep_inductor_from_autotuning_triton_templates():
     assert _use_autotune_backend("TRITON")  # Inductor's default: FP8 matmuls autotune Triton templates
     with pytest.raises(ValueError, match="fp8_gemms='triton' is invalid; valid: cublas, autotune"):
         stack.inductor_config("fp8", "triton")
-    with pytest.raises(ValueError, match="linears='int4' is invalid; valid: bf16, fp8, int8wo, int8dq"):
+    with pytest.raises(ValueError, match="linears='int4' is invalid; valid: bf16, fp8, fp8static, int8wo, int8dq"):
         stack.inductor_config("int4")

@@ -373,13 +373,19 @@ def test_dit_step_stack_rows():
         ("compiled dense + fp8 linears + fbc 0.05", "dense", "fp8", "fbc"),
         (auto + " + fp8 linears + fbc 0.05", auto, "fp8", "fbc")]
     plain = dit_step.parse_args([])
-    assert (plain.linears, plain.cache) == ("bf16", "none")
+    assert (plain.linears, plain.cache) == (["bf16"], "none")
     assert [r.name for r in dit_step.plan(plain)][:3] == ["compiled dense (torch SDPA)", "compiled, no attention", auto]
     assert (args.fp8_gemms, plain.fp8_gemms) == ("cublas", "cublas")
     assert dit_step.parse_args(["--linears", "fp8", "--fp8-gemms", "autotune"]).fp8_gemms == "autotune"
     only = dit_step.parse_args(["--linears", "fp8", "--only", "auto", "--skip-no-attention", "--stack-only"])
     assert [r.name for r in dit_step.plan(only)] == ["compiled dense (torch SDPA)", "compiled dense + fp8 linears",
                                                       auto + " + fp8 linears"]
+    both = dit_step.parse_args(["--linears", "fp8", "fp8static", "--only", "auto", "--skip-no-attention",
+                                "--stack-only"])
+    assert [(r.name, r.linears) for r in dit_step.plan(both)] == [
+        ("compiled dense (torch SDPA)", "bf16"), ("compiled dense + fp8 linears", "fp8"),
+        (auto + " + fp8 linears", "fp8"), ("compiled dense + fp8static linears", "fp8static"),
+        (auto + " + fp8static linears", "fp8static")]
     for bad in (["--cache", "fbc"], ["--cache", "fbc", "--steps", "1"], ["--linears", "int4"],
                 ["--fp8-gemms", "triton"], ["--stack-only"]):
         with pytest.raises(SystemExit):
@@ -396,12 +402,14 @@ def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
 
     case = dit_step.build_wan(device="cpu", **{**TINY_DIT["wan"], "dims": {**TINY_DIT["wan"]["dims"],
                                                                            "num_layers": 2}})
+    fresh = dit_step.build_wan(device="cpu", **{**TINY_DIT["wan"], "dims": {**TINY_DIT["wan"]["dims"],
+                                                                            "num_layers": 2}})
     args = dit_step.parse_args(["--linears", "int8wo", "--cache", "fbc", "--cache-threshold", "0.5", "--steps", "3"])
     row = dit_step.plan(args)[-1]
     assert (row.linears, row.cache) == ("int8wo", "fbc")
     with torch.no_grad():
         dense = dit_step.denoise(case.model, case, 3)
-        dit_step.prepare(case, row, args)
+        assert dit_step.prepare(case, row, args, None) is case
         assert case.model.is_cache_enabled and case.model._dit_step_linears == "int8wo"
         torch._dynamo.reset()
         backend = qattn_fx.backend(emulate=True, compiler="eager")
@@ -412,8 +420,19 @@ def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
     assert recomputed[0] is True and len(recomputed) == 3
     assert {(s.role, s.rewritten) for s in backend.report.sites} == {("self", True), ("cross", True)}
     assert torch.nn.functional.cosine_similarity(stacked.flatten().float(), dense.flatten().float(), dim=0) > 0.99
-    dit_step.prepare(case, dit_step.Row("x", "dense", "int8wo", "none"), args)
+    assert dit_step.prepare(case, dit_step.Row("x", "dense", "int8wo", "none"), args, None) is case
     assert not case.model.is_cache_enabled
+
+    # another kind: the model built afresh (the same weights), its activation scales calibrated on other noise
+    with torch.no_grad():
+        rebuilt = dit_step.prepare(case, dit_step.Row("y", "dense", "fp8static", "none"), args, lambda: fresh)
+    assert rebuilt is fresh and rebuilt.model._dit_step_linears == "fp8static"
+    to_q = rebuilt.model.blocks[0].attn1.to_q.weight
+    assert type(to_q).__name__ == "PrototypeFloat8Tensor"
+    with torch.no_grad():
+        calibration_in = dit_step.calibration_case(fresh).inputs["hidden_states"]
+    assert calibration_in.shape == case.inputs["hidden_states"].shape
+    assert not torch.equal(calibration_in, case.inputs["hidden_states"])
 
 
 def _block_sparse_spec(keep: float = 0.5, disabled_until: float | None = None):
