@@ -29,6 +29,7 @@
 #   ncu-gluon                    Nsight Compute on python -m tools.profile_gluon (PROFILE_ARGS, NCU_SECTIONS, NCU_S)
 #   ab-tail-split                python -m tools.ab_tail_split (AB_ARGS)
 #   quantize-profile             python -m tools.profile_quantize (QUANT_ARGS)
+#   predictor-profile            python -m tools.profile_predictor (PRED_ARGS): the predictor's kernels apart
 #   host-in-step                 python -m tools.host_overhead --in-step: a forced gluon_sage step's host path per call
 #                                against the dense step's, synchronizing calls, cProfile (HOST_ARGS: the model and its
 #                                flags, default "sd3 --steps 8 --profile 40")
@@ -103,6 +104,7 @@ for s in "$@"; do
     ab-tail-split) TAIL=20 step ab-tail-split ${AB_S:-240} python3 -m tools.ab_tail_split ${AB_ARGS:-} ;;
     host-in-step) TAIL=30 step host-in-step ${HOST_S:-300} python3 -m tools.host_overhead --out "$OUT/host_in_step.json" \
         --in-step ${HOST_ARGS:-sd3 --steps 8 --profile 40} ;;
+    predictor-profile) TAIL=40 step predictor-profile ${PRED_S:-180} python3 -m tools.profile_predictor ${PRED_ARGS:-} ;;
     quantize-profile) TAIL=40 step quantize-profile ${QUANT_S:-240} python3 -m tools.profile_quantize ${QUANT_ARGS:-} ;;
     quantize-ab) shapes=flux-1024,d64,wan1.3b-480p
         TAIL=80 step quantize-ab-profile ${QAB_PROFILE_S:-150} env QATTN_AUTOTUNE=0 \

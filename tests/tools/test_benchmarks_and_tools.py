@@ -17,7 +17,7 @@ COMMANDS = ["benchmarks.attention_ops", "benchmarks.context_parallel", "benchmar
             "benchmarks.tune",
             "tools.ab_tail_split",
             "tools.gluon_probe", "tools.host_overhead", "tools.kernel_in_step", "tools.profile_gluon",
-            "tools.profile_quantize"]
+            "tools.profile_predictor", "tools.profile_quantize"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)
