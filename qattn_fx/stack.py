@@ -151,7 +151,7 @@ def calibrate_linears(*models: torch.nn.Module, kind: str = "fp8static"):
     for i, model in enumerate(models):
         unseen = [name for name, m in _observed(model) if not hasattr(m.input_act_obs, "max_val")]
         _unobserve(model, unseen)
-        calibration.quantized += len(list(_observed(model)))
+        calibration.quantized += len(_observed(model))
         calibration.unseen += [f"model[{i}].{name}" if len(models) > 1 else name for name in unseen]
         quantize_(model, convert, filter_fn=lambda m, _: _is_observed(m))
     if calibration.unseen:
