@@ -37,6 +37,20 @@ def cosine(a, b):
     return torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
 
 
+def inductor_twice(model, inputs):
+    """``model`` compiled ``fullgraph`` by the backend (emulated recipes, Inductor) and called twice, the second time
+    under ``fail_on_recompile``: the backend, both outputs and Inductor's code of the first call."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    backend = qattn_fx.backend(emulate=True)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    out, code = run_and_get_code(compiled, **inputs)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        again = compiled(**inputs)[0]
+    return backend, out[0], again, code
+
+
 def site_rows(report):
     return [(s.module, s.layer, s.role, s.rewritten, s.reason) for s in report.sites]
 
@@ -47,7 +61,6 @@ def test_torchao_int8_linears_and_qattn_in_one_inductor_graph(linears):
     """``int8wo``: int8 weight-only (the CPU config of issue #47); ``int8dq``: int8 dynamic activation and weight,
     whose per-token activation quantization Inductor fuses with the op before the linear (a layer norm, a GELU)."""
     pytest.importorskip("torchao")
-    from torch._inductor.utils import run_and_get_code
     from torchao.quantization import Int8Tensor
 
     model, inputs = tiny_models.wan()
@@ -60,13 +73,7 @@ def test_torchao_int8_linears_and_qattn_in_one_inductor_graph(linears):
         torch._dynamo.reset()
         reference = qattn_fx.backend(emulate=True, compiler="eager")  # the rewritten graph, run op by op
         expected = torch.compile(model, backend=reference, fullgraph=True)(**inputs)[0]
-        torch._dynamo.reset()
-        backend = qattn_fx.backend(emulate=True)  # Inductor
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
-        out, code = run_and_get_code(compiled, **inputs)
-        out = out[0]
-        with torch.compiler.set_stance("fail_on_recompile"):
-            again = compiled(**inputs)[0]
+        backend, out, again, code = inductor_twice(model, inputs)
 
     assert len(backend.graph_modules) == 1, "one graph: no graph break"
     assert site_rows(backend.report) == site_rows(plain) == site_rows(reference.report)
@@ -108,8 +115,6 @@ def test_fp8static_linears_calibrate_then_compile_with_qattn_in_one_graph():
     linear (the GELU, the layer norm; ``fp8``'s per-row scales need a reduction over the activation first), and the
     output matches the same TorchAO model eagerly."""
     pytest.importorskip("torchao")
-    from torch._inductor.utils import run_and_get_code
-    from torchao.quantization import Float8Tensor  # noqa: F401  (torchao importable with FP8)
 
     model, inputs = tiny_models.wan(head_dim=16)  # widths 32 and 16: every linear can be FP8
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -138,13 +143,7 @@ def test_fp8static_linears_calibrate_then_compile_with_qattn_in_one_graph():
         assert scale == pytest.approx(seen["blocks.0.attn1.to_q"] / 448, rel=1e-6)
         eager = model(**inputs)[0]
 
-        torch._dynamo.reset()
-        backend = qattn_fx.backend(emulate=True)
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
-        out, code = run_and_get_code(compiled, **inputs)
-        out = out[0]
-        with torch.compiler.set_stance("fail_on_recompile"):
-            again = compiled(**inputs)[0]
+        backend, out, again, code = inductor_twice(model, inputs)
 
     assert len(backend.graph_modules) == 1, "one graph: no graph break"
     assert site_rows(backend.report) == site_rows(plain)
