@@ -924,10 +924,12 @@ def prepare(case: Case, row: Row, args: argparse.Namespace, build: Callable[[], 
 
 
 def calibration_case(case: Case) -> Case:
-    """``case`` with latents of other noise (seed 1): what :func:`prepare` calibrates static activation scales on,
-    so that the timed loop runs on inputs the calibration did not see."""
-    noise = torch.randn(case.inputs["hidden_states"].shape, generator=torch.Generator().manual_seed(1))
-    hidden = noise.to(case.inputs["hidden_states"])
+    """``case`` with latents of other noise (seed 1; the conditioning channels after ``case.latent_channels`` kept):
+    what :func:`prepare` calibrates static activation scales on, so that the timed loop runs on inputs the
+    calibration did not see."""
+    hidden = case.inputs["hidden_states"].clone()
+    latents = hidden[:, :case.latent_channels] if case.latent_channels is not None else hidden
+    latents.copy_(torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)))
     return replace(case, inputs=dict(case.inputs, hidden_states=hidden))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import time
 
@@ -433,6 +434,10 @@ def test_dit_step_int8_linears_and_first_block_cache_denoise_on_cpu():
         calibration_in = dit_step.calibration_case(fresh).inputs["hidden_states"]
     assert calibration_in.shape == case.inputs["hidden_states"].shape
     assert not torch.equal(calibration_in, case.inputs["hidden_states"])
+    conditioned = dataclasses.replace(fresh, latent_channels=2)  # HunyuanVideo-1.5's layout: the rest conditions
+    calibration_in = dit_step.calibration_case(conditioned).inputs["hidden_states"]
+    assert torch.equal(calibration_in[:, 2:], fresh.inputs["hidden_states"][:, 2:])
+    assert not torch.equal(calibration_in[:, :2], fresh.inputs["hidden_states"][:, :2])
 
 
 def _block_sparse_spec(keep: float = 0.5, disabled_until: float | None = None):
