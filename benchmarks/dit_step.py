@@ -67,9 +67,10 @@ The whole stack (:mod:`qattn_fx.stack`): ``--linears fp8`` adds, after those row
 linears (dynamic activation and weight, per-row scales), compiled dense and under each variant (``... + fp8
 linears``); ``fp8static`` with FP8 linears whose activation scales were calibrated first
 (:func:`qattn_fx.stack.calibrate_linears`, over a denoising loop from other noise than the timed one's); several
-kinds (``--linears fp8 fp8static``) run one after the other, each on the model built afresh; ``--cache fbc`` adds each row's variant again with diffusers' First Block Cache on (``... + fbc``,
-``--cache-threshold``; it needs ``--steps``: a cache skips work between denoising steps). Every row's cosine is
-against the first row, compiled dense with bf16 linears and no cache; with ``--steps`` the final latents of the
+kinds (``--linears fp8 fp8static``) run one after the other, each on the model built afresh; ``--cache fbc`` adds
+each row's variant again with diffusers' First Block Cache on (``... + fbc``, ``--cache-threshold``; it needs
+``--steps``: a cache skips work between denoising steps). Every row's cosine is against the first row, compiled
+dense with bf16 linears and no cache; with ``--steps`` the final latents of the
 loop are compared too (``cos_final_vs_dense``: what a cache changes shows there, not in the first call). One row of
 the stack table per command, e.g. ``--linears fp8 --cache fbc --steps 8 --only auto`` runs dense bf16 compiled,
 qattn, FP8 linears, FP8 linears + qattn and each of them with the cache; ``--stack-only`` leaves out the rows with
@@ -816,7 +817,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "activations' calibrated over a denoising loop first), int8wo (int8 weight-only: a smoke "
                              "test on any device); default bf16 (only the model's own linears)")
     parser.add_argument("--fp8-gemms", choices=stack.FP8_GEMMS, default="cublas",
-                        help="with --linears fp8: cublas (default: the ATen FP8 matmul, no autotuning) or autotune "
+                        help="with FP8 linears: cublas (default: the ATen FP8 matmul, no autotuning) or autotune "
                              "(Inductor's default, which autotunes Triton templates per matmul shape: minutes of "
                              "compile; qattn_fx.stack)")
     parser.add_argument("--stack-only", action="store_true",

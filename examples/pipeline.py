@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compiler", default="inductor", choices=("inductor", "aot_eager", "eager"),
                         help="what compiles the rewritten graph (default inductor)")
     parser.add_argument("--linears", choices=stack.LINEARS, default="bf16",
-                        help="TorchAO linears in the compiled run: fp8 (dynamic, per-row; a GPU), fp8static (per-tensor "
-                             "scales, the activations' calibrated on a run from other noise first), int8wo (int8 "
-                             "weight-only); default: the model's own")
+                        help="TorchAO linears in the compiled run: fp8 (dynamic, per-row; a GPU), fp8static "
+                             "(per-tensor scales, the activations' calibrated on a run from other noise first), "
+                             "int8wo (int8 weight-only); default: the model's own")
     parser.add_argument("--fp8-gemms", choices=stack.FP8_GEMMS, default="cublas",
                         help="with --linears fp8: cublas (default, no autotuning) or autotune (Inductor's default: "
                              "minutes of compile; qattn_fx.stack)")
