@@ -906,7 +906,6 @@ def prepare(case: Case, row: Row, args: argparse.Namespace, build: Callable[[], 
     current = getattr(case.model, "_dit_step_linears", "bf16")
     if row.linears != current:
         if current != "bf16":
-            torch._dynamo.reset()  # the compiled graphs of the quantized model go with it
             case = build()
         if row.linears in stack.CALIBRATED:
             with stack.calibrate_linears(case.model, kind=row.linears) as calibration:
