@@ -67,6 +67,14 @@ def tile_counts(weight: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.nn.functional.pad(weight, (0, n * tile - s)).reshape(weight.shape[0], n, tile).sum(-1)
 
 
+def kept_tiles(key_bias: torch.Tensor | None, skv: int, device) -> torch.Tensor:
+    """:attr:`Pooled.k_kept`: bool ``(B|1, NK)``, whether each key tile holds a kept key (without a ``key_bias``
+    every tile does: one fill)."""
+    if key_bias is None:
+        return torch.ones(1, -(-skv // block_sparse.BLOCK_KEYS), dtype=torch.bool, device=device)
+    return tile_counts(kept_keys(key_bias, skv, device), block_sparse.BLOCK_KEYS) > 0
+
+
 def _pool(x: torch.Tensor, tile: int, weight: torch.Tensor | None = None):
     """Per tile of ``tile`` tokens along dim 2: the mean of the (kept) tokens and the self-similarity. ``x (B, H, S,
     D)`` float; ``weight (B|1, S)`` 0/1 or None. Tokens of weight 0 take no part (whatever their data)."""
@@ -90,7 +98,7 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     weight = kept_keys(key_bias, k.shape[2], k.device)
     q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS)
     k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, None if key_bias is None else weight)
-    return Pooled(q_mean, q_sim, k_mean, k_sim, tile_counts(weight, block_sparse.BLOCK_KEYS) > 0)
+    return Pooled(q_mean, q_sim, k_mean, k_sim, kept_tiles(key_bias, k.shape[2], k.device))
 
 
 def host_keep(keep: float | torch.Tensor) -> float | None:
@@ -158,4 +166,4 @@ def predict(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None, sm_
                   similarity)
 
 
-__all__ = ["MODES", "Pooled", "host_keep", "kept_keys", "pool", "predict", "select", "tile_counts"]
+__all__ = ["MODES", "Pooled", "host_keep", "kept_keys", "kept_tiles", "pool", "predict", "select", "tile_counts"]
