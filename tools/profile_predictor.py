@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=float, default=0.5, help="the predictor's keep (default 0.5)")
     parser.add_argument("--mode", default="top_k", choices=("top_k", "cdf"), help="the predictor's mode")
     parser.add_argument("--calls", type=int, default=20, help="profiled calls per shape (default 20)")
+    parser.add_argument("--pool-launch", default=None, metavar="WARPS,ROWS",
+                        help="the pooling kernel's warps per program and tokens per step, in place of "
+                             "qattn_fx.kernels.predict_blocks.triton's NUM_WARPS and ROWS (e.g. 8,32)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.shapes.split(",") if n not in SHAPES]
     if unknown:
@@ -38,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import qattn_fx.ops  # noqa: F401,PLC0415  (registers qattn::*)
     from benchmarks import attention_ops as ao  # noqa: PLC0415
+    from qattn_fx.kernels.predict_blocks import triton as fused_pool  # noqa: PLC0415
+
+    if args.pool_launch:
+        fused_pool.NUM_WARPS, fused_pool.ROWS = (int(n) for n in args.pool_launch.split(","))
+    print(f"pooling: {fused_pool.NUM_WARPS} warps, {fused_pool.ROWS} tokens per step")
 
     for name in args.shapes.split(","):
         shape = SHAPES[name]
