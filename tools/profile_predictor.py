@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.shapes.split(",") if n not in SHAPES]
     if unknown:
         raise SystemExit(f"--shapes: {unknown[0]!r} is unknown; valid: {', '.join(SHAPES)}")
+    launch = args.pool_launch.split(",") if args.pool_launch else None
+    if launch is not None and (len(launch) != 2 or not all(n.isdigit() and int(n) > 0 for n in launch)):
+        parser.error(f"--pool-launch {args.pool_launch!r} is invalid; valid: two positive integers WARPS,ROWS, "
+                     "e.g. 8,32")
     if not torch.cuda.is_available():
         print("tools.profile_predictor needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -43,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import attention_ops as ao  # noqa: PLC0415
     from qattn_fx.kernels.predict_blocks import triton as fused_pool  # noqa: PLC0415
 
-    if args.pool_launch:
-        fused_pool.NUM_WARPS, fused_pool.ROWS = (int(n) for n in args.pool_launch.split(","))
+    if launch is not None:
+        fused_pool.NUM_WARPS, fused_pool.ROWS = (int(n) for n in launch)
     print(f"pooling: {fused_pool.NUM_WARPS} warps, {fused_pool.ROWS} tokens per step")
 
     for name in args.shapes.split(","):

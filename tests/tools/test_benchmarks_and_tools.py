@@ -30,6 +30,16 @@ def test_every_command_answers_help(module, capsys):
     assert f"usage: python -m {module}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("launch", ["8", "8,x", "0,32", "8,32,1"])
+def test_profile_predictor_names_a_bad_pool_launch(launch, capsys):
+    from tools import profile_predictor
+
+    with pytest.raises(SystemExit) as exit_:
+        profile_predictor.main(["--pool-launch", launch])
+    assert exit_.value.code == 2
+    assert f"--pool-launch {launch!r} is invalid; valid: two positive integers WARPS,ROWS" in capsys.readouterr().err
+
+
 def test_kernel_in_step_captures_a_copy_of_each_call():
     """tools.kernel_in_step's spy forwards each call, keeps copies of its tensors (a later in-place change of the
     caller's tensor does not reach them) and its keyword arguments, and restores the entry."""
