@@ -31,7 +31,7 @@ def _unpooled(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -
     b, hq, sq, _ = q.shape
     nq, nk = block_sparse.tiles(sq, k.shape[2])
     zero = torch.zeros((), device=q.device)
-    kept = reference.kept_tiles(key_bias, k.shape[2], k.device)
+    kept = reference.kept_tiles(reference.kept_keys(key_bias), k.shape[2], k.device)
     return Pooled(zero.expand(b, hq, nq, 1), zero.expand(b, hq, nq), zero.expand(b, k.shape[1], nk, 1),
                   zero.expand(b, k.shape[1], nk), kept)
 

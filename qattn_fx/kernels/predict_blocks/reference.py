@@ -53,10 +53,10 @@ class Pooled(NamedTuple):
     k_kept: torch.Tensor
 
 
-def kept_keys(key_bias: torch.Tensor | None, skv: int, device) -> torch.Tensor:
-    """0/1 fp32 ``(B|1, Skv)``: the keys ``key_bias`` keeps (all of them without one)."""
+def kept_keys(key_bias: torch.Tensor | None) -> torch.Tensor | None:
+    """0/1 fp32 ``(B|1, Skv)``: the keys ``key_bias`` keeps; ``None`` without one (every key)."""
     if key_bias is None:
-        return torch.ones(1, skv, device=device)
+        return None
     return (key_bias.float() > -math.inf).float()
 
 
@@ -67,12 +67,12 @@ def tile_counts(weight: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.nn.functional.pad(weight, (0, n * tile - s)).reshape(weight.shape[0], n, tile).sum(-1)
 
 
-def kept_tiles(key_bias: torch.Tensor | None, skv: int, device) -> torch.Tensor:
-    """:attr:`Pooled.k_kept`: bool ``(B|1, NK)``, whether each key tile holds a kept key (without a ``key_bias``
-    every tile does: one fill)."""
-    if key_bias is None:
+def kept_tiles(weight: torch.Tensor | None, skv: int, device) -> torch.Tensor:
+    """:attr:`Pooled.k_kept`: bool ``(B|1, NK)``, whether each key tile holds a kept key, from :func:`kept_keys`'
+    ``weight`` (``None``: every tile does, one fill)."""
+    if weight is None:
         return torch.ones(1, -(-skv // block_sparse.BLOCK_KEYS), dtype=torch.bool, device=device)
-    return tile_counts(kept_keys(key_bias, skv, device), block_sparse.BLOCK_KEYS) > 0
+    return tile_counts(weight, block_sparse.BLOCK_KEYS) > 0
 
 
 def _pool(x: torch.Tensor, tile: int, weight: torch.Tensor | None = None):
@@ -95,10 +95,10 @@ def _pool(x: torch.Tensor, tile: int, weight: torch.Tensor | None = None):
 
 def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Pooled:
     """Step 1 in torch (the module docstring)."""
-    weight = kept_keys(key_bias, k.shape[2], k.device)
+    weight = kept_keys(key_bias)
     q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS)
-    k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, None if key_bias is None else weight)
-    return Pooled(q_mean, q_sim, k_mean, k_sim, kept_tiles(key_bias, k.shape[2], k.device))
+    k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, weight)
+    return Pooled(q_mean, q_sim, k_mean, k_sim, kept_tiles(weight, k.shape[2], k.device))
 
 
 def host_keep(keep: float | torch.Tensor) -> float | None:

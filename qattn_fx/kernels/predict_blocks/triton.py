@@ -22,7 +22,7 @@ import torch
 from ... import block_sparse
 from .._compiled_launch import compiled
 from .._cuda_utils import TritonSource, bias_args, next_power_of_2
-from .reference import Pooled, kept_tiles
+from .reference import Pooled, kept_keys, kept_tiles
 
 #: The pooling kernel's source (:mod:`._pool_kernel`).
 KERNELS = TritonSource(__package__, Path(__file__).with_name("_pool_kernel.py"), "_pool",
@@ -89,7 +89,7 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     bias = None if key_bias is None else key_bias.float()
     q_mean, q_sim = _pool(q, block_sparse.BLOCK_ROWS, None)
     k_mean, k_sim = _pool(k, block_sparse.BLOCK_KEYS, bias, by_column=True)
-    return Pooled(q_mean, q_sim, k_mean, k_sim, kept_tiles(key_bias, k.shape[2], k.device))
+    return Pooled(q_mean, q_sim, k_mean, k_sim, kept_tiles(kept_keys(key_bias), k.shape[2], k.device))
 
 
 __all__ = ["KERNELS", "NUM_WARPS", "ROWS", "compile_for", "pool", "require"]
