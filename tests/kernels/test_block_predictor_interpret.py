@@ -120,6 +120,10 @@ def test_zero_tiles_launch_nothing():
     pooled = fused.pool(q, k, None)
     assert pooled.q_mean.shape == (1, 2, 0, 32) and pooled.k_mean.shape == (1, 2, 1, 32)
     assert block_sparse.tiles(0, 5) == (0, 1)
+    # no heads: no program writes the kept-tile flags, which still follow the bias
+    q, k = torch.zeros(2, 0, 128, 32), torch.zeros(2, 0, 300, 32)
+    key_bias = bias_for(2, 300)
+    assert torch.equal(fused.pool(q, k, key_bias).k_kept, reference.pool(q, k, key_bias).k_kept)
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (8, 9), (8, 0)])

@@ -13,14 +13,16 @@ def _sum(x, axis):
 
 
 @triton.jit
-def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, H, S, D, N,
+def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, kept_ptr, H, S, D, N,
                 stride_b, stride_h, stride_s, stride_d, stride_bias_b, stride_bias_s, stride_mean_n, stride_mean_d,
-                TILE: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """One program per (b, h, tile) of ``TILE`` tokens: the mean of the tile's kept tokens and ``‖mean(x/‖x‖)‖²``
-    over them, in fp32, read in chunks of ``ROWS`` tokens. A token is kept when it is inside ``S`` and (with
-    ``HAS_BIAS``) its ``key_bias`` is not ``-inf``; other tokens take no part, whatever their data. Writes
+                BIAS_ROWS, TILE: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """One program per (b, h, tile) of ``TILE`` tokens: the mean of the tile's kept tokens and ``‖mean(x · (1 /
+    ‖x‖))‖²`` over them, in fp32, read in chunks of ``ROWS`` tokens. A token is kept when it is inside ``S`` and
+    (with ``HAS_BIAS``) its ``key_bias`` is not ``-inf``; other tokens take no part, whatever their data. Writes
     ``mean (B, H, N, D)``, each (b, h) a block of ``N · D`` with strides ``stride_mean_n, stride_mean_d`` (``D, 1``
-    or, for the selection kernel's column reads, ``1, N``), and ``sim (B, H, N)``, contiguous."""
+    or, for the selection kernel's column reads, ``1, N``), ``sim (B, H, N)``, contiguous, and with ``HAS_BIAS``
+    ``kept (BIAS_ROWS, N)`` uint8, contiguous: whether the tile holds a kept token (the programs of head 0 and
+    ``b < BIAS_ROWS``, the bias's batch rows, write it)."""
     pid = tl.program_id(0)
     tile = pid % N
     bh = pid // N
@@ -40,12 +42,15 @@ def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, H, S, D, N,
             kept = kept & (bias > float("-inf"))
         x = tl.load(base + rows.to(tl.int64)[:, None] * stride_s + d[None, :] * stride_d,
                     mask=kept[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        x = tl.where(kept[:, None], x, 0.0)
-        norm = tl.sqrt_rn(_sum(x * x, 1))
+        # one correctly rounded reciprocal per token, then a multiply per element (the reference's x · (1 / ‖x‖))
+        inverse = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.maximum(tl.sqrt_rn(_sum(x * x, 1)), 1e-20))
         total += _sum(x, 0)
-        unit_total += _sum(tl.div_rn(x, tl.broadcast_to(tl.maximum(norm, 1e-20)[:, None], (ROWS, BLOCK_D))), 0)
+        unit_total += _sum(x * inverse[:, None], 0)
         kept_rows += kept.to(tl.float32)
-    count = tl.broadcast_to(tl.maximum(_sum(kept_rows, 0), 1.0), (BLOCK_D,))  # div_rn does not broadcast
+    kept_count = _sum(kept_rows, 0)
+    if HAS_BIAS:
+        tl.store(kept_ptr + b * N + tile, (kept_count > 0).to(tl.uint8), mask=(h == 0) & (b < BIAS_ROWS))
+    count = tl.broadcast_to(tl.maximum(kept_count, 1.0), (BLOCK_D,))  # div_rn does not broadcast
     mean = tl.div_rn(total, count)
     unit_mean = tl.div_rn(unit_total, count)
     out = pid.to(tl.int64)

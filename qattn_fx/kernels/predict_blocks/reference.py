@@ -8,7 +8,7 @@ For one call with ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` (any float dtype,
    tile of :data:`~qattn_fx.block_sparse.BLOCK_KEYS` keys, the mean of its *kept* keys ``k̄`` (a key tile whose
    keys are all masked is *empty*). In fp32.
 2. **Score.** ``P̄ = softmax_j(q̄_i · k̄_j · sm_scale)`` over the non-empty key tiles (GQA: K heads repeated).
-3. **Guard.** A tile is *self-similar* when ``‖mean(x / ‖x‖)‖²`` over its tokens (the mean pairwise cosine of its
+3. **Guard.** A tile is *self-similar* when ``‖mean(x · (1 / ‖x‖))‖²`` over its tokens (the mean pairwise cosine of its
    tokens, self-pairs included) is at least ``similarity``; the pooled score stands for a tile only then. A query
    tile that is not self-similar visits every non-empty key tile; a key tile that is not is visited by every query
    tile. ``similarity = 0`` turns the guard off.
@@ -85,8 +85,8 @@ def _pool(x: torch.Tensor, tile: int, weight: torch.Tensor | None = None):
     kept = (w > 0)[:, None, :, None]
     pad = n * tile - s
     xw = torch.nn.functional.pad(torch.where(kept, xf, 0.0), (0, 0, 0, pad))
-    unit = torch.nn.functional.pad(torch.where(kept, xf / xf.norm(dim=-1, keepdim=True).clamp_min(1e-20), 0.0),
-                                   (0, 0, 0, pad))
+    inverse = xf.norm(dim=-1, keepdim=True).clamp_min(1e-20).reciprocal()  # one per token, as the kernel
+    unit = torch.nn.functional.pad(torch.where(kept, xf * inverse, 0.0), (0, 0, 0, pad))
     denom = tile_counts(w, tile).clamp_min(1)[:, None, :, None]
     mean = xw.reshape(b, h, n, tile, d).sum(3) / denom
     sim = (unit.reshape(b, h, n, tile, d).sum(3) / denom).square().sum(-1)
