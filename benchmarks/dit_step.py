@@ -81,7 +81,9 @@ denoising loop of N flow-matching Euler steps whose timestep changes every step 
 model's output, as a pipeline calls the transformer. For each variant: median step time (CUDA events; the JSON also
 has every step's time and their mean: under a step schedule the median is a step of the majority), median host
 time to issue a step (the call's return, before the GPU finishes: at the step time the step is host-bound), speedup
-over compiled dense, output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
+over compiled dense, with ``--steps`` the loop's time per step and its speedup (``loop_step_ms``: the loop run
+again, timed as a whole without synchronizing between steps, so the host issues a step while the GPU runs the last,
+as in a pipeline), output cosine and relative L2 vs dense (the first call's output), compile time, the graphs Dynamo
 compiled on the first call and the recompiles after it (graphs compiled during warm-up and timed steps), and the
 site summary, and ``compile_phases_s``: the compile's slowest phases (Dynamo's and Inductor's timers;
 ``--stacks-every S`` also prints the Python stacks every S seconds while a row compiles). Prints one table and
@@ -595,6 +597,21 @@ def denoise(step: Callable, case: Case, steps: int, timer=contextlib.nullcontext
     return latents
 
 
+def loop_step_ms(step: Callable, case: Case, steps: int) -> float:
+    """Mean GPU ms per step of a ``steps``-step :func:`denoise` loop timed as a whole, as a pipeline runs it: CUDA
+    events around the loop and no synchronization between its steps, so the host issues a step while the GPU runs
+    the one before (the per-step timer synchronizes after each step, which exposes the host's time to its first
+    launch). The model's step cache is reset first."""
+    stack.reset_cache(case.model)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    denoise(step, case, steps)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def in_cache_context(step: Callable, model: torch.nn.Module, recomputed: list | None = None) -> Callable:
     """``step`` with each call inside ``model``'s cache context (:func:`qattn_fx.stack.cache_context`), as a
     pipeline calls it; with a First Block Cache, whether each call recomputed the blocks is appended to
@@ -741,8 +758,9 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
         repeat(step, case, args.warmup)
         times: list[float] = []
         host: list[float] = []
-        final = None
+        final = loop_ms = None
         if args.steps:
+            loop_ms = loop_step_ms(step, case, args.steps)
             stack.reset_cache(case.model)
             recomputed.clear()
             final = denoise(step, case, args.steps, cuda_timer(times, host)).clone()
@@ -753,6 +771,8 @@ def run_variant(name: str, case: Case, backend, dense_out, args,
     row = {"variant": name, "step_ms": statistics.median(times), "step_mean_ms": statistics.fmean(times),
            "step_times_ms": times, "host_ms": statistics.median(host),
            "compile_s": compile_s, "compile_phases_s": phases, "graphs": graphs, "recompiles": recompiles}
+    if loop_ms is not None:
+        row["loop_step_ms"] = loop_ms
     if profiled:
         row["profile"] = profiled
     if blocks.sites:  # block-sparse sites ran: the fraction of blocks their predictor skipped on the first call
@@ -1010,8 +1030,9 @@ def main(argv: list[str] | None = None) -> None:
         share = (dense_ms - rows[1]["step_ms"]) / dense_ms
         print(f"attention share of the compiled dense step: {share:.1%}")
     width = max(38, *(len(r["variant"]) for r in rows))
-    print(f"{'variant':{width}} {'step ms':>9} {'host ms':>8} {'speedup':>8} {'cos':>9} {'rel L2':>8} "
-          f"{'final cos':>9} {'compile s':>9} {'graphs':>6} {'recompiles':>10}")
+    dense_loop_ms = rows[0].get("loop_step_ms")
+    print(f"{'variant':{width}} {'step ms':>9} {'host ms':>8} {'speedup':>8} {'loop ms':>8} {'loop x':>7} "
+          f"{'cos':>9} {'rel L2':>8} {'final cos':>9} {'compile s':>9} {'graphs':>6} {'recompiles':>10}")
     for r in rows:
         if "error" in r:
             print(f"{r['variant']:{width}} error: {r['error']}")
@@ -1019,8 +1040,13 @@ def main(argv: list[str] | None = None) -> None:
         cos = f"{r['cos_vs_dense']:.5f}" if "cos_vs_dense" in r else "-"
         rel = f"{r['rel_l2_vs_dense']:.4f}" if "rel_l2_vs_dense" in r else "-"
         final = f"{r['cos_final_vs_dense']:.5f}" if "cos_final_vs_dense" in r else "-"
+        loop, loop_x = "-", "-"
+        if "loop_step_ms" in r:
+            loop = f"{r['loop_step_ms']:.1f}"
+            loop_x = f"{dense_loop_ms / r['loop_step_ms']:.2f}x" if dense_loop_ms else "-"
         print(f"{r['variant']:{width}} {r['step_ms']:9.1f} {r['host_ms']:8.1f} {dense_ms / r['step_ms']:7.2f}x "
-              f"{cos:>9} {rel:>8} {final:>9} {r['compile_s']:9.1f} {r['graphs']:6d} {r['recompiles']:10d}")
+              f"{loop:>8} {loop_x:>7} {cos:>9} {rel:>8} {final:>9} {r['compile_s']:9.1f} {r['graphs']:6d} "
+              f"{r['recompiles']:10d}")
     for r in rows:
         if "cache_recomputed_steps" in r:
             print(f"{r['variant']}: the cache recomputed {r['cache_recomputed_steps']} of {args.steps} steps")

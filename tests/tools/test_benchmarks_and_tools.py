@@ -369,6 +369,36 @@ def test_dit_step_denoising_loop_compiles_once():
     assert first >= 1 and dit_step.graphs_compiled() == first
 
 
+def test_dit_step_loop_timer_synchronizes_only_around_the_loop(monkeypatch):
+    """``loop_step_ms`` times the whole loop (one event pair, a synchronization before and after, none between the
+    steps, as a pipeline runs) and returns the time per step; CUDA's events and synchronization stubbed on the CPU."""
+    from benchmarks import dit_step
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            log.append("record")
+            self.at = len(log)
+
+        def elapsed_time(self, end):
+            return 12.0
+
+    def step(**inputs):
+        log.append("step")
+        return (torch.zeros_like(inputs["hidden_states"]),)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("sync"))
+    case = dit_step.build_flux(device="cpu", **TINY_DIT["flux"])
+    assert dit_step.loop_step_ms(step, case, 4) == 3.0
+    assert log == ["sync", "record", "step", "step", "step", "step", "record", "sync"]
+
+
 def test_dit_step_stack_rows():
     """--linears / --cache: each row of the stack table is a row of one command, in the order the model's state
     allows (TorchAO quantizes the weights in place), every cosine against the first row."""
