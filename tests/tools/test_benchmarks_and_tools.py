@@ -379,11 +379,9 @@ def test_dit_step_loop_timer_synchronizes_only_around_the_loop(monkeypatch):
     class Event:
         def __init__(self, enable_timing=False):
             assert enable_timing
-            self.at = None
 
         def record(self):
             log.append("record")
-            self.at = len(log)
 
         def elapsed_time(self, end):
             return 12.0

@@ -8,8 +8,8 @@ For one call with ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)`` (any float dtype,
    tile of :data:`~qattn_fx.block_sparse.BLOCK_KEYS` keys, the mean of its *kept* keys ``k̄`` (a key tile whose
    keys are all masked is *empty*). In fp32.
 2. **Score.** ``P̄ = softmax_j(q̄_i · k̄_j · sm_scale)`` over the non-empty key tiles (GQA: K heads repeated).
-3. **Guard.** A tile is *self-similar* when ``‖mean(x · (1 / ‖x‖))‖²`` over its tokens (the mean pairwise cosine of its
-   tokens, self-pairs included) is at least ``similarity``; the pooled score stands for a tile only then. A query
+3. **Guard.** A tile is *self-similar* when ``‖mean(x · (1 / ‖x‖))‖²`` over its tokens (the mean pairwise cosine of
+   its tokens, self-pairs included) is at least ``similarity``; the pooled score stands for a tile only then. A query
    tile that is not self-similar visits every non-empty key tile; a key tile that is not is visited by every query
    tile. ``similarity = 0`` turns the guard off.
 4. **Select**, per query tile: ``mode="cdf"``: the smallest set of key tiles, by descending ``P̄``, whose mass

@@ -4,11 +4,11 @@
 :data:`~qattn_fx.block_sparse.BLOCK_ROWS` rows and once over K's tiles of :data:`~qattn_fx.block_sparse.BLOCK_KEYS`
 keys (kept keys only, by ``key_bias``): one program per (batch, head, tile) reads its tile once (bf16/fp16/fp32, any
 strides) and writes the tile's fp32 mean ``(D,)`` and self-similarity (a scalar); over K with a key bias, the
-programs of head 0 also write whether their tile holds a kept key (:attr:`.reference.Pooled.k_kept`). K's means are a ``(B, Hkv, NK,
-D)`` view of ``(B, Hkv, D, NK)`` storage, the order in which the fused selection (:mod:`.triton_select`) reads them.
-The pooled values differ from torch's only by fp32 summation order (sums over a tile in another order; the reciprocals,
-divisions and square roots correctly rounded in both); :func:`.reference.select` or :func:`.triton_select.select` turns them into
-lists.
+programs of head 0 also write whether their tile holds a kept key (:attr:`.reference.Pooled.k_kept`). K's means are
+a ``(B, Hkv, NK, D)`` view of ``(B, Hkv, D, NK)`` storage, the order in which the fused selection
+(:mod:`.triton_select`) reads them. The pooled values differ from torch's only by fp32 summation order (sums over a
+tile in another order; the reciprocals, divisions and square roots correctly rounded in both);
+:func:`.reference.select` or :func:`.triton_select.select` turns them into lists.
 
 Inputs as :func:`.reference.pool`: ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Skv, D)``, ``key_bias (B|1, Skv)`` or None,
 on one CUDA device (or CPU tensors under ``TRITON_INTERPRET=1``). Returns :class:`.reference.Pooled`.
@@ -99,9 +99,9 @@ def pool(q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> Poo
     bias = None if key_bias is None else key_bias.float()
     q_mean, q_sim, _ = _pool(q, block_sparse.BLOCK_ROWS, None)
     k_mean, k_sim, k_kept = _pool(k, block_sparse.BLOCK_KEYS, bias, by_column=True)
-    if k_kept is None:  # no bias: every key tile holds a kept key
-        return Pooled(q_mean, q_sim, k_mean, k_sim, kept_tiles(None, k.shape[2], k.device))
-    return Pooled(q_mean, q_sim, k_mean, k_sim, k_kept.view(torch.bool))
+    # without a bias every key tile holds a kept key (one fill); with one, K's launch wrote the flags
+    k_kept = kept_tiles(None, k.shape[2], k.device) if k_kept is None else k_kept.view(torch.bool)
+    return Pooled(q_mean, q_sim, k_mean, k_sim, k_kept)
 
 
 __all__ = ["KERNELS", "NUM_WARPS", "ROWS", "compile_for", "pool", "require"]
