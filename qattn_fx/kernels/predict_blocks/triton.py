@@ -44,7 +44,7 @@ def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: to
     n = -(-s // tile)
     bias_ptr, stride_bias_b, stride_bias_s = bias_args(bias, x)
     args = [x, bias_ptr, mean, sim, sim if kept is None else kept, h, s, d, n, *x.stride(), stride_bias_b,
-            stride_bias_s, *mean.stride()[2:], 0 if bias is None else bias.shape[0]]
+            stride_bias_s, *mean.stride()[2:], 0 if kept is None else kept.shape[0]]
     meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=next_power_of_2(d), HAS_BIAS=bias is not None)
     return (b * h * n,), args, meta
 
