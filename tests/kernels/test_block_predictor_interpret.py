@@ -55,9 +55,12 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("rows", [None, 256])  # 256: more than a tile, which is one step of its tokens
 @pytest.mark.parametrize("bias", [None, "batch", "batch1"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_pooled_values_match_torch(case, bias):
+def test_pooled_values_match_torch(case, bias, rows, monkeypatch):
+    if rows is not None:
+        monkeypatch.setattr(fused, "ROWS", rows)
     c = dict(CASES[case])
     b, hq, hkv, sq, skv, d = (c.pop(n) for n in ("b", "hq", "hkv", "sq", "skv", "d"))
     q, k = make(b, hq, sq, d, seed=1, **c), make(b, hkv, skv, d, seed=2, **c)
@@ -140,3 +143,17 @@ def test_compiles_offline_without_spills(capability):
         ptx = compiled.asm["ptx"]
         assert "div.rn.f32" in ptx and "sqrt.rn.f32" in ptx
         assert "div.full" not in ptx and "sqrt.approx" not in ptx
+
+
+def test_compiled_loop_has_no_barrier():
+    """The loop over a tile's tokens keeps ``(ROWS, D)`` running sums and reduces them over rows once after it: its
+    compiled body (sm_90 PTX, from the loop header to its back branch) has no ``bar.sync``, which a sum over rows per
+    step would need (the rows lie across the program's warps)."""
+    q = torch.empty(1, 32760, 12, 128, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    lines = fused.compile_for((9, 0), q, block_sparse.BLOCK_KEYS).asm["ptx"].splitlines()
+    header = next(i for i, line in enumerate(lines) if "Loop Header" in line)
+    label = lines[header].split(":")[0].strip()
+    back = next(i for i in range(header + 1, len(lines)) if "bra" in lines[i] and label in lines[i])
+    body = lines[header:back]
+    assert any("ld.global" in line for line in body)  # the loop that reads the tile
+    assert not any("bar.sync" in line for line in body)

@@ -31,8 +31,10 @@ def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, kept_ptr, H, S, D, N,
     base = x_ptr + b * stride_b + h * stride_h
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
-    total = tl.full([BLOCK_D], 0.0, tl.float32)
-    unit_total = tl.full([BLOCK_D], 0.0, tl.float32)
+    # (ROWS, BLOCK_D) running sums, reduced over their rows once after the loop: a row sum per step would cross the
+    # program's warps (its rows lie across them) through shared memory and a barrier before every next load
+    total = tl.full([ROWS, BLOCK_D], 0.0, tl.float32)
+    unit_total = tl.full([ROWS, BLOCK_D], 0.0, tl.float32)
     kept_rows = tl.full([ROWS], 0.0, tl.float32)
     for r0 in range(0, TILE, ROWS):
         rows = tile * TILE + r0 + tl.arange(0, ROWS)
@@ -44,15 +46,15 @@ def _pool_tiles(x_ptr, bias_ptr, mean_ptr, sim_ptr, kept_ptr, H, S, D, N,
                     mask=kept[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         # one correctly rounded reciprocal per token, then a multiply per element (the reference's x · (1 / ‖x‖))
         inverse = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), tl.maximum(tl.sqrt_rn(_sum(x * x, 1)), 1e-20))
-        total += _sum(x, 0)
-        unit_total += _sum(x * inverse[:, None], 0)
+        total += x
+        unit_total += x * inverse[:, None]
         kept_rows += kept.to(tl.float32)
     kept_count = _sum(kept_rows, 0)
     if HAS_BIAS:
         tl.store(kept_ptr + b * N + tile, (kept_count > 0).to(tl.uint8), mask=(h == 0) & (b < BIAS_ROWS))
     count = tl.broadcast_to(tl.maximum(kept_count, 1.0), (BLOCK_D,))  # div_rn does not broadcast
-    mean = tl.div_rn(total, count)
-    unit_mean = tl.div_rn(unit_total, count)
+    mean = tl.div_rn(_sum(total, 0), count)
+    unit_mean = tl.div_rn(_sum(unit_total, 0), count)
     out = pid.to(tl.int64)
     tl.store(mean_ptr + bh.to(tl.int64) * N * D + tile * stride_mean_n + d * stride_mean_d, mean, mask=d_ok)
     tl.store(sim_ptr + out, _sum(unit_mean * unit_mean, 0))

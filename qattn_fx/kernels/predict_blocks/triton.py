@@ -45,7 +45,7 @@ def _launch_args(x: torch.Tensor, tile: int, bias: torch.Tensor | None, mean: to
     bias_ptr, stride_bias_b, stride_bias_s = bias_args(bias, x)
     args = [x, bias_ptr, mean, sim, sim if kept is None else kept, h, s, d, n, *x.stride(), stride_bias_b,
             stride_bias_s, *mean.stride()[2:], 0 if kept is None else kept.shape[0]]
-    meta = dict(TILE=tile, ROWS=ROWS, BLOCK_D=next_power_of_2(d), HAS_BIAS=bias is not None)
+    meta = dict(TILE=tile, ROWS=min(ROWS, tile), BLOCK_D=next_power_of_2(d), HAS_BIAS=bias is not None)
     return (b * h * n,), args, meta
 
 
