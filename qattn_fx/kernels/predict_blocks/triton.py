@@ -32,7 +32,7 @@ KERNELS = TritonSource(__package__, Path(__file__).with_name("_pool_kernel.py"),
 #: Tokens a program reads per step of its tile.
 ROWS = 32
 #: Warps per program.
-NUM_WARPS = 4
+NUM_WARPS = 2
 require = KERNELS.require
 
 
