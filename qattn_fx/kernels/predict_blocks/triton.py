@@ -29,9 +29,10 @@ from .reference import Pooled, kept_keys, kept_tiles
 KERNELS = TritonSource(__package__, Path(__file__).with_name("_pool_kernel.py"), "_pool",
                        "qattn::predict_blocks on CUDA",
                        "the fused pooling kernel, qattn_fx.kernels.predict_blocks.triton")
-#: Tokens a program reads per step of its tile.
+#: Tokens a program reads per step of its tile (at most the tile: a launch clamps it).
 ROWS = 32
-#: Warps per program.
+#: Warps per program: few, so that more programs, and their loads, are in flight (docs/block-sparsity.md,
+#: "Where its time goes").
 NUM_WARPS = 2
 require = KERNELS.require
 
