@@ -39,8 +39,8 @@ BLOCK_ROWS = 128
 #: Keys per block: the kernels' key tile.
 BLOCK_KEYS = 128
 #: The predictor's time (``qattn::predict_blocks`` and ``qattn::block_keep``) as a fraction of the attention kernel's
-#: time without block sparsity, at one site and call: an estimate until the GPU benchmark
-#: ``python -m benchmarks.attention_ops --block-sparse`` measures it (BENCHMARKS.md, "Block sparsity").
+#: time without block sparsity, at one site and call: one constant for every length; how :func:`sparse_speedup`
+#: compares with ``python -m benchmarks.attention_ops --block-sparse`` is in docs/calibration.md ("Predicted speed").
 PREDICTOR_COST = 0.03
 
 
