@@ -11,6 +11,12 @@ one architecture (an H100 and an H200) each keep their points, and ``auto`` uses
 (:func:`qattn_fx.cost.predict`). The file's date is the ``YYYY-MM-DD`` its
 name starts with (``benchmarks/results/`` naming), the device and architecture come from its ``env``.
 
+A file written by ``benchmarks.attention_ops --block-sparse`` gives block-sparse points (:mod:`qattn_fx.sparse_cost`)
+instead, after ``:`` the kernels or configs to take (``triton_sage``, ``WS_BN128_s3_ahead_permk_mmasum``; default:
+every row): per row of a
+keep fraction below 1, the fraction of blocks visited (``1 - sparsity_pred``) and ``ms_both / ms_dense``; a later
+argument replaces the point of the same (kernel, shape, keep) on the same GPU.
+
 The output is a Python module that records this command; ``tests/spec/test_cost.py`` re-runs it and checks that the
 shipped ``qattn_fx/cost_data.py`` is what it prints.
 """
@@ -31,7 +37,9 @@ Generated from ``benchmarks.attention_ops`` results by the command in :data:`COM
 ``SOURCES``: one entry per result file (its path, device, architecture, date, timer). ``POINTS``: ``(kernel,
 source, shape, batch_heads, q_len, kv_len, head_dim, speedup)`` per measured call, where ``batch_heads`` is B·H
 of Q and ``speedup`` is the cuDNN bf16 SDPA time of the same run divided by the kernel's time with its quantize
-passes (Inductor-compiled; ``ms_total`` in the result file).
+passes (Inductor-compiled; ``ms_total`` in the result file). ``SPARSE_POINTS``: ``(kernel, source, shape,
+batch_heads, q_len, kv_len, head_dim, visited, ratio)`` per measured block-sparse call (:mod:`qattn_fx.sparse_cost`):
+the fraction of blocks visited and the predictor and kernel's time over the kernel's dense time.
 """
 '''
 
@@ -49,11 +57,30 @@ def _arch(capability: list[int]) -> str:
     return f"sm_{capability[0]}{capability[1]}"
 
 
-def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple[str, str, str], tuple]]:
-    """(sources by key, points by (method, shape, device)) from the arguments, later arguments replacing earlier
-    points."""
+def _block_sparse_points(data: dict, key: str, path: Path, configs: tuple[str, ...] | None,
+                         device: str) -> dict[tuple, tuple]:
+    """A ``--block-sparse`` result's points by (kernel, shape, keep, device)."""
+    rows = [r for r in data["rows"] if r.get("keep") is not None and r["keep"] < 1 and r.get("ms_both")]
+    names = lambda r: {r["kernel"], r.get("config")} - {None}  # noqa: E731
+    found = set().union(*map(names, rows)) if rows else set()
+    missing = sorted(set(configs or ()) - found)
+    if missing:
+        raise ValueError(f"{path}: no row of kernel or config(s) {', '.join(missing)}; valid: {', '.join(sorted(found))}")
+    points = {}
+    for r in rows:
+        if configs is None or names(r) & set(configs):
+            points[(r["kernel"], r["shape"], r["keep"], device)] = (
+                r["kernel"], key, r["shape"], r["B"] * r["H"], r["Sq"], r["Skv"], r["D"],
+                round(1.0 - r["sparsity_pred"], 4), round(r["ms_both"] / r["ms_dense"], 4))
+    return points
+
+
+def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple, tuple], dict[tuple, tuple]]:
+    """(sources by key, points by (method, shape, device), block-sparse points by (kernel, shape, keep, device)) from
+    the arguments, later arguments replacing earlier points."""
     sources: dict[str, dict] = {}
     points: dict[tuple[str, str, str], tuple] = {}
+    sparse: dict[tuple, tuple] = {}
     for argument in arguments:
         path, methods = parse_argument(argument)
         date = _DATE.match(path.name)
@@ -61,21 +88,25 @@ def read_points(arguments: list[str]) -> tuple[dict[str, dict], dict[tuple[str, 
             raise ValueError(f"{path}: the file name must start with its date (YYYY-MM-DD_), as benchmarks/results/ "
                              "names them")
         data = json.loads(path.read_text())
+        key = path.stem
+        source = {"file": path.as_posix(), "device": data["env"]["device"], "arch": _arch(data["env"]["capability"]),
+                  "date": date.group(1), "timer": data["settings"].get("timer", "events")}
+        if "keep" in data["settings"]:  # a --block-sparse result
+            sources[key] = source
+            sparse.update(_block_sparse_points(data, key, path, methods, source["device"]))
+            continue
         rows = [r for r in data["rows"] if r.get("kernel") and r.get("speedup")]
         found = {r["method"] for r in rows}
         missing = sorted(set(methods or ()) - found)
         if missing:
             raise ValueError(f"{path}: no row of method(s) {', '.join(missing)}; valid: {', '.join(sorted(found))}")
-        key = path.stem
-        sources[key] = {"file": path.as_posix(), "device": data["env"]["device"],
-                        "arch": _arch(data["env"]["capability"]), "date": date.group(1),
-                        "timer": data["settings"].get("timer", "events")}
+        sources[key] = source
         for r in rows:
             if methods is not None and r["method"] not in methods:
                 continue
             point = (r["kernel"], key, r["shape"], r["B"] * r["H"], r["Sq"], r["Skv"], r["D"], round(r["speedup"], 4))
             points[(r["method"], r["shape"], sources[key]["device"])] = point
-    return sources, points
+    return sources, points, sparse
 
 
 def _literal(value: object) -> str:
@@ -89,8 +120,8 @@ def _literal(value: object) -> str:
 
 def render(arguments: list[str]) -> str:
     """The text of ``qattn_fx/cost_data.py`` for these arguments."""
-    sources, points = read_points(arguments)
-    used = {p[1] for p in points.values()}
+    sources, points, sparse = read_points(arguments)
+    used = {p[1] for p in [*points.values(), *sparse.values()]}
     words = ["python -m benchmarks.cost_table", *(f" {a}" for a in arguments), " > qattn_fx/cost_data.py"]
     lines = [HEADER, "COMMAND = (", *(f"    {_literal(w)}" for w in words), ")", "", "SOURCES = {"]
     for key, source in sources.items():
@@ -101,6 +132,10 @@ def render(arguments: list[str]) -> str:
     lines += ["}", "", "#: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, speedup)", "POINTS = ("]
     # by kernel, head_dim, Skv, Sq, B·H, then source (the runs of several GPUs side by side)
     for point in sorted(points.values(), key=lambda p: (p[0], p[6], p[5], p[4], p[3], p[1])):
+        lines.append(f"    {_literal(point)},")
+    lines += [")", "", "#: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, visited, ratio)",
+              "SPARSE_POINTS = ("]
+    for point in sorted(sparse.values(), key=lambda p: (p[0], p[6], p[5], p[4], p[3], p[1], p[7])):
         lines.append(f"    {_literal(point)},")
     lines.append(")")
     return "\n".join(lines) + "\n"

@@ -38,19 +38,6 @@ from .recording import Collectors, Measurement
 BLOCK_ROWS = 128
 #: Keys per block: the kernels' key tile.
 BLOCK_KEYS = 128
-#: The predictor's time (``qattn::predict_blocks`` and ``qattn::block_keep``) as a fraction of the attention kernel's
-#: time without block sparsity, at one site and call: one constant for every length; how :func:`sparse_speedup`
-#: compares with ``python -m benchmarks.attention_ops --block-sparse`` is in docs/calibration.md ("Predicted speed").
-PREDICTOR_COST = 0.03
-
-
-def sparse_speedup(speedup: float, sparsity: float) -> float:
-    """The predicted speedup over dense SDPA of a kernel predicted ``speedup`` without block sparsity when it skips
-    the fraction ``sparsity`` of the blocks: its time scales by the fraction visited, plus the predictor's
-    (:data:`PREDICTOR_COST`): ``speedup / (1 - sparsity + PREDICTOR_COST)``."""
-    return speedup / (1.0 - sparsity + PREDICTOR_COST)
-
-
 class Blocks(NamedTuple):
     """The key tiles each query tile visits (the module docstring): ``index`` int32 ``(B, Hq, NQ, NK)``,
     ``count`` int32 ``(B, Hq, NQ)``."""
@@ -168,5 +155,5 @@ def record(label: str, blocks: Blocks) -> None:
         measurement.add(label or "unlabeled", blocks.total - blocks.visited, blocks.total)
 
 
-__all__ = ["BLOCK_KEYS", "BLOCK_ROWS", "PREDICTOR_COST", "Blocks", "active", "check", "dense", "expand", "from_mask", "measure",
-           "record", "row_mask", "sparse_speedup", "tiles", "to_mask"]
+__all__ = ["BLOCK_KEYS", "BLOCK_ROWS", "Blocks", "active", "check", "dense", "expand", "from_mask", "measure",
+           "record", "row_mask", "tiles", "to_mask"]

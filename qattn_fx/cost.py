@@ -142,13 +142,15 @@ def same_gpu(measured: str, gpu: str) -> bool:
     return gpu == measured or gpu.startswith(measured + " ") or measured.startswith(gpu + " ")
 
 
-def _for_gpu(points: tuple[Point, ...], gpu: str | None) -> tuple[Point, ...]:
-    """The points measured on ``gpu`` where there are any, else all (the other GPUs of the architecture)."""
+def gpu_points(points, gpu: str | None) -> tuple:
+    """The points (anything with a ``gpu``: the device that measured it) measured on ``gpu`` where there are any,
+    else all (the other GPUs of the architecture)."""
     own = tuple(p for p in points if gpu is not None and same_gpu(p.gpu, gpu))
-    return own or points
+    return own or tuple(points)
 
 
-def _data_label(points: tuple[Point, ...]) -> str:
+def data_label(points) -> str:
+    """``H100 2026-12-07``: the devices of ``points`` and their newest date."""
     devices = sorted({p.gpu.removeprefix("NVIDIA ") for p in points})
     newest = max(cost_data.SOURCES[p.source]["date"] for p in points)
     return f"{'/'.join(devices)} {newest}"
@@ -182,7 +184,7 @@ def predict(kernel: str, arch: str, *, q_len: int | None, kv_len: int, head_dim:
     points = _TABLE.get((kernel, arch))
     if points is None:
         return None
-    points = _for_gpu(points, gpu)
+    points = gpu_points(points, gpu)
     measured = sorted({p.head_dim for p in points})
     known = q_len is not None and batch_heads is not None
     best: tuple[float, bool] | None = None
@@ -196,7 +198,7 @@ def predict(kernel: str, arch: str, *, q_len: int | None, kv_len: int, head_dim:
         if best is None or value < best[0]:
             best = (value, below)
     value, below = best
-    return Prediction(value, below or not known, _data_label(points))
+    return Prediction(value, below or not known, data_label(points))
 
 
 def predicted_speedup(kernel: str, arch: str, *, q_len: int, kv_len: int, head_dim: int,

@@ -4,7 +4,9 @@ Generated from ``benchmarks.attention_ops`` results by the command in :data:`COM
 ``SOURCES``: one entry per result file (its path, device, architecture, date, timer). ``POINTS``: ``(kernel,
 source, shape, batch_heads, q_len, kv_len, head_dim, speedup)`` per measured call, where ``batch_heads`` is B·H
 of Q and ``speedup`` is the cuDNN bf16 SDPA time of the same run divided by the kernel's time with its quantize
-passes (Inductor-compiled; ``ms_total`` in the result file).
+passes (Inductor-compiled; ``ms_total`` in the result file). ``SPARSE_POINTS``: ``(kernel, source, shape,
+batch_heads, q_len, kv_len, head_dim, visited, ratio)`` per measured block-sparse call (:mod:`qattn_fx.sparse_cost`):
+the fraction of blocks visited and the predictor and kernel's time over the kernel's dense time.
 """
 
 COMMAND = (
@@ -16,6 +18,12 @@ COMMAND = (
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_short.json:gluon_sage/int8-1-16-1"
     " benchmarks/results/2026-12-02_h200_attention_ops_d64_cogvideox.json:gluon_sage/int8-1-16-1"
     " benchmarks/results/2026-12-07_h100_attention_ops_cost.json:gluon_sage/int8-1-16-1,cudnn_fp8,flashinfer_fa3_fp8"
+    " benchmarks/results/2026-12-06_h100_block_sparse.json:triton_sage"
+    " benchmarks/results/2026-12-07_h100_block_sparse_flux_d64.json"
+    " benchmarks/results/2026-12-07_h100_block_sparse_wan14b.json:WS_BN128_s3_ahead_permk_mmasum"
+    " benchmarks/results/2026-12-07_h100_block_sparse_wan1.3b_flux_accumulators.json"
+    " benchmarks/results/2026-12-08_h100_block_sparse_wan1.3b_flux_mid.json"
+    " benchmarks/results/2026-12-08_h100_block_sparse_wan14b.json"
     " > qattn_fx/cost_data.py"
 )
 
@@ -60,6 +68,34 @@ SOURCES = {
         "device": "NVIDIA H100 80GB HBM3",
         "arch": "sm_90",
         "date": "2026-12-07",
+        "timer": "graph",
+    },
+    "2026-12-06_h100_block_sparse": {
+        "file": "benchmarks/results/2026-12-06_h100_block_sparse.json",
+        "device": "NVIDIA H100 80GB HBM3",
+        "arch": "sm_90",
+        "date": "2026-12-06",
+        "timer": "graph",
+    },
+    "2026-12-07_h100_block_sparse_flux_d64": {
+        "file": "benchmarks/results/2026-12-07_h100_block_sparse_flux_d64.json",
+        "device": "NVIDIA H100 80GB HBM3",
+        "arch": "sm_90",
+        "date": "2026-12-07",
+        "timer": "graph",
+    },
+    "2026-12-08_h100_block_sparse_wan1.3b_flux_mid": {
+        "file": "benchmarks/results/2026-12-08_h100_block_sparse_wan1.3b_flux_mid.json",
+        "device": "NVIDIA H100 80GB HBM3",
+        "arch": "sm_90",
+        "date": "2026-12-08",
+        "timer": "graph",
+    },
+    "2026-12-08_h100_block_sparse_wan14b": {
+        "file": "benchmarks/results/2026-12-08_h100_block_sparse_wan14b.json",
+        "device": "NVIDIA H100 80GB HBM3",
+        "arch": "sm_90",
+        "date": "2026-12-08",
         "timer": "graph",
     },
 }
@@ -116,4 +152,25 @@ POINTS = (
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "flux-1024", 24, 4608, 4608, 128, 0.4546),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "wan1.3b-480p", 12, 32760, 32760, 128, 1.1798),
     ("triton_sage", "2026-11-30_h200_attention_ops_triton_sage", "wan14b-720p", 40, 75600, 75600, 128, 1.1577),
+)
+
+#: (kernel, source, shape, batch_heads, q_len, kv_len, head_dim, visited, ratio)
+SPARSE_POINTS = (
+    ("gluon_sage", "2026-12-07_h100_block_sparse_flux_d64", "d64", 32, 16384, 16384, 64, 0.25, 0.3942),
+    ("gluon_sage", "2026-12-07_h100_block_sparse_flux_d64", "d64", 32, 16384, 16384, 64, 0.5, 0.6676),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "flux-1024", 24, 4608, 4608, 128, 0.25, 0.6585),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "flux-1024", 24, 4608, 4608, 128, 0.5, 0.8767),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "flux-1024", 24, 4608, 4608, 128, 0.75, 1.0822),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "mid-12k", 24, 12288, 12288, 128, 0.25, 0.3983),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "mid-12k", 24, 12288, 12288, 128, 0.5, 0.6552),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "mid-12k", 24, 12288, 12288, 128, 0.75, 0.897),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "wan1.3b-480p", 12, 32760, 32760, 128, 0.25, 0.3202),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "wan1.3b-480p", 12, 32760, 32760, 128, 0.5, 0.5703),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan1.3b_flux_mid", "wan1.3b-480p", 12, 32760, 32760, 128, 0.75, 0.8563),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan14b", "wan14b-720p", 40, 75600, 75600, 128, 0.2504, 0.2918),
+    ("gluon_sage", "2026-12-08_h100_block_sparse_wan14b", "wan14b-720p", 40, 75600, 75600, 128, 0.5008, 0.56),
+    ("triton_sage", "2026-12-06_h100_block_sparse", "wan1.3b-480p", 12, 32760, 32760, 128, 0.25, 0.3583),
+    ("triton_sage", "2026-12-06_h100_block_sparse", "wan1.3b-480p", 12, 32760, 32760, 128, 0.5, 0.633),
+    ("triton_sage", "2026-12-06_h100_block_sparse", "wan14b-720p", 40, 75600, 75600, 128, 0.2504, 0.3464),
+    ("triton_sage", "2026-12-06_h100_block_sparse", "wan14b-720p", 40, 75600, 75600, 128, 0.5008, 0.674),
 )

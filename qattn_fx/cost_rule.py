@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import math
 
-from . import cost
-from .block_sparse import sparse_speedup
+from . import cost, sparse_cost
 from .block_sparse_spec import BlockSparse
 from .hardware import Hardware
 from .recipes import AUTO
@@ -41,7 +40,7 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware,
     """Whether ``auto`` keeps ``site`` dense instead of running ``kernel`` on ``hardware``, and what to say.
 
     With ``block_sparse`` the kernel visits part of the blocks: ``top_k`` predicts the dense kernel's speedup
-    scaled by the fraction ``top_k`` visited plus the predictor's cost (:func:`qattn_fx.block_sparse.sparse_speedup`);
+    over the measured time of block-sparse calls visiting the fraction ``top_k`` (:mod:`qattn_fx.sparse_cost`);
     ``cdf`` visits a data-dependent share, so nothing is predicted (``(False, "no prediction: ...")``, the
     calibration measures it).
 
@@ -67,12 +66,14 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware,
         return symbolic
     prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                               batch_heads=batch_heads, gpu=hardware.gpu)
-    speedup, what = prediction.speedup, kernel
+    speedup, what, data = prediction.speedup, kernel, prediction.data
     if block_sparse is not None:
-        speedup, what = sparse_speedup(speedup, 1.0 - block_sparse.top_k), f"{kernel} with {block_sparse.short_name}"
+        time = sparse_cost.sparse_time(kernel, hardware.arch, kv_len=kv_len, head_dim=head_dim, gpu=hardware.gpu)
+        speedup = sparse_cost.sparse_speedup(speedup, 1.0 - block_sparse.top_k, time)
+        what, data = f"{kernel} with {block_sparse.short_name}", f"{data}; block-sparse: {time.data}"
     if cost.no_gain(speedup, prediction.upper_bound, MIN_PREDICTED_SPEEDUP):
         bound = "at most " if prediction.upper_bound else ""
         q = "symbolic" if q_len is None else q_len
         return True, (f"{what} predicted {bound}{speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "
-                      f"(cost data: {prediction.data})")
+                      f"(cost data: {data})")
     return symbolic if q_len is None or batch_heads is None else (False, None)

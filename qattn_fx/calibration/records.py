@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..block_sparse import sparse_speedup
+from ..sparse_cost import SparseTime, sparse_speedup
 from .capture import SiteKey
 
 #: The unit a plan decides per: (module path, layer).
@@ -26,8 +26,10 @@ class Record:
     speed_data: str = ""
     deploy_note: str = ""
     #: Block-sparse candidates: (blocks skipped, blocks) per call, summed over the site's runs in that call
-    #: (``speedup`` is then the recipe's, without block sparsity: :meth:`sparse_speedup` scales it).
+    #: (``speedup`` is then the recipe's, without block sparsity: :meth:`sparse_speedup` scales it by
+    #: ``sparse_time``, the deployed kernel's at the site's key length, :mod:`qattn_fx.sparse_cost`).
     blocks: list = field(default_factory=list)
+    sparse_time: SparseTime | None = None
 
     def sparsity(self) -> list[float | None]:
         """The measured fraction of blocks skipped per call (None: not block-sparse, or not run in that call)."""
@@ -39,13 +41,14 @@ class Record:
         return sum(found) / len(found) if found else None
 
     def sparse_speedup(self) -> float | None:
-        """The predicted speedup: the recipe's (its slowest call) scaled by the mean fraction of blocks visited
-        (:func:`~qattn_fx.block_sparse.sparse_speedup`): the time of the calls together, were their dense
-        times equal."""
+        """The predicted speedup: the recipe's (its slowest call) over the block-sparse time at the mean fraction of
+        blocks visited (:func:`~qattn_fx.sparse_cost.sparse_speedup`): the time of the calls together, were their
+        dense times equal."""
         if not self.speed_known or self.speedup is None:
             return None
         mean = self.mean_sparsity()
-        return self.speedup if mean is None else sparse_speedup(self.speedup, mean)
+        return self.speedup if mean is None or self.sparse_time is None else sparse_speedup(self.speedup, mean,
+                                                                                              self.sparse_time)
 
 
 def unit_of(key: SiteKey) -> Unit:

@@ -22,6 +22,7 @@ from ..hardware import Hardware, detect
 from ..ops import quantized_attention
 from ..policy import resolve
 from ..site import Decision, Site
+from ..sparse_cost import sparse_time
 from ..spec import DENSE, AttentionSpec, Spec
 from .budget import Budget, Errors, errors, flat_output, worst
 from .capture import ProbedModel, SiteCall, SiteKey
@@ -86,12 +87,15 @@ class _Sites:
         """The calibration's speed source, else the cost data of the GPU the candidates deploy on (the points of
         that GPU first, :func:`qattn_fx.cost.predict`): the target's where it names one, else without emulation the
         GPU the site's tensors are on (its kernels run the candidates), else none (the architecture's points)."""
-        if self.speed is not None:
-            return self.speed
+        return self.speed if self.speed is not None else cost_data_on(self.deploy_gpu(sc))
+
+    def deploy_gpu(self, sc: SiteCall) -> str | None:
+        """The GPU the candidates deploy on, whose measurements count first: the target's where it names one, else
+        without emulation the GPU the site's tensors are on, else ``None`` (the architecture's points)."""
         gpu = self.target.gpu if self.target is not None else None
         if gpu is None and not self.emulate:
             gpu = detect(sc.q.device).gpu
-        return cost_data_on(gpu)
+        return gpu
 
     def decide(self, sc: SiteCall, spec: Spec) -> Decision:
         """The policy's decision for ``spec`` at this site, without ``auto``'s cost rule: every candidate a kernel
@@ -193,6 +197,9 @@ class _Sites:
                 rec.speedup = None
             elif rec.speedup is None or speed.speedup < rec.speedup:  # the slowest call counts
                 rec.speedup, rec.upper_bound, rec.speed_data = speed.speedup, speed.upper_bound, speed.data
+                if decision.block_sparse is not None:
+                    rec.sparse_time = sparse_time(kernel, arch, kv_len=s.kv_len, head_dim=s.head_dim,
+                                                  gpu=self.deploy_gpu(sc))
             cells.append(f"{c.name} cos {e.cos:.6f} rel_l1 {e.rel_l1:.2e}"
                          + ("" if skipped is None else f" skipped {skipped:.3f}"))
         return cells
@@ -227,7 +234,7 @@ def calibrate(model: Callable, calls: Iterable[Call], *, budget: Budget | dict |
     **Block sparsity.** A candidate with ``block_sparse`` (``"int8-1-16-1+cdf0.9"``, ``"+top_k0.5"``) runs with the
     predictor's real lists at each site; the table's ``skipped`` column is the measured fraction of blocks skipped
     (:func:`qattn_fx.block_sparse.measure`), the mean over the calls. Its predicted speed is its recipe's scaled by
-    the mean fraction visited plus the predictor's cost (:func:`~qattn_fx.block_sparse.sparse_speedup`), so
+    the mean fraction visited by the measured time of block-sparse calls (:mod:`qattn_fx.sparse_cost`), so
     the plan takes the sparsest candidate inside the budget. A ``target_sparsity`` candidate (``"+target0.5"``) is
     first fitted per site (:func:`~qattn_fx.calibration.block.calibrate_block_sparse`); each distinct ``cdf``
     becomes a candidate.
@@ -409,7 +416,7 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
                 site=key.label, module=key.module, layer=key.layer, role=site.role, q_len=site.q_len,
                 kv_len=site.kv_len, head_dim=site.head_dim, candidate=c.name, kernel=rec.kernel, deploy=rec.deploy,
                 per_call=list(rec.per_call), speedup=o.speedup, speed_source=f"cost data ({rec.speed_data}"
-                + (", x mean blocks visited + predictor)" if c.use.block_sparse is not None else ")")
+                + (f"; block-sparse: {rec.sparse_time.data})" if c.use.block_sparse is not None and rec.sparse_time else ")")
                 if o.speedup is not None else NO_COST_DATA, served=o.served, within_budget=o.served and not why,
                 chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound,
                 sparsity=o.sparsity, per_call_sparsity=rec.sparsity() if c.use.block_sparse is not None else []))

@@ -80,7 +80,8 @@ def _derive(sites, gated: Candidate, sparse: Candidate, base: Candidate, times: 
             per_call=[se if ok else be for se, be, ok in zip(s.per_call, b.per_call, late)],
             served=s.served and b.served, why=s.why or b.why, kernel=s.kernel, deploy=s.deploy, speedup=s.speedup,
             speed_known=s.speed_known, upper_bound=s.upper_bound, speed_data=s.speed_data, deploy_note=s.deploy_note,
-            blocks=[sb if ok or sb is None else (0, sb[1]) for sb, ok in zip(s.blocks, late)])
+            blocks=[sb if ok or sb is None else (0, sb[1]) for sb, ok in zip(s.blocks, late)],
+            sparse_time=s.sparse_time)
 
 
 def fit_targets(model, call_list, cands, say) -> tuple[tuple[Candidate, ...], list[str]]:

@@ -1,8 +1,7 @@
 """Predicted speed of a candidate at one site, from the per-(kernel, arch) cost data that ``auto``'s cost rule uses.
 
-A block-sparse candidate's speed is its recipe's (the same candidate without ``block_sparse``) scaled by the
-blocks it visits: :func:`qattn_fx.block_sparse.sparse_speedup`, with the predictor's cost
-:data:`qattn_fx.block_sparse.PREDICTOR_COST`.
+A block-sparse candidate's speed is its recipe's (the same candidate without ``block_sparse``) over the measured
+time of block-sparse calls at the blocks it visits (:mod:`qattn_fx.sparse_cost`).
 
 A speed source is a callable ``(kernel, arch, *, q_len, kv_len, head_dim, batch_heads)`` returning the predicted
 (dense torch SDPA time) / (the kernel's time including its quantize passes) for one call as a

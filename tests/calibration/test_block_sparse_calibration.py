@@ -16,7 +16,7 @@ from benchmarks.common import local_qkv
 from qattn_fx import AttentionSpec, BlockSparse, Recipe, Spec, block_sparse
 from qattn_fx.calibration import calibrate
 from qattn_fx.calibration.candidates import make_candidates, parse_id
-from qattn_fx.block_sparse import PREDICTOR_COST as BLOCK_PREDICTOR_COST, sparse_speedup
+from qattn_fx import sparse_cost
 
 SAGE = Recipe("int8", "fp8", 1, 16, 1)
 
@@ -90,7 +90,6 @@ def test_sparse_candidate_ids_names_and_order():
         parse_id("int8-1-16-1+cdf1.5")
     with pytest.raises(ValueError, match=r"candidate 'int8-1-16-1\+cdfx' is invalid; valid: QK-Q-K-V"):
         parse_id("int8-1-16-1+cdfx")
-    assert sparse_speedup(2.0, 0.5) == pytest.approx(2.0 / (0.5 + BLOCK_PREDICTOR_COST))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,7 +109,10 @@ def test_sparse_candidates_are_measured_and_the_sparsest_within_budget_is_chosen
         assert dense.sparsity is None and dense.speedup == 2.0
         assert 0 < mid.sparsity <= low.sparsity and len(mid.per_call_sparsity) == 2
         assert mid.sparsity == pytest.approx(sum(mid.per_call_sparsity) / 2)  # the mean over the calls
-        assert mid.speedup == pytest.approx(sparse_speedup(2.0, mid.sparsity))
+        kernel, _, arch = mid.deploy.partition(" on ")
+        time = sparse_cost.sparse_time(kernel, arch, kv_len=512, head_dim=64)  # (local_calls' keys and head_dim)
+        assert mid.speedup == pytest.approx(sparse_cost.sparse_speedup(2.0, mid.sparsity, time))
+        assert f"block-sparse: {time.data}" in mid.speed_source
         assert mid.errors.cos < dense.errors.cos
     # every sparse candidate that keeps the budget is predicted faster than the recipe alone: the sparsest wins
     chosen = {s.site: s.choice for s in result.sites}

@@ -246,19 +246,23 @@ def test_auto_picks_a_kernel_with_the_ability_and_keeps_dense_where_none_has_it(
 
 
 def test_the_cost_rule_weighs_the_blocks_top_k_visits():
-    """At a shape where the dense kernel is predicted slower than cuDNN bf16, top_k 0.5 is predicted faster (half the
-    blocks plus the predictor's cost), top_k 1 is not (the predictor adds to a dense run), and cdf predicts nothing
-    (its share of blocks depends on the data)."""
-    from qattn_fx.block_sparse import sparse_speedup
+    """At a shape where the dense kernel is predicted slower than cuDNN bf16, top_k 0.25 is predicted faster (the
+    measured time of block-sparse calls at a quarter of the blocks, :mod:`qattn_fx.sparse_cost`), top_k 1 is not
+    (the predictor and the listed launch add to a dense run), and cdf predicts nothing (its share of blocks depends
+    on the data)."""
+    from qattn_fx import sparse_cost
     from qattn_fx.cost_rule import cost_rule
 
     dense_kernel, said = cost_rule("gluon_sage", site(), SM90)
     assert dense_kernel, "the shape must be one the cost data keep dense"
     speedup = float(said.split(" predicted ")[1].split("x")[0])
-    assert resolve(site(), SM90, spec(block_sparse=BlockSparse(top_k=0.5))).quantized
+    time = sparse_cost.sparse_time("gluon_sage", "sm_90", kv_len=4096, head_dim=128, gpu=SM90.gpu)
+    assert time.data != sparse_cost.UNMEASURED.data
+    assert resolve(site(), SM90, spec(block_sparse=BlockSparse(top_k=0.25))).quantized
     full = resolve(site(), SM90, spec(block_sparse=BlockSparse(top_k=1.0)))
     assert not full.quantized
-    assert f"gluon_sage with bs top_k 1 predicted {sparse_speedup(speedup, 0.0):.2f}x" in full.reason
+    assert f"gluon_sage with bs top_k 1 predicted {speedup / time.ratio(1.0):.2f}x" in full.reason
+    assert f"block-sparse: {time.data})" in full.reason
     assert cost_rule("gluon_sage", site(), SM90, BlockSparse(cdf=0.9)) == (
         False, "no prediction: bs cdf 0.9 visits a data-dependent share of blocks (qattn_fx.calibrate measures it)")
 

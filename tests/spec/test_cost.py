@@ -60,7 +60,7 @@ def test_runs_on_two_gpus_of_one_arch_keep_their_own_points(tmp_path):
 
     arguments = [run("2026-12-01_h200.json", "NVIDIA H200", 0.8), run("2026-12-02_h200.json", "NVIDIA H200", 0.9),
                  run("2026-12-06_h100.json", "NVIDIA H100 80GB HBM3", 0.85)]
-    sources, points = cost_table.read_points(arguments)
+    sources, points, _ = cost_table.read_points(arguments)
     assert sorted((p[1], p[-1]) for p in points.values()) == [("2026-12-02_h200", 0.9), ("2026-12-06_h100", 0.85)]
     assert sources["2026-12-06_h100"]["device"] == "NVIDIA H100 80GB HBM3"
 
