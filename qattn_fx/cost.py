@@ -53,9 +53,10 @@ from . import cost_data
 
 
 @dataclass(frozen=True)
-class Point:
-    """One measured call: ``speedup`` = cuDNN bf16 SDPA ms / (quantize + ``kernel``) ms, in the run ``source`` (a
-    key of ``cost_data.SOURCES``) at benchmark shape ``shape``; ``batch_heads`` is B·H of Q."""
+class MeasuredCall:
+    """A call of ``kernel`` measured in the run ``source`` (a key of ``cost_data.SOURCES``) at benchmark shape
+    ``shape``; ``batch_heads`` is B·H of Q. What :class:`Point` and :class:`qattn_fx.sparse_cost.SparsePoint`
+    share."""
 
     kernel: str
     source: str
@@ -64,7 +65,6 @@ class Point:
     q_len: int
     kv_len: int
     head_dim: int
-    speedup: float
 
     @property
     def arch(self) -> str:
@@ -79,6 +79,13 @@ class Point:
     def work(self) -> int:
         """``batch_heads·q_len·kv_len``: the call's FLOPs up to the factor ``4·head_dim``."""
         return self.batch_heads * self.q_len * self.kv_len
+
+
+@dataclass(frozen=True)
+class Point(MeasuredCall):
+    """One measured call: ``speedup`` = cuDNN bf16 SDPA ms / (quantize + ``kernel``) ms."""
+
+    speedup: float
 
 
 POINTS: tuple[Point, ...] = tuple(Point(*p) for p in cost_data.POINTS)

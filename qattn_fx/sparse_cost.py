@@ -26,28 +26,16 @@ import math
 from dataclasses import dataclass
 
 from . import cost_data
-from .cost import data_label, gpu_points
+from .cost import MeasuredCall, data_label, gpu_points
 
 
 @dataclass(frozen=True)
-class SparsePoint:
+class SparsePoint(MeasuredCall):
     """One measured block-sparse call: ``ratio`` = (predictor + kernel on its lists) ms / the kernel's dense ms when
-    it visited the fraction ``visited`` of the blocks, in run ``source`` (a key of ``cost_data.SOURCES``)."""
+    it visited the fraction ``visited`` of the blocks."""
 
-    kernel: str
-    source: str
-    shape: str
-    batch_heads: int
-    q_len: int
-    kv_len: int
-    head_dim: int
     visited: float
     ratio: float
-
-    @property
-    def gpu(self) -> str:
-        """The GPU of the run, as its result file names it (``NVIDIA H100 80GB HBM3``)."""
-        return cost_data.SOURCES[self.source]["device"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +65,7 @@ def _points() -> dict[tuple[str, str], list[SparsePoint]]:
     table: dict[tuple[str, str], list[SparsePoint]] = {}
     for row in cost_data.SPARSE_POINTS:
         point = SparsePoint(*row)
-        table.setdefault((point.kernel, cost_data.SOURCES[point.source]["arch"]), []).append(point)
+        table.setdefault((point.kernel, point.arch), []).append(point)
     return table
 
 
