@@ -13,9 +13,8 @@ name starts with (``benchmarks/results/`` naming), the device and architecture c
 
 A file written by ``benchmarks.attention_ops --block-sparse`` gives block-sparse points (:mod:`qattn_fx.sparse_cost`)
 instead, after ``:`` the kernels or configs to take (``triton_sage``, ``WS_BN128_s3_ahead_permk_mmasum``; default:
-every row): per row of a
-keep fraction below 1, the fraction of blocks visited (``1 - sparsity_pred``) and ``ms_both / ms_dense``; a later
-argument replaces the point of the same (kernel, shape, keep) on the same GPU.
+every row): per row of a keep fraction below 1, the fraction of blocks visited (``1 - sparsity_pred``) and
+``ms_both / ms_dense``; a later argument replaces the point of the same (kernel, shape, keep) on the same GPU.
 
 The output is a Python module that records this command; ``tests/spec/test_cost.py`` re-runs it and checks that the
 shipped ``qattn_fx/cost_data.py`` is what it prints.
@@ -65,7 +64,8 @@ def _block_sparse_points(data: dict, key: str, path: Path, configs: tuple[str, .
     found = set().union(*map(names, rows)) if rows else set()
     missing = sorted(set(configs or ()) - found)
     if missing:
-        raise ValueError(f"{path}: no row of kernel or config(s) {', '.join(missing)}; valid: {', '.join(sorted(found))}")
+        raise ValueError(f"{path}: no row of kernel or config(s) {', '.join(missing)}; valid: "
+                         f"{', '.join(sorted(found))}")
     points = {}
     for r in rows:
         if configs is None or names(r) & set(configs):

@@ -205,6 +205,13 @@ class _Sites:
         return cells
 
 
+def _speed_source(rec: Record) -> str:
+    """What a table row's predicted speed comes from: the cost data and, for a block-sparse candidate, the measured
+    block-sparse time it was divided by."""
+    sparse = f"; block-sparse: {rec.sparse_time.data}" if rec.sparse_time is not None else ""
+    return f"cost data ({rec.speed_data}{sparse})"
+
+
 def _as_bf16(site: Site) -> Site:
     return dataclasses.replace(site, dtype=torch.bfloat16,
                                kv_dtypes=None if site.kv_dtypes is None else (torch.bfloat16,) * 2)
@@ -415,9 +422,9 @@ def _table(sites: _Sites, cands, per_key, choices: dict[Unit, Choice], budget: B
             rows.append(TableRow(
                 site=key.label, module=key.module, layer=key.layer, role=site.role, q_len=site.q_len,
                 kv_len=site.kv_len, head_dim=site.head_dim, candidate=c.name, kernel=rec.kernel, deploy=rec.deploy,
-                per_call=list(rec.per_call), speedup=o.speedup, speed_source=f"cost data ({rec.speed_data}"
-                + (f"; block-sparse: {rec.sparse_time.data})" if c.use.block_sparse is not None and rec.sparse_time else ")")
-                if o.speedup is not None else NO_COST_DATA, served=o.served, within_budget=o.served and not why,
+                per_call=list(rec.per_call), speedup=o.speedup,
+                speed_source=_speed_source(rec) if o.speedup is not None else NO_COST_DATA, served=o.served,
+                within_budget=o.served and not why,
                 chosen=choice.name == c.name, note=note, speed_upper_bound=o.upper_bound,
                 sparsity=o.sparsity, per_call_sparsity=rec.sparsity() if c.use.block_sparse is not None else []))
         shared = [k.label for k in units[unit_of(key)] if k != key]
