@@ -71,8 +71,9 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware,
         time = sparse_cost.sparse_time(kernel, hardware.arch, kv_len=kv_len, head_dim=head_dim, gpu=hardware.gpu)
         speedup = sparse_cost.sparse_speedup(speedup, 1.0 - block_sparse.top_k, time)
         what, data = f"{kernel} with {block_sparse.short_name}", f"{data}; block-sparse: {time.data}"
-    if cost.no_gain(speedup, prediction.upper_bound, MIN_PREDICTED_SPEEDUP):
-        bound = "at most " if prediction.upper_bound else ""
+    upper_bound = prediction.upper_bound or (block_sparse is not None and time.lower_bound)
+    if cost.no_gain(speedup, upper_bound, MIN_PREDICTED_SPEEDUP):
+        bound = "at most " if upper_bound else ""
         q = "symbolic" if q_len is None else q_len
         return True, (f"{what} predicted {bound}{speedup:.2f}x of cuDNN bf16 at Sq {q}, Skv {kv_len} "
                       f"(cost data: {data})")

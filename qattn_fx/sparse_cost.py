@@ -11,7 +11,9 @@ from ``benchmarks.attention_ops --block-sparse`` results: ``ms_both / ms_dense``
 the predictor's ``top_k`` lists on structured inputs) are measured calls. Per measured key length (per GPU, as
 :func:`qattn_fx.cost.predict` takes them: the running GPU's points where it has some), the least-squares line
 through its points; between key lengths, ``fixed`` and ``per_visited`` piecewise linear in ``log kv_len``, held
-beyond the measured ones. Why a line and not ``1 - sparsity`` plus a constant: a listed launch costs more per
+beyond the measured ones. Below the shortest, the held line is a lower bound of the time (:attr:`SparseTime.
+lower_bound`: shorter calls keep more of their time whatever they skip), so the speed it predicts is an upper
+bound, as :func:`qattn_fx.cost.predict`'s held values are. Why a line and not ``1 - sparsity`` plus a constant: a listed launch costs more per
 visited block than the dense one, and at short lengths the predictor's launches and each query tile's fixed work
 stay whatever is skipped (docs/calibration.md, "Predicted speed").
 
@@ -41,11 +43,13 @@ class SparsePoint(MeasuredCall):
 @dataclass(frozen=True)
 class SparseTime:
     """``ratio(visited) = fixed + per_visited · visited``: a block-sparse call's time over its kernel's dense time;
-    ``data`` names the measurements (``H100 2026-12-07``) or says there are none."""
+    ``data`` names the measurements (``H100 2026-12-07``) or says there are none; ``lower_bound``: the call takes at
+    least that (a key length below the measured ones, whose line was held)."""
 
     fixed: float
     per_visited: float
     data: str
+    lower_bound: bool = False
 
     def ratio(self, visited: float) -> float:
         if not 0.0 <= visited <= 1.0:
@@ -91,9 +95,9 @@ def sparse_time(kernel: str, arch: str, *, kv_len: int, head_dim: int, gpu: str 
         return UNMEASURED
     points = gpu_points(points, gpu)
     dims = sorted({p.head_dim for p in points})
-    lines = [_at(kv_len, [p for p in points if p.head_dim == d]) for d in ([head_dim] if head_dim in dims else dims)]
-    fixed, slope = max(lines, key=lambda line: line[0] + 0.5 * line[1])
-    return SparseTime(fixed, slope, data_label(points))
+    groups = [[p for p in points if p.head_dim == d] for d in ([head_dim] if head_dim in dims else dims)]
+    (fixed, slope), group = max(((_at(kv_len, g), g) for g in groups), key=lambda lg: lg[0][0] + 0.5 * lg[0][1])
+    return SparseTime(fixed, slope, data_label(points), lower_bound=kv_len < min(p.kv_len for p in group))
 
 
 def _at(kv_len: int, points: list[SparsePoint]) -> tuple[float, float]:

@@ -50,6 +50,12 @@ class Record:
         return self.speedup if mean is None or self.sparse_time is None else sparse_speedup(self.speedup, mean,
                                                                                               self.sparse_time)
 
+    def speed_upper_bound(self) -> bool:
+        """Whether :meth:`sparse_speedup` is at most that fast: the recipe's prediction is (a site smaller than the
+        measured calls), or the block-sparse time held below the measured key lengths is."""
+        return self.upper_bound or (self.sparse_time is not None and self.mean_sparsity() is not None
+                                    and self.sparse_time.lower_bound)
+
 
 def unit_of(key: SiteKey) -> Unit:
     return (key.module, key.layer)

@@ -370,7 +370,7 @@ def _options(sites: _Sites, cands) -> tuple[dict[Unit, list[Option]], dict[SiteK
             served = rec.served and bool(measured)
             row.append(Option(c, served, worst([e for e in rec.per_call if e is not None]) if served else None,
                               rec.sparse_speedup(), rec.why or ("" if measured else "never ran"),
-                              min(measured)[1] if measured else None, rec.upper_bound,
+                              min(measured)[1] if measured else None, rec.speed_upper_bound(),
                               rec.mean_sparsity() if served else None))
         per_key[key] = row
     units: dict[Unit, list[list[Option]]] = {}

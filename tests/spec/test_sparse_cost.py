@@ -35,7 +35,9 @@ def test_between_lengths_the_line_moves_with_log_kv_len_and_holds_outside():
     mid = at(int(math.sqrt(lengths[0] * lengths[1])))  # halfway in log kv_len
     assert mid.fixed == pytest.approx((short.fixed + long.fixed) / 2, rel=1e-3, abs=1e-4)
     assert mid.per_visited == pytest.approx((short.per_visited + long.per_visited) / 2, rel=1e-3)
-    assert at(512) == short and at(10**6) == at(lengths[-1])
+    held = at(512)
+    assert (held.fixed, held.per_visited) == (short.fixed, short.per_visited) and held.lower_bound
+    assert at(10**6) == at(lengths[-1])
     # shorter calls keep more of their time whatever they skip (the predictor's launches, each tile's fixed work)
     assert short.ratio(0.5) > mid.ratio(0.5) > long.ratio(0.5) > at(lengths[-1]).ratio(0.5)
 
@@ -104,3 +106,21 @@ def test_cost_table_takes_block_sparse_rows_below_keep_1(tmp_path):
     with pytest.raises(ValueError, match=r"no row of kernel or config\(s\) WS_C; valid: WS_A, WS_B, gluon_sage"):
         cost_table.read_points([older + ":WS_C"])
     assert "SPARSE_POINTS = (\n    (\"gluon_sage\", \"2026-12-01_h100_bs\"" in cost_table.render([older])
+
+
+def test_below_the_measured_lengths_the_held_line_is_a_lower_bound():
+    """Shorter calls keep more of their time whatever they skip, so the line held below the shortest measured key
+    length bounds the time from below: the cost rule then says ``at most`` (cross-attention to 512 text tokens)."""
+    from qattn_fx.cost_rule import cost_rule
+    from qattn_fx.hardware import Hardware
+    from qattn_fx.site import Site
+    from qattn_fx.block_sparse_spec import BlockSparse
+
+    shortest = min(p.kv_len for p in _measured() if p.kernel == "gluon_sage" and p.head_dim == 128)
+    at = lambda n: sparse_cost.sparse_time("gluon_sage", "sm_90", kv_len=n, head_dim=128, gpu=H100)  # noqa: E731
+    assert at(shortest - 1).lower_bound and not at(shortest).lower_bound and not at(10**6).lower_bound
+    sm90 = Hardware.for_arch("sm_90", {"triton": "3.6.0", "flashinfer-python": "0.7.2.post1", "cudnn": "9.19.0"})
+    cross = Site(name="attn2", q_shape=(1, 40, 32760, 128), k_shape=(1, 40, 512, 128), v_shape=(1, 40, 512, 128),
+                 module="blocks.0.attn2", layer=0, num_layers=1)
+    dense, said = cost_rule("gluon_sage", cross, sm90, BlockSparse(top_k=0.5))
+    assert dense and "gluon_sage with bs top_k 0.5 predicted at most " in said
