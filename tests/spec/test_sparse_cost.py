@@ -6,6 +6,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks import cost_table
 from qattn_fx import cost_data, sparse_cost
@@ -124,3 +126,15 @@ def test_below_the_measured_lengths_the_held_line_is_a_lower_bound():
                  module="blocks.0.attn2", layer=0, num_layers=1)
     dense, said = cost_rule("gluon_sage", cross, sm90, BlockSparse(top_k=0.5))
     assert dense and "gluon_sage with bs top_k 0.5 predicted at most " in said
+
+
+@settings(max_examples=80, deadline=None)
+@given(kernel=st.sampled_from(["gluon_sage", "triton_sage"]), kv_len=st.integers(1, 400_000),
+       head_dim=st.sampled_from([64, 80, 128]), gpu=st.sampled_from([None, H100, "NVIDIA H200"]),
+       v=st.floats(0.0, 1.0), dv=st.floats(0.0, 1.0))
+def test_more_blocks_never_take_less_time(kernel, kv_len, head_dim, gpu, v, dv):
+    """Over every length, head_dim and GPU: the time grows with the blocks visited and stays positive."""
+    time = sparse_cost.sparse_time(kernel, "sm_90", kv_len=kv_len, head_dim=head_dim, gpu=gpu)
+    hi = min(1.0, v + dv)
+    assert 0 < time.ratio(v) <= time.ratio(hi) + 1e-12
+    assert not time.lower_bound or kv_len < max(p.kv_len for p in _measured() if p.kernel == kernel)
