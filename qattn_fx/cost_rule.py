@@ -66,12 +66,12 @@ def cost_rule(kernel: str, site: Site, hardware: Hardware,
         return symbolic
     prediction = cost.predict(kernel, hardware.arch, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                               batch_heads=batch_heads, gpu=hardware.gpu)
-    speedup, what, data = prediction.speedup, kernel, prediction.data
+    speedup, what, data, upper_bound = prediction.speedup, kernel, prediction.data, prediction.upper_bound
     if block_sparse is not None:
         time = sparse_cost.sparse_time(kernel, hardware.arch, kv_len=kv_len, head_dim=head_dim, gpu=hardware.gpu)
         speedup = sparse_cost.sparse_speedup(speedup, 1.0 - block_sparse.top_k, time)
         what, data = f"{kernel} with {block_sparse.short_name}", f"{data}; block-sparse: {time.data}"
-    upper_bound = prediction.upper_bound or (block_sparse is not None and time.lower_bound)
+        upper_bound = upper_bound or time.lower_bound
     if cost.no_gain(speedup, upper_bound, MIN_PREDICTED_SPEEDUP):
         bound = "at most " if upper_bound else ""
         q = "symbolic" if q_len is None else q_len

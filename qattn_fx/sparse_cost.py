@@ -60,7 +60,8 @@ class SparseTime:
 #: The predictor's time as a fraction of the dense kernel's where no block-sparse call was measured.
 PREDICTOR_COST = 0.03
 #: The model without measurements: time in proportion to the blocks visited, plus :data:`PREDICTOR_COST`.
-UNMEASURED = SparseTime(PREDICTOR_COST, 1.0, f"no block-sparse cost data: blocks visited + predictor {PREDICTOR_COST}")
+UNMEASURED = SparseTime(PREDICTOR_COST, 1.0,
+                        f"no block-sparse cost data: blocks visited + predictor {PREDICTOR_COST}")
 #: A floor for the line far below the measured fractions (the predictor alone costs something).
 _MIN_RATIO = 0.01
 
