@@ -189,6 +189,23 @@ def gluon_loop_body(ops: list[str]) -> list[str]:
     return ops[start - 40:end + 1]
 
 
+def block_lists(b, h, sq, skv, density, *, seed=0, device="cpu", empty_tiles=True):
+    """Random block lists ``(block_index, block_count)`` (:func:`qattn_fx.block_sparse.from_mask`) for a call of
+    ``(b, h)`` heads over ``sq`` queries and ``skv`` keys, each block listed with probability ``density``; with
+    ``empty_tiles`` some query tiles list nothing (every third of head 0) and the last one lists only the last key
+    tile (the partial one, where ``skv`` is not a multiple of 128)."""
+    from qattn_fx import block_sparse
+
+    nq, nk = block_sparse.tiles(sq, skv)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    visit = torch.rand(b, h, nq, nk, generator=gen, device=device) < density
+    if empty_tiles:
+        visit[:, 0, ::3] = False
+        visit[:, -1, -1] = False
+        visit[:, -1, -1, -1] = True
+    return block_sparse.from_mask(visit)
+
+
 def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(max |err| / max |ref|, mean |err| / mean |ref|)."""
     err = (out.double() - ref.double()).abs()

@@ -4,9 +4,9 @@ When to use: after a change to the Gluon kernel that should not change what it c
 moved code), or to see which launch classes a change touches. Each tree's ``gluon_sage.compile_for`` builds every
 case of :data:`CASES` (the GPU-tested configs on int8 Q/K with K scales per 16 keys, then the other launch classes:
 K scales per key, bf16 Q quantized in the kernel, bf16 Q/K, fp8, key bias, LSE, tail split, Skip-Softmax with and
-without counting, head_dim 64, block lists) for sm_90 in a process of its own (``PYTHONPATH`` set to the tree, so
-each side imports its own ``qattn_fx``); the PTX is compared with debug sections stripped and parameter numbers
-normalized::
+without counting, head_dim 64, block lists, persistent launches dense and block-sparse) for sm_90 in a process of
+its own (``PYTHONPATH`` set to the tree, so each side imports its own ``qattn_fx``); the PTX is compared with debug
+sections stripped and parameter numbers normalized::
 
     git worktree add /tmp/gluon-before main          # (or: git archive main qattn_fx | tar -x -C /tmp/gluon-before)
     python tools/ptx_compare.py /tmp/gluon-before . --out /tmp/ptx  # a table; exit status 1 if a case differs
@@ -30,7 +30,7 @@ import tempfile
 #: ``(name, config, options)``: options of :func:`_inputs` and ``compile_for`` (``d``, ``qk``: ``int8`` / ``fp8`` /
 #: ``bf16`` Q and K / ``bf16q`` (bf16 Q beside int8 K, quantized in the kernel) / ``tensor`` (int8, one Q and one K
 #: scale per tensor), ``k_block``, ``bias``, ``lse``, ``tail``, ``skip``, ``sparse``: block lists; trees before
-#: them report those cases as errors).
+#: them report those cases as errors, as trees before persistent block-sparse launches report theirs).
 _SERIAL_CONFIGS = ("128,3,ahead", "128,2,ahead", "128,2", "64,3,ahead", "128,3,ahead,permk", "128,2,ahead,permk",
                    "128,3,ahead,tarrive", "128,3,ahead,permk,mmasum", "128,2,ahead,permk,mmasum",
                    "128,3,ahead,mmasum", "128,3,ahead,tarrive,mmasum", "128,2,mmasum", "64,3,ahead,mmasum",
@@ -74,7 +74,19 @@ CASES = ([(f"{c} int8 k16", c, {}) for c in _SERIAL_CONFIGS] + [
        ("128,3,permk,mmasum fp8 k16 skip2 sparse", "128,3,permk,mmasum", dict(qk="fp8", skip=2, sparse=1)),
        (f"{AHEAD} int8 k1 bias sparse", AHEAD, dict(k_block=1, bias=1, sparse=1)),
        ("128,3,ahead,permk,mmasum bf16q k16 tail sparse", "128,3,ahead,permk,mmasum",
-        dict(qk="bf16q", tail=1, sparse=1))])
+        dict(qk="bf16q", tail=1, sparse=1))]
+    + [(f"{TRIO},persist int8 k16", f"{TRIO},persist", {}),
+       (f"{TRIO},persist int8 k16 tail lse", f"{TRIO},persist", dict(tail=1, lse=1)),
+       (f"{TRIO},persist int8 k16 skip2", f"{TRIO},persist", dict(skip=2)),
+       (f"{AHEAD},persist int8 k1 bias", f"{AHEAD},persist", dict(k_block=1, bias=1)),
+       ("128,3,ahead,permk,mmasum,persist int8 k16 sparse", "128,3,ahead,permk,mmasum,persist", dict(sparse=1)),
+       ("128,3,ahead,permk,mmasum,persist int8 k16 bias lse tail sparse", "128,3,ahead,permk,mmasum,persist",
+        dict(bias=1, lse=1, tail=1, sparse=1)),
+       ("128,3,ahead,permk,mmasum,persist bf16q k16 tail sparse", "128,3,ahead,permk,mmasum,persist",
+        dict(qk="bf16q", tail=1, sparse=1)),
+       ("128,3,permk,mmasum,persist fp8 k16 skip2 sparse", "128,3,permk,mmasum,persist",
+        dict(qk="fp8", skip=2, sparse=1)),
+       (f"{AHEAD},persist int8 k1 bias sparse", f"{AHEAD},persist", dict(k_block=1, bias=1, sparse=1))])
 
 
 def _inputs(d=128, s=4096, h=4, qk="int8", k_block=16):

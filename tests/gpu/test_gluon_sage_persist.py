@@ -4,7 +4,9 @@ A persistent launch runs the work items of the non-persistent grid, several per 
 same per-item computation, so its output (and LSE) must equal the non-persistent launch of the same config bit for
 bit, in every launch class: with the tail split's pieces among the items, items of one key tile (shorter than the
 rings), many items per CTA, a grid smaller than the SMs, Q quantized in the kernel, GQA, key bias, LSE and
-Skip-Softmax. Run: ``pytest -m gpu tests/gpu/test_gluon_sage_persist.py``.
+Skip-Softmax; and block-sparse launches (:data:`~qattn_fx.kernels.gluon_sage.SPARSE_PERSIST_CONFIGS`), whose items
+find their own lists and visit different numbers of key tiles, none for some. Run: ``pytest -m gpu
+tests/gpu/test_gluon_sage_persist.py``.
 """
 
 from __future__ import annotations
@@ -61,8 +63,10 @@ def _inputs(overrides, recipe):
     return args
 
 
-def _call(args, config, extras):
+def _call(args, config, extras, lists=None):
     extras = dict(extras)
+    if lists is not None:
+        extras["block_index"], extras["block_count"] = lists
     if extras.get("key_bias") == "pad":  # batch 0 sees all keys, batch 1 the first 60 %
         skv = args[2].shape[2]
         bias = torch.zeros(args[0].shape[0], skv, device=DEV)
@@ -113,3 +117,50 @@ def test_persistent_grid_is_one_cta_per_sm_at_most():
     config = gs.GluonConfig.parse(TRIO + ",persist")
     plan = gs.plan_launch(*args[:6], 1, 16, 0.125, out, out, False, config)
     assert plan.grid == (min(2 * 24 * gs.q_blocks(4608, config), gs.sm_count(torch.cuda.current_device())),)
+
+
+#: Block-sparse launch classes (config, make_qkv overrides, recipe, call extras, share of blocks listed); the lists
+#: leave some query tiles empty (:func:`support.block_lists`).
+SPARSE_CASES = {
+    "permk": ("128,3,ahead,permk,mmasum", {}, ("int8", 1, 16), {}, 0.5),
+    "permk-many-items": ("128,2,ahead,permk,mmasum", dict(b=2, hq=24, hkv=24, sq=4608, skv=4608), ("int8", 1, 16),
+                         {}, 0.5),
+    "permk-few-blocks": ("128,3,ahead,permk,mmasum", dict(skv=4000), ("int8", 1, 16), {}, 0.1),
+    "permk-q-in-kernel-lse": ("128,3,ahead,permk,mmasum", {}, ("q-in-kernel", 1, 16), dict(return_lse=True), 0.5),
+    "permk-fp8": ("128,3,ahead,permk,mmasum", {}, ("fp8", 1, 16), {}, 0.5),
+    "permk-key-bias-lse": ("128,3,ahead,permk,mmasum", {}, ("int8", 1, 16), dict(key_bias="pad", return_lse=True),
+                           0.6),
+    "key-order-k1": (AHEAD, {}, ("int8", 1, 1), {}, 0.5),
+    "key-order-bf16-key-bias": (AHEAD, {}, ("bf16", 0, 0), dict(key_bias="pad"), 0.5),
+    "serial-skip": ("128,3,permk,mmasum", dict(skv=4000), ("int8", 1, 16), dict(skip_threshold=0.05), 0.6),
+}
+
+
+@needs_sm90
+@pytest.mark.parametrize("tail_split", [False, True], ids=["whole", "tail-split"])
+@pytest.mark.parametrize("case", list(SPARSE_CASES))
+def test_persistent_block_sparse_launch_gives_the_bits_of_the_non_persistent_one(case, tail_split, monkeypatch,
+                                                                                 qattn_config):
+    """A block-sparse launch with and without ``persist``: equal output (and LSE) bit for bit, each persistent work
+    item reading its own query tile's list (and its piece's list positions under a split tail) while the rings count
+    on across items of different visit counts."""
+    config, overrides, recipe, extras, density = SPARSE_CASES[case]
+    if tail_split and "skip_threshold" in extras:
+        pytest.skip("Skip-Softmax launches run without the tail split")
+    monkeypatch.setattr(gs.launch, "sm_count", lambda index: 40)
+    qattn_config(gluon_tail_split=tail_split)
+    if tail_split:
+        overrides = {**overrides, "skv": max(overrides.get("skv", 1500), 2500)}
+    args = _inputs(overrides, recipe)
+    b, hq, sq, _ = args[0].shape
+    lists = support.block_lists(b, hq, sq, args[2].shape[2], density, device=DEV)
+    base = gs.GluonConfig.parse(config)
+    persistent = gs.GluonConfig.parse(config + ",persist")
+    want = _call(args, base, extras, lists)
+    want_tail = gs.last_tail_plan()
+    got = _call(args, persistent, extras, lists)
+    assert gs.last_tail_plan() == want_tail and gs.last_config() == persistent
+    if tail_split and want_tail is None:
+        pytest.skip(f"{case}: the partial last wave on 40 slots is not split")
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w), f"{case}: max |diff| {(g - w).abs().max().item()}"

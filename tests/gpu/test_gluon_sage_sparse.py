@@ -9,6 +9,7 @@ every block is listed. Kept small: one compile per launch class it needs.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -34,17 +35,7 @@ needs_sm90 = support.needs_capability(gs.CAPABILITY, reason="gluon_sage needs sm
 SPARSE = str(gs.SPARSE_TUNED_CONFIGS[0])  # 128,3,ahead,permk,mmasum: the permk class's two-consumer default
 
 
-def _lists(b, h, sq, skv, density, seed=0, empty_tiles=True):
-    """Random lists; with ``empty_tiles`` some query tiles list nothing (every third of head 0) and one lists only
-    the last key tile (the partial one, where Skv is not a multiple of 128)."""
-    nq, nk = block_sparse.tiles(sq, skv)
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-    visit = torch.rand(b, h, nq, nk, generator=gen, device=DEV) < density
-    if empty_tiles:
-        visit[:, 0, ::3] = False
-        visit[:, -1, -1] = False
-        visit[:, -1, -1, -1] = True
-    return block_sparse.from_mask(visit)
+_lists = functools.partial(support.block_lists, device=DEV)  # (some query tiles list nothing)
 
 
 def _inputs(qk="int8", blocks=(1, 16), b=1, hq=4, hkv=2, sq=4096, skv=4096, d=128, seed=0):

@@ -371,6 +371,8 @@ def _lists(q, k, density=0.5, seed=0):
     ("int8", SPARSE, False, False, 0, None), ("int8", SPARSE, True, True, 1, None),
     ("qbf16", AHEAD, True, True, 0, None), ("fp8", SPARSE, False, False, 2, None),
     ("int8", gs.SPARSE_SKIP_TUNED_CONFIGS[0], False, False, 0, "count"),
+    ("int8", gs.SPARSE_PERSIST_CONFIGS[0], False, False, 0, None),
+    ("int8", gs.SPARSE_PERSIST_CONFIGS[1], True, True, 1, None),
 ])
 def test_sparse_plan_passes_the_lists_last_with_the_sparse_constexpr(case, config, return_lse, split, bias_rows,
                                                                       skip):

@@ -40,7 +40,8 @@ schedule, which plain Triton 3.6 cannot express:
 * ``persist`` (:mod:`.schedule`): one CTA per SM runs the work items of the grid above (query blocks and tail
   pieces) in turn, the next item's Q and first K/V tiles loading during the current one's last tiles and epilogue;
   the numerics of the same config without it, so :data:`PERSIST_CONFIGS` are candidates of their dense classes'
-  tuners (the timing picks per key; block-sparse launches refuse ``persist``).
+  tuners (the timing picks per key). Block-sparse launches run :data:`SPARSE_PERSIST_CONFIGS` when forced by name,
+  each work item pointing at its own lists; no tuner times them until their GPU tests have run.
 * block sparsity (:mod:`qattn_fx.block_sparse`, ``block_index`` / ``block_count``; :mod:`.sparse`): a CTA of two
   consumers is one 128-row query tile of the lists; the producer loads and the consumers run only its listed key
   tiles, in list order (the rings count visited tiles), the last listed one handled as the last tile; a tile that
@@ -87,6 +88,7 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      QUAD_CONSUMER_REGS, QUAD_HEAD_DIM, QUAD_LAUNCH_MAXNREG, QUAD_TUNED_CONFIGS, REGISTERS,
                      ROWS_PER_CONSUMER,
                      SKIP_KEY_ORDER_TUNED_CONFIGS, SKIP_TUNED_CONFIGS, SPARSE_KEY_ORDER_TUNED_CONFIGS,
+                     SPARSE_PERSIST_CONFIGS,
                      SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
                      check_quad_config, check_skip_config, check_sparse_config, current_config, forced_config,
@@ -105,7 +107,7 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "LAUNCH_MAXNREG", "LaunchPlan", "PERSIST_CONFIGS", "PRODUCER_REGS", "QUAD_CONSUMER_REGS", "QUAD_HEAD_DIM",
            "QUAD_LAUNCH_MAXNREG", "QUAD_TUNED_CONFIGS", "QUAD_TUNER", "REGISTERS", "ROWS_PER_CONSUMER",
            "SKIP_KEY_ORDER_TUNED_CONFIGS", "SKIP_KEY_ORDER_TUNER", "SKIP_TUNED_CONFIGS", "SKIP_TUNER",
-           "SPARSE_KEY_ORDER_TUNED_CONFIGS", "SPARSE_KEY_ORDER_TUNER",
+           "SPARSE_KEY_ORDER_TUNED_CONFIGS", "SPARSE_KEY_ORDER_TUNER", "SPARSE_PERSIST_CONFIGS",
            "SPARSE_SKIP_TUNED_CONFIGS", "SPARSE_SKIP_TUNER", "SPARSE_TUNED_CONFIGS", "SPARSE_TUNER",
            "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
            "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",

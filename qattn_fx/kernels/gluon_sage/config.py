@@ -153,7 +153,7 @@ KEY_ORDER_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, mmasum=1), GluonConfig(1
                            GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
 #: The persistent candidates (``persist``, :mod:`.schedule`): the numerics of the same configs without ``persist``,
 #: faster at flux-1024 and d64 and slower at the Wan lengths (BENCHMARKS.md, "Persistent schedule"), so the timing
-#: decides per key. Block-sparse launches do not run them (:func:`check_sparse_config`).
+#: decides per key. Block-sparse launches run two-consumer ones by name only (:data:`SPARSE_PERSIST_CONFIGS`).
 PERSIST_CONFIGS = tuple(c for c in TUNED_CONFIGS + KEY_ORDER_TUNED_CONFIGS if c.persist)
 #: Untuned key-order launches.
 KEY_ORDER_DEFAULT_CONFIG = KEY_ORDER_TUNED_CONFIGS[0]
@@ -186,12 +186,19 @@ SPARSE_TUNED_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1),
 SPARSE_SKIP_TUNED_CONFIGS = (GluonConfig(128, 3, permk=1, mmasum=1), GluonConfig(128, 3, permk=1, tarrive=1, mmasum=1))
 #: Block-sparse launches that load K in key order: :data:`KEY_ORDER_TUNED_CONFIGS` without the persistent one.
 SPARSE_KEY_ORDER_TUNED_CONFIGS = tuple(c for c in KEY_ORDER_TUNED_CONFIGS if not c.persist)
+#: Persistent block-sparse configs (:mod:`.schedule`: each work item finds its own lists), the numerics of the
+#: sparse tuners' configs without ``persist``. Run when forced by name (:func:`use_config`); no tuner times them
+#: until their GPU tests have run (docs/kernel-design.md, "Persistent block-sparse launches").
+SPARSE_PERSIST_CONFIGS = (GluonConfig(128, 3, ahead=1, permk=1, mmasum=1, persist=1),
+                          GluonConfig(128, 2, ahead=1, permk=1, mmasum=1, persist=1),
+                          GluonConfig(128, 3, ahead=1, mmasum=1, persist=1))
 
 
 def check_sparse_config(config: GluonConfig) -> None:
-    """Block-sparse launches run two consumer warpgroups per CTA (128 query rows: one query tile of the lists) with
-    128-key tiles (one listed key tile per ring slot; 64-key tiles under a split tail do not match the emulation,
-    so they are not served); ``ValueError`` naming the config and the valid ones otherwise."""
+    """Block-sparse launches run two consumer warpgroups per CTA (128 query rows: one query tile of the lists; with
+    ``persist``, of each work item) with 128-key tiles (one listed key tile per ring slot; 64-key tiles under a split
+    tail do not match the emulation, so they are not served); ``ValueError`` naming the config and the valid ones
+    otherwise."""
     if config.consumers != CONSUMERS or config.block_n != 128:
         valid = ", ".join(f"'{c}'" for c in dict.fromkeys(SPARSE_TUNED_CONFIGS + SPARSE_SKIP_TUNED_CONFIGS
                                                           + SPARSE_KEY_ORDER_TUNED_CONFIGS))
@@ -199,10 +206,6 @@ def check_sparse_config(config: GluonConfig) -> None:
                          f"CTA, {config.block_n}-key tiles) cannot run block-sparse calls, whose CTA is one "
                          f"{CONSUMERS * ROWS_PER_CONSUMER}-row query tile of the lists visiting 128-key tiles; "
                          f"valid: two-consumer configs with block_n 128 (no 'trio', no 'quad'), e.g. {valid}")
-    if config.persist:
-        raise ValueError(f"gluon_sage config {config} is persistent; block-sparse calls run non-persistent configs "
-                         f"(a persistent CTA counts its rings across work items of equal key tiles); valid: the "
-                         f"same config without 'persist', e.g. '{config.without_persist()}'")
 
 
 def quad_serves(head_dim: int, key_bias: bool) -> bool:

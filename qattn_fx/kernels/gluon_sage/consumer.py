@@ -115,16 +115,17 @@ def _q_done(bufs, n, flags):
 
 
 @jit
-def _consume_item(st, prog, CID: gl.constexpr, n, first):
-    """Consumer warpgroup ``CID`` on one work item (``prog``: its :class:`~.state.Program`; ``n``: the CTA's items
+def _consume_item(st, CID: gl.constexpr, n, first):
+    """Consumer warpgroup ``CID`` on one work item (``st.prog``: its :class:`~.state.Program`; ``n``: the CTA's items
     before it, ``first``: the key tiles they visited, its first ring position): rows ``start_m + 64·CID + [0,
     64)``, their row scales (quantizing Q when the kernel does), then :func:`_mainloop` and :func:`_epilogue`.
-    ``st``: the :class:`~.state.KernelState`; its flags' ``SKIP`` (serial schedules only): every tile behind
+    ``st``: the item's :class:`~.state.KernelState`; its flags' ``SKIP`` (serial schedules only): every tile behind
     Skip-Softmax's test (:func:`_softmax_pv_skip`; 2: counting skipped tiles) unless λ is 0. Returns the key tiles
     it visited."""
     flags = st.flags
     bufs = st.bufs
     ptrs = st.ptrs
+    prog = st.prog
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     SKIP: gl.constexpr = flags.SKIP

@@ -5,6 +5,7 @@ from ._gluon import gl, jit, mbarrier, quantizes_q
 from .consumer import _consume
 from .producer import _producer
 from .schedule import Schedule, _item
+from .sparse import _lists_at
 from .state import Buffers, KernelFlags, KernelState, Pointers, Program
 
 
@@ -61,9 +62,10 @@ def _sage_fwd_ws(
     (``SPLITS + 1`` with ``SPLIT_TAIL``) and the key bias's span (2 with ``HAS_BIAS``), in that order
     (:func:`.launch.visit_bounds`; ``None`` with neither); else all three ``None``.
 
-    ``PERSIST`` (:mod:`.schedule`, not with ``SPARSE``): a 1-D grid of at most one CTA per SM, each running the work
-    items ``pid, pid + G, ...`` of the ``ITEMS`` (int) the non-persistent grid would run one per CTA (with
-    ``SPLIT_TAIL``: the same whole items and pieces); Q in two buffers. ``ITEMS``: ``None`` otherwise.
+    ``PERSIST`` (:mod:`.schedule`): a 1-D grid of at most one CTA per SM, each running the work items ``pid, pid +
+    G, ...`` of the ``ITEMS`` (int) the non-persistent grid would run one per CTA (with ``SPLIT_TAIL``: the same
+    whole items and pieces; with ``SPARSE`` each item points at its own lists); Q in two buffers. ``ITEMS``: ``None``
+    otherwise.
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
     if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's one (a persistent CTA's first)
@@ -76,6 +78,7 @@ def _sage_fwd_ws(
         kv0 = pid_m * 0
         kv_len = SEQ_KV
         piece = kv0 - 1
+        split = kv0
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
@@ -124,27 +127,19 @@ def _sage_fwd_ws(
     bufs = Buffers(q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, ks_desc=ks_desc, kp_desc=kp_desc, q_smem=q_smem,
                    k_smem=k_smem, v_smem=v_smem, ks_smem=ks_smem, ones_smem=ones_smem, q_bar=q_bar, q_free=q_free,
                    k_ready=k_ready, v_ready=v_ready, kv_free=kv_free)
-    blk_index, blk_count, blk_piece, blk_bias = BI, BC, BB, BB  # (None: a dense launch)
-    if SPARSE:  # this CTA's query tile's list and count (a CTA of two consumers is one 128-row query tile)
-        tile_row = pid_bh * N_M + pid_m
-        blk_index = BI + tile_row.to(gl.int64) * gl.cdiv(SEQ_KV, 128)
-        blk_count = BC + tile_row
-        NB = SPLIT_TAIL * (SPLITS + 1) + 2 * HAS_BIAS  # BB's positions per query tile
-        if SPLIT_TAIL:  # piece t % SPLITS's first and end list positions (a whole CTA reads its count instead)
-            blk_piece = BB + tile_row.to(gl.int64) * NB + split
-        if HAS_BIAS:  # the list positions bounding the key bias's span
-            blk_bias = BB + tile_row.to(gl.int64) * NB + (NB - 2)
-    ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=blk_index,
-                    BC=blk_count, BP=blk_piece, BR=blk_bias)
+    # the constexprs travel as an aggregate (in a plain tuple Gluon would turn them into tensors)
+    flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
+                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE, PERSIST)
+    ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=BI, BC=BC,
+                    BP=BB, BR=BB)  # (the block lists' arrays; None: a dense launch)
+    if not PERSIST:  # this CTA's query tile's list (a persistent CTA points at each item's in turn: .schedule)
+        ptrs = _lists_at(ptrs, pid_m, pid_bh, split, N_M, SEQ_KV, SPLITS, flags)
     # assigned as a plain tuple, the scalars become values (an int Triton specialized to the constexpr 1 becomes an
     # i32 constant here), so the worker partitions take them as captures, not as constants (this keeps the PTX)
     scalars = (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
                stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb, kp_gh,
                kv0, piece, stride_kbb, qk_scale, SkipThr, SkipCount)
     prog = Program(*scalars)
-    # the constexprs travel as an aggregate (in a plain tuple Gluon would turn them into tensors)
-    flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE, PERSIST)
     st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog, sched=sched if PERSIST else 0)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name
     # ("cannot convert JITFunction ... to tensor"), so the list cannot be built in a static_range loop

@@ -25,7 +25,7 @@ class TileLoop:
     Skip-Softmax's test ``skip`` (:func:`_softmax_pv_skip`), ``MMASUM``'s row sums ``sums`` (``(ones_smem,
     l_zero)``, :func:`_pv_issue`), the key tiles visited, ``visits`` (:func:`.sparse._visits`; unused in a dense
     launch), and ``first``, the ring position of the work item's first visit (0 but in a persistent launch, whose
-    CTAs count their rings across items, :mod:`.schedule`; block-sparse launches are not persistent)."""
+    CTAs count their rings across items, :mod:`.schedule`)."""
     q: gl.shared_memory_descriptor
     rs: gl.tensor
     s_init: gl.tensor

@@ -48,15 +48,16 @@ def _producer(st):
 
 
 @jit
-def _produce_item(st, prog, CID: gl.constexpr, n, first):
-    """One work item (``prog``: its :class:`~.state.Program`; ``CID``: unused, :func:`.schedule._run_items`'s
-    signature; ``n``: the CTA's items before it, ``first``: the key tiles they visited, its first ring position): its
+def _produce_item(st, CID: gl.constexpr, n, first):
+    """One work item (``st``: its :class:`~.state.KernelState`, ``st.prog`` its :class:`~.state.Program`; ``CID``:
+    unused, :func:`.schedule._run_items`'s signature; ``n``: the CTA's items before it, ``first``: the key tiles they visited, its first ring position): its
     Q tiles (not when Q is bf16/fp16 with int8 K: the consumers quantize it; in Q buffer ``n % 2`` once the consumers
     have freed it), then K and V tiles into their rings
     (:func:`_produce_tile`); the last (maybe partial) tile's K always through the plain descriptor. ``SPARSE``: the
     listed tiles only (:func:`.sparse._visits`), the last listed one through the plain descriptor; none when nothing
     is listed. Returns the key tiles it visited."""
     flags = st.flags
+    prog = st.prog
     bufs = st.bufs
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     q_desc = bufs.q_desc

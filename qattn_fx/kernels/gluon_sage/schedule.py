@@ -14,12 +14,15 @@ while the consumers finish the current one (its last tiles, its epilogue), so th
 epilogue on the critical path. Consecutive CTAs run consecutive items, the query tiles of one head: its K and V stay
 in L2. The partitions count their rings across items: an item's first visit position is the number of key tiles
 the CTA visited before it (the producer and every consumer reach the same count), and the Q tiles alternate
-between two shared-memory buffers (``q_bar`` / ``q_free`` per buffer, :class:`~.state.Buffers`). Each item's
-computation is the non-persistent CTA's, so the numerics are the same (:attr:`~.config.GluonConfig.numerics`).
+between two shared-memory buffers (``q_bar`` / ``q_free`` per buffer, :class:`~.state.Buffers`). In a block-sparse
+launch each item points at its own query tile's lists (:func:`_state_at`, :func:`.sparse._lists_at`) and visits
+its listed tiles only, maybe none: the count of visited tiles still orders the rings. Each item's computation is the
+non-persistent CTA's, so the numerics are the same (:attr:`~.config.GluonConfig.numerics`).
 """
 
 from ._gluon import gl, jit
-from .state import _SCALAR, Program, _named
+from .sparse import _lists_at
+from .state import _SCALAR, KernelState, Program, _named
 
 
 @_named
@@ -70,32 +73,37 @@ def _q_bar(bufs, n, flags):
 
 
 @jit
-def _program_at(prog, w, sched, flags, ROWS: gl.constexpr):
-    """``prog`` (:class:`~.state.Program`) with the coordinates and key range of work item ``w`` (:func:`_item`):
-    a query block of ``ROWS`` rows."""
-    pid_m, pid_bh, kv0, kv_len, piece, _ = _item(w, sched, flags.SPLIT_TAIL)
+def _state_at(st, w, ROWS: gl.constexpr):
+    """The :class:`~.state.KernelState` of work item ``w`` (:func:`_item`) of a persistent launch: its
+    :class:`~.state.Program` (coordinates and key range of a query block of ``ROWS`` rows) and, in a block-sparse
+    launch, its block-list pointers (:func:`.sparse._lists_at`: ``st.ptrs`` holds the lists' whole arrays)."""
+    prog = st.prog
+    sched = st.sched
+    flags = st.flags
+    pid_m, pid_bh, kv0, kv_len, piece, split = _item(w, sched, flags.SPLIT_TAIL)
     h = pid_bh % prog.H
-    return Program(prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, prog.stride_ksb, prog.stride_ksh,
+    item = Program(prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, prog.stride_ksb, prog.stride_ksh,
                    prog.stride_ksn, prog.stride_vsb, prog.stride_vsh, prog.stride_vsd, prog.stride_ob, prog.stride_oh,
                    prog.stride_os, prog.H, prog.SEQ_Q, kv_len, pid_bh // prog.H, h, h // sched.group, pid_m * ROWS,
                    prog.kp_xh, prog.kp_gb, prog.kp_gh, kv0, piece, prog.stride_kbb, prog.qk_scale, prog.skip_thr,
                    prog.skip_count)
+    ptrs = _lists_at(st.ptrs, pid_m, pid_bh, split, sched.n_m, sched.seq_kv, sched.splits, flags)
+    return KernelState(flags=flags, bufs=st.bufs, ptrs=ptrs, prog=item, sched=sched)
 
 
 @jit
 def _run_items(st, item: gl.constexpr, CID: gl.constexpr):
-    """Run one partition's work, ``item(st, prog, CID, n, first)`` (``prog``: the item's :class:`~.state.Program`;
-    ``n``: the items this CTA ran before it; ``first``: the key tiles they visited, its first ring position; the
-    item returns the key tiles it visited): on the CTA's item, or with ``PERSIST`` on each of its items in turn."""
-    flags = st.flags
-    if flags.PERSIST:
-        sched = st.sched
+    """Run one partition's work, ``item(st, CID, n, first)`` (``st``: the item's :class:`~.state.KernelState`, its
+    ``prog`` the item's :class:`~.state.Program`; ``n``: the items this CTA ran before it; ``first``: the key tiles
+    they visited, its first ring position; the item returns the key tiles it visited): on the CTA's item, or with
+    ``PERSIST`` on each of its items in turn (:func:`_state_at`)."""
+    if st.flags.PERSIST:
         BM: gl.constexpr = st.bufs.q_desc.block_type.shape[2]
         ROWS: gl.constexpr = st.bufs.q_smem.type.shape[0] // 2 * BM  # (two Q buffers of the CTA's rows)
         first = gl.program_id(0) * 0  # (loop-carried int32s)
         n = first
-        for w in range(gl.program_id(0), sched.items, gl.num_programs(0)):
-            first += item(st, _program_at(st.prog, w, sched, flags, ROWS), CID, n, first)
+        for w in range(gl.program_id(0), st.sched.items, gl.num_programs(0)):
+            first += item(_state_at(st, w, ROWS), CID, n, first)
             n += 1
     else:
-        item(st, st.prog, CID, 0, 0)
+        item(st, CID, 0, 0)

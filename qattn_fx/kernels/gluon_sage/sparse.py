@@ -1,7 +1,8 @@
 """gluon_sage's block-sparse visits (``SPARSE``, :mod:`qattn_fx.block_sparse`): which key tiles a CTA runs.
 
-A block-sparse launch runs two consumer warpgroups per CTA, so a CTA's 128 query rows are one query tile of the
-lists; the kernel points :attr:`~.state.Pointers.BI` / :attr:`~.state.Pointers.BC` at its tile's list and count.
+A block-sparse launch runs two consumer warpgroups per CTA, so a work item's 128 query rows are one query tile of
+the lists; :func:`_lists_at` points :attr:`~.state.Pointers.BI` / :attr:`~.state.Pointers.BC` at its tile's list and
+count (once per CTA; in a persistent launch, :mod:`.schedule`, once per work item).
 The producer and the consumers both walk the *visited* tiles: position ``i`` (``0 .. n - 1``) is what the rings'
 slots and phases count, and :func:`_key_tile` gives the key tile ``j`` it holds (``BLOCK_N`` = 64: both halves of a
 listed 128-key tile, in order). A split tail piece (``SPLIT_TAIL``, keys ``[kv0, kv0 + kv_len)``, ``kv0`` a
@@ -13,10 +14,36 @@ Outside block-sparse launches :func:`_key_tile` is the position itself, so the d
 """
 
 from ._gluon import gl, jit
+from .state import Pointers
 from ... import block_sparse
 
 #: Keys per block of the lists (:data:`qattn_fx.block_sparse.BLOCK_KEYS`).
 C_BLOCK_KEYS = gl.constexpr(block_sparse.BLOCK_KEYS) if gl is not None else block_sparse.BLOCK_KEYS
+
+
+@jit
+def _lists_at(ptrs, pid_m, pid_bh, split, n_m, seq_kv, splits, flags):
+    """``ptrs`` (:class:`~.state.Pointers`) with the block-list pointers of work item ``(pid_m, pid_bh)`` (piece
+    ``split`` of a split tail's item): ``BI`` at its query tile's list (int32 ``(B, Hq, n_m, cdiv(seq_kv, 128))``),
+    ``BC`` at its count (``(B, Hq, n_m)``), ``BP`` at its piece's first and end list positions (``SPLIT_TAIL``) and
+    ``BR`` at those bounding the key bias's span (``HAS_BIAS``), in the bounds' rows of ``NB`` positions
+    (:func:`.launch.visit_bounds`). ``ptrs``' list fields are the launch's whole arrays (``BP`` and ``BR`` both the
+    bounds, ``None`` with neither); outside ``SPARSE`` it is returned as it is."""
+    if flags.SPARSE:
+        tile_row = pid_bh * n_m + pid_m
+        blk_index = ptrs.BI + tile_row.to(gl.int64) * gl.cdiv(seq_kv, C_BLOCK_KEYS)
+        blk_count = ptrs.BC + tile_row
+        blk_piece = ptrs.BP
+        blk_bias = ptrs.BR
+        NB = flags.SPLIT_TAIL * (splits + 1) + 2 * flags.HAS_BIAS  # the bounds' positions per query tile
+        if flags.SPLIT_TAIL:  # piece split's first and end list positions (a whole item reads its count instead)
+            blk_piece = ptrs.BP + tile_row.to(gl.int64) * NB + split
+        if flags.HAS_BIAS:  # the list positions bounding the key bias's span
+            blk_bias = ptrs.BR + tile_row.to(gl.int64) * NB + (NB - 2)
+        ptrs = Pointers(QS=ptrs.QS, KS=ptrs.KS, VS=ptrs.VS, Out=ptrs.Out, Lse=ptrs.Lse, OutWs=ptrs.OutWs,
+                        LseWs=ptrs.LseWs, KB=ptrs.KB, KBR=ptrs.KBR, BI=blk_index, BC=blk_count, BP=blk_piece,
+                        BR=blk_bias)
+    return ptrs
 
 
 @jit
