@@ -7,9 +7,10 @@ schedules and the loops: :mod:`.mainloop`.
 from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes_q, sum_layout
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
-from .mainloop import TileLoop, _mainloop
+from .mainloop import RowSums, SkipTest, TileLoop, _mainloop
 from .schedule import _q_bar, _run_items
-from .sparse import _visit_bias_tiles, _visits
+from .softmax import KeyBias, KeyScales
+from .sparse import Visits, _visit_bias_tiles, _visits
 
 
 @jit
@@ -182,14 +183,14 @@ def _consume_item(st, CID: gl.constexpr, n, first):
         l_zero = pv_zero  # unused
         l_i = gl.full([BM], 0.0, gl.float32, row_s)
         ones = bufs.ones_smem  # unused
-    sums = (ones, l_zero)
+    sums = RowSums(ones=ones, l_zero=l_zero)
     if flags.SPARSE:  # the listed key tiles only (.sparse): n_tiles of them, maybe none
         visits, n_tiles, e0 = _visits(ptrs, prog, flags)  # (e0: its first list position)
     else:
-        visits = (0, 0)  # unused
+        visits = Visits(entries=0, off=0)  # unused
         n_tiles = gl.cdiv(SEQ_KV, BLOCK_N)
-    ksrc = (ks_ptr, prog.stride_ksn, bufs.ks_smem, SEQ_KV)
-    kbsrc = (kb_ptr, SEQ_KV)
+    ksrc = KeyScales(ptr=ks_ptr, stride_n=prog.stride_ksn, smem=bufs.ks_smem, seq_kv=SEQ_KV)
+    kbsrc = KeyBias(ptr=kb_ptr, seq_kv=SEQ_KV)
     if flags.HAS_BIAS and flags.SPARSE:
         bias_tiles = _visit_bias_tiles(ptrs, e0, n_tiles, flags)
     elif flags.HAS_BIAS:
@@ -198,9 +199,10 @@ def _consume_item(st, CID: gl.constexpr, n, first):
         bias_tiles = (0, 0)  # unused
     if SKIP:  # (log2 λ, rows past SEQ_Q, the skip counter per lane, the one lane that counts)
         count_lane = (offs_m == row0) & (row0 < SEQ_Q)
-        skip = (gl.load(prog.skip_thr), offs_m >= SEQ_Q, prog.skip_count + offs_m * 0, count_lane)
+        skip = SkipTest(log2_thr=gl.load(prog.skip_thr), row_out=offs_m >= SEQ_Q,
+                        count_ptrs=prog.skip_count + offs_m * 0, count_lane=count_lane)
     else:
-        skip = (0.0, 0.0, 0.0, 0.0)  # unused
+        skip = SkipTest(log2_thr=0.0, row_out=0.0, count_ptrs=0.0, count_lane=0.0)  # unused
     if not QUANT_Q:
         mbarrier.wait(_q_bar(bufs, n, flags), (n // 2) & 1)
     lp = TileLoop(q=q, rs=rs, s_init=s_init, pv_zero=pv_zero, SEQ_KV=SEQ_KV, k_smem=bufs.k_smem, v_smem=bufs.v_smem,
@@ -211,7 +213,7 @@ def _consume_item(st, CID: gl.constexpr, n, first):
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
     # A block-sparse CTA that visits no tile skips the loop: its rows keep l = 0 and m = -inf (output 0, LSE -inf).
     if flags.SPARSE:
-        if SKIP and skip[0] != float("-inf") and n_tiles > 0:
+        if SKIP and skip.log2_thr != float("-inf") and n_tiles > 0:
             m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
                                       grp_layout, SKIP)
         elif n_tiles > 0:
@@ -219,7 +221,7 @@ def _consume_item(st, CID: gl.constexpr, n, first):
                                       grp_layout, 0)
         _q_done(bufs, n, flags)
         _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
-    elif SKIP and skip[0] != float("-inf"):
+    elif SKIP and skip.log2_thr != float("-inf"):
         m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s, grp_layout,
                                   SKIP)
         _q_done(bufs, n, flags)

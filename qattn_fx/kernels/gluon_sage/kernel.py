@@ -4,7 +4,7 @@
 from ._gluon import gl, jit, mbarrier, quantizes_q
 from .consumer import _consume
 from .producer import _producer
-from .schedule import Schedule, _item
+from .schedule import Schedule, WorkItem, _item
 from .sparse import _lists_at
 from .state import Buffers, KernelFlags, KernelState, Pointers, Program
 
@@ -71,19 +71,17 @@ def _sage_fwd_ws(
     if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's one (a persistent CTA's first)
         sched = Schedule(n_m=N_M, group=GROUP, main=MAIN_CTAS, splits=SPLITS, kv_split=KV_SPLIT, seq_kv=SEQ_KV,
                          items=ITEMS if PERSIST else MAIN_CTAS)  # (items: read by persistent loops only)
-        pid_m, pid_bh, kv0, kv_len, piece, split = _item(gl.program_id(0), sched, SPLIT_TAIL)
+        item = _item(gl.program_id(0), sched, SPLIT_TAIL)
     else:  # (the same CTA order as a 2-D grid (N_M, B·Hq))
         pid_m = gl.program_id(0)
-        pid_bh = gl.program_id(1)
         kv0 = pid_m * 0
-        kv_len = SEQ_KV
-        piece = kv0 - 1
-        split = kv0
+        item = WorkItem(pid_m=pid_m, pid_bh=gl.program_id(1), kv0=kv0, kv_len=SEQ_KV, piece=kv0 - 1, split=kv0)
+    pid_bh = item.pid_bh
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
     NC: gl.constexpr = CONSUMERS  # consumer warpgroups in this CTA (GluonConfig.consumers)
-    start_m = pid_m * (NC * BM)
+    start_m = item.pid_m * (NC * BM)
 
     QBUF: gl.constexpr = 2 if PERSIST else 1  # Q buffers: a persistent CTA loads the next item's Q during this one
     if quantizes_q(q_desc.dtype, k_desc.dtype):  # each consumer writes its Q tile quantized (the box's int8 layout)
@@ -133,12 +131,12 @@ def _sage_fwd_ws(
     ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=BI, BC=BC,
                     BP=BB, BR=BB)  # (the block lists' arrays; None: a dense launch)
     if not PERSIST:  # this CTA's query tile's list (a persistent CTA points at each item's in turn: .schedule)
-        ptrs = _lists_at(ptrs, pid_m, pid_bh, split, N_M, SEQ_KV, SPLITS, flags)
+        ptrs = _lists_at(ptrs, item, N_M, SEQ_KV, SPLITS, flags)
     # assigned as a plain tuple, the scalars become values (an int Triton specialized to the constexpr 1 becomes an
     # i32 constant here), so the worker partitions take them as captures, not as constants (this keeps the PTX)
     scalars = (stride_qsb, stride_qsh, stride_qsn, stride_ksb, stride_ksh, stride_ksn, stride_vsb, stride_vsh,
-               stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, kv_len, b, h, hk, start_m, kp_xh, kp_gb, kp_gh,
-               kv0, piece, stride_kbb, qk_scale, SkipThr, SkipCount)
+               stride_vsd, stride_ob, stride_oh, stride_os, H, SEQ_Q, item.kv_len, b, h, hk, start_m, kp_xh, kp_gb,
+               kp_gh, item.kv0, item.piece, stride_kbb, qk_scale, SkipThr, SkipCount)
     prog = Program(*scalars)
     st = KernelState(flags=flags, bufs=bufs, ptrs=ptrs, prog=prog, sched=sched if PERSIST else 0)
     # one literal partition list per CTA shape: Triton 3.6's Gluon cannot bind a list of (function, args) to a name

@@ -9,10 +9,29 @@ launches, whose CTAs visit the listed tiles only (:func:`.sparse._key_tile`).
 """
 
 from ._gluon import async_copy, gl, jit, mbarrier, warpgroup_mma, warpgroup_mma_wait
-from .sparse import _key_tile
-from .state import _named
-from .softmax import (_add_bias, _exp_sum, _k_scales_ahead, _k_scales_at_use, _key_bias, _running_max,
+from .sparse import Visits, _key_tile
+from .state import _SCALAR, _named
+from .softmax import (KeyBias, KeyScales, _add_bias, _exp_sum, _k_scales_ahead, _k_scales_at_use, _key_bias, _running_max,
                       _scale_logits, _scales_read_early, _softmax, _tile_k_scales, _tile_max)
+
+
+@_named
+class SkipTest:
+    """Skip-Softmax's tile test for one consumer warpgroup (:func:`_softmax_pv_skip`): ``log2_thr`` (``log2 λ``),
+    ``row_out`` (its rows past ``SEQ_Q``: they do not vote), and with ``SKIP == 2`` the skipped-tile counter
+    ``count_ptrs`` that one lane, ``count_lane``, adds to; constexpr zeros in a launch without the test."""
+    log2_thr: _SCALAR
+    row_out: _SCALAR
+    count_ptrs: _SCALAR
+    count_lane: _SCALAR
+
+
+@_named
+class RowSums:
+    """``MMASUM``'s row sums (:func:`_pv_issue`): the ``(8, BLOCK_N)`` e4m3 ones in ``ones`` and the ``(64, 8)`` fp32
+    accumulator's zero ``l_zero``; aliases, unused, without ``MMASUM``."""
+    ones: gl.shared_memory_descriptor
+    l_zero: gl.tensor
 
 
 @_named
@@ -20,11 +39,10 @@ class TileLoop:
     """What every key-tile step of one consumer warpgroup reads: its Q tile ``q`` (shared memory), row scales
     ``rs`` (``q_scale · sm_scale · log2 e``, times K's scale when it is one per head), the accumulators' initial
     values ``s_init`` (int8: ``1.5·2^23`` read as fp32) and ``pv_zero``, the CTA's keys ``SEQ_KV``, the K/V rings
-    and their barriers, and the sources of the K scales ``ksrc`` (``(ks_ptr, stride_ksn, ks_smem, SEQ_KV)``,
-    :func:`.softmax._tile_k_scales`), the key bias ``kbsrc`` (``(kb_ptr, SEQ_KV)``, :func:`.softmax._key_bias`),
-    Skip-Softmax's test ``skip`` (:func:`_softmax_pv_skip`), ``MMASUM``'s row sums ``sums`` (``(ones_smem,
-    l_zero)``, :func:`_pv_issue`), the key tiles visited, ``visits`` (:func:`.sparse._visits`; unused in a dense
-    launch), and ``first``, the ring position of the work item's first visit (0 but in a persistent launch, whose
+    and their barriers, and the sources of the K scales ``ksrc`` (:class:`~.softmax.KeyScales`) and of the key bias
+    ``kbsrc`` (:class:`~.softmax.KeyBias`), Skip-Softmax's test ``skip`` (:class:`SkipTest`), ``MMASUM``'s row
+    sums ``sums`` (:class:`RowSums`), the key tiles visited, ``visits`` (:class:`~.sparse.Visits`; unused in a
+    dense launch), and ``first``, the ring position of the work item's first visit (0 but in a persistent launch, whose
     CTAs count their rings across items, :mod:`.schedule`)."""
     q: gl.shared_memory_descriptor
     rs: gl.tensor
@@ -36,11 +54,11 @@ class TileLoop:
     k_ready: gl.shared_memory_descriptor
     kv_free: gl.shared_memory_descriptor
     v_ready: gl.shared_memory_descriptor
-    ksrc: gl.tuple
-    kbsrc: gl.tuple
-    skip: gl.tuple
-    sums: gl.tuple
-    visits: gl.tuple
+    ksrc: KeyScales
+    kbsrc: KeyBias
+    skip: SkipTest
+    sums: RowSums
+    visits: Visits
     first: gl.tensor | gl.constexpr
 
 
@@ -126,13 +144,13 @@ def _softmax_pv(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_
     next Q·Kᵀ releases it.
     ``flags``: the kernel's :class:`~.state.KernelFlags` (``PERMK`` apart: the last tile is loaded in key order;
     ``BIAS`` apart: whether this tile adds the key bias ``kb``); ``lp``: the warpgroup's :class:`TileLoop` (its
-    ``sums``: ``(ones_smem, l_zero)`` of the ``MMASUM`` row sums, :func:`_pv_issue`)."""
+    ``sums``: :class:`RowSums`, :func:`_pv_issue`)."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     MMASUM: gl.constexpr = flags.MMASUM
     p8, alpha, l_i, m_i = _softmax(s, ks, kb, m_i, l_i, lp.rs, j * BLOCK_N, lp.SEQ_KV, flags.QK_KIND, flags.K_BLOCK,
                                    BLOCK_N, MASK, MMASUM, BIAS)
     pv, pl = _pv_issue(i, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, flags.STAGES, PERMK,
-                       lp.sums[0], lp.sums[1], MMASUM)
+                       lp.sums.ones, lp.sums.l_zero, MMASUM)
     if MMASUM:
         pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
     else:
@@ -149,22 +167,22 @@ def _softmax_pv_skip(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr,
     """:func:`_softmax_pv` behind Skip-Softmax's tile test (:mod:`qattn_fx.skip_softmax`): when every valid row of
     this warpgroup has ``max z - m < log2 λ`` (``m``: the running max before the tile), the exponentials and P·V
     are not run and ``m``, ``l``, ``acc`` stay as they were; only V's ready barrier is waited (the ring's protocol:
-    a slot is released once its load has landed). ``lp.skip``: ``(log2 λ, row_out, count_ptrs, count_mask)``:
-    ``row_out`` marks rows past ``SEQ_Q`` (they do not vote); ``flags.SKIP == 2`` also adds 1 per skipped tile at
-    ``count_ptrs`` (one lane: ``count_mask``). The test is one compare per row and a warpgroup-wide min."""
+    a slot is released once its load has landed). ``lp.skip``: :class:`SkipTest` (``log2 λ``, the rows past
+    ``SEQ_Q``, which do not vote); ``flags.SKIP == 2`` also adds 1 per skipped tile at its ``count_ptrs`` (one
+    lane: ``count_lane``). The test is one compare per row and a warpgroup-wide min."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
     MMASUM: gl.constexpr = flags.MMASUM
-    log2_thr, row_out, count_ptrs, count_mask = lp.skip
+    skip = lp.skip
     t, rs_t = _scale_logits(s, ks, lp.rs, flags.QK_KIND, flags.K_BLOCK, BLOCK_N)
     t = _add_bias(t, rs_t, kb, BIAS)
     tile_max = _tile_max(t, rs_t, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, MASK, BIAS)
-    vote = ((tile_max - m_i) < log2_thr) | row_out  # NaN (a row with every key so far masked) votes no
+    vote = ((tile_max - m_i) < skip.log2_thr) | skip.row_out  # NaN (a row with every key so far masked) votes no
     if gl.min(vote.to(gl.int32), axis=0) == 0:  # some row needs the tile
         m_new = gl.maximum(m_i, tile_max)
         p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, MASK, MMASUM, BIAS)
         pv, pl = _pv_issue(i, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, PERMK,
-                           lp.sums[0], lp.sums[1], MMASUM)
+                           lp.sums.ones, lp.sums.l_zero, MMASUM)
         if MMASUM:
             pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
         else:
@@ -174,8 +192,8 @@ def _softmax_pv_skip(i, j, s, ks, kb, m_i, l_i, acc, lp, p_layout: gl.constexpr,
     else:
         mbarrier.wait(lp.v_ready.index(i % STAGES), (i // STAGES) & 1)
         if flags.SKIP == 2:
-            gl.atomic_add(count_ptrs, gl.full(count_ptrs.type.shape, 1, gl.int32, count_mask.type.layout),
-                          mask=count_mask)
+            gl.atomic_add(skip.count_ptrs, gl.full(skip.count_ptrs.type.shape, 1, gl.int32,
+                                                   skip.count_lane.type.layout), mask=skip.count_lane)
     if LAST:
         _release(i + 1, lp.kv_free, STAGES, flags.TARRIVE)
     return m_i, l_i, acc
@@ -212,7 +230,7 @@ def _ahead_step(i, j, j_next, s, ks, m_i, l_i, acc, lp, p_layout: gl.constexpr, 
     p8, alpha, l_i = _exp_sum(t, rs_t, m_new, m_i, l_i, j * BLOCK_N, lp.SEQ_KV, BLOCK_N, False, MMASUM, BIAS)
     m_i = m_new
     pv, pl = _pv_issue(i, p8, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK,
-                       lp.sums[0], lp.sums[1], MMASUM)
+                       lp.sums.ones, lp.sums.l_zero, MMASUM)
     if MMASUM:
         s_next, pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, pv, pl))
     else:

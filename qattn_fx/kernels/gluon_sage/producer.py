@@ -3,32 +3,50 @@ rings."""
 
 from ._gluon import gl, jit, mbarrier, quantizes_q, tma
 from .schedule import _q_bar, _run_items
-from .sparse import _key_tile, _visits
+from .sparse import Visits, _key_tile, _visits
+from .state import _SCALAR, _named
+
+
+@_named
+class TileCoords:
+    """Where the producer loads a work item's key tiles from: batch ``b`` and K/V head ``hk`` (K's and Vᵀ's
+    descriptors, from key ``kv0``: a split piece's first key, else 0), the K scales' flat offset ``ks_base`` of the
+    head at ``kv0`` (``KS_TMA``) and K's permuting view's coordinates ``kp_x`` / ``kp_g`` there (``PERMK``,
+    :func:`.descriptors.permuted_k`)."""
+    b: _SCALAR
+    hk: _SCALAR
+    ks_base: _SCALAR
+    kp_x: _SCALAR
+    kp_g: _SCALAR
+    kv0: _SCALAR
 
 
 @jit
 def _produce_tile(i, j, bufs, coords, flags, PERMUTED: gl.constexpr):
     """Key tile ``j``'s K (with its scales) and V, the ``i``-th tile the CTA visits (``j == i`` but in block-sparse
     launches), each into its ring slot once the consumers have freed it (``bufs``: :class:`~.state.Buffers`;
-    ``coords``: ``(b, hk, ks_base, kp_x, kp_g, kv0)``, :func:`_producer`'s). ``PERMUTED``: K through the permuting
+    ``coords``: the item's :class:`TileCoords`). ``PERMUTED``: K through the permuting
     5-D view (:func:`.descriptors.permuted_k`), for full tiles only."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
     k_desc = bufs.k_desc
     k_ready = bufs.k_ready
-    b, hk, ks_base, kp_x, kp_g, kv0 = coords
+    b = coords.b
+    hk = coords.hk
+    kv0 = coords.kv0
     slot = i % STAGES
     phase = (i // STAGES) & 1
     # a fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait
     mbarrier.wait(bufs.kv_free.index(slot), phase ^ 1)  # event i - STAGES: visit i - STAGES's K slot is free
     if flags.KS_TMA:
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes + bufs.ks_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(bufs.ks_desc, [ks_base + j * (BLOCK_N // flags.K_BLOCK)], k_ready.index(slot),
-                                        bufs.ks_smem.index(i % (2 * STAGES)))
+        tma.async_copy_global_to_shared(bufs.ks_desc, [coords.ks_base + j * (BLOCK_N // flags.K_BLOCK)],
+                                        k_ready.index(slot), bufs.ks_smem.index(i % (2 * STAGES)))
     else:
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
     if PERMUTED:
-        tma.async_copy_global_to_shared(bufs.kp_desc, [kp_g + j * (BLOCK_N // 16), 0, 0, 0, kp_x], k_ready.index(slot),
+        tma.async_copy_global_to_shared(bufs.kp_desc, [coords.kp_g + j * (BLOCK_N // 16), 0, 0, 0, coords.kp_x],
+                                        k_ready.index(slot),
                                         bufs.k_smem.index(slot).reshape(bufs.kp_desc.block_type.shape))
     else:
         tma.async_copy_global_to_shared(k_desc, [b, hk, kv0 + j * BLOCK_N, 0], k_ready.index(slot),
@@ -74,7 +92,7 @@ def _produce_item(st, CID: gl.constexpr, n, first):
         kp_g += kv0 // 16
     else:
         kv0 = 0
-    coords = (b, hk, ks_base, hk * prog.kp_xh, kp_g, kv0)
+    coords = TileCoords(b=b, hk=hk, ks_base=ks_base, kp_x=hk * prog.kp_xh, kp_g=kp_g, kv0=kv0)
     BM: gl.constexpr = q_desc.block_type.shape[2]
 
     NC: gl.constexpr = bufs.q_smem.type.shape[0] // (2 if flags.PERSIST else 1)  # consumer warpgroups: a Q tile each
@@ -89,7 +107,7 @@ def _produce_item(st, CID: gl.constexpr, n, first):
                                             bufs.q_smem.index(qb * NC + i))
     if flags.SPARSE:  # the listed tiles as the lists number them, from key 0 (a split piece's too: fewer registers)
         visits, n_tiles, _ = _visits(st.ptrs, prog, flags)
-        visits = (visits[0], 0)
+        visits = Visits(entries=visits.entries, off=0)
         for i in range(n_tiles - 1):
             _produce_tile(first + i, _key_tile(i, visits, flags), bufs, coords, flags, flags.PERMK)
         if n_tiles > 0:

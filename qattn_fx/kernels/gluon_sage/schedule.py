@@ -40,11 +40,22 @@ class Schedule:
     items: _SCALAR
 
 
-@jit
-def _item(w, sched, SPLIT_TAIL: gl.constexpr):
-    """Work item ``w``: ``(pid_m, pid_bh, kv0, kv_len, piece, split)``, its query block and (batch, head), its keys
+@_named
+class WorkItem:
+    """One work item's coordinates (:func:`_item`): query block ``pid_m`` of (batch, head) ``pid_bh``, its keys
     ``[kv0, kv0 + kv_len)``, its workspace row block ``piece`` (-1: a whole item) and piece number ``split`` (0 for
     a whole item)."""
+    pid_m: _SCALAR
+    pid_bh: _SCALAR
+    kv0: _SCALAR
+    kv_len: _SCALAR
+    piece: _SCALAR
+    split: _SCALAR
+
+
+@jit
+def _item(w, sched, SPLIT_TAIL: gl.constexpr):
+    """Work item ``w``'s :class:`WorkItem`."""
     if SPLIT_TAIL:  # items past main are pieces: splits per tail item, each over kv_split keys from kv0
         tail = (w >= sched.main).to(gl.int32)
         t = gl.maximum(w - sched.main, 0)
@@ -59,7 +70,7 @@ def _item(w, sched, SPLIT_TAIL: gl.constexpr):
         kv0 = split
         kv_len = sched.seq_kv
         piece = split - 1
-    return g % sched.n_m, g // sched.n_m, kv0, kv_len, piece, split
+    return WorkItem(pid_m=g % sched.n_m, pid_bh=g // sched.n_m, kv0=kv0, kv_len=kv_len, piece=piece, split=split)
 
 
 @jit
@@ -80,14 +91,14 @@ def _state_at(st, w, ROWS: gl.constexpr):
     prog = st.prog
     sched = st.sched
     flags = st.flags
-    pid_m, pid_bh, kv0, kv_len, piece, split = _item(w, sched, flags.SPLIT_TAIL)
-    h = pid_bh % prog.H
+    wi = _item(w, sched, flags.SPLIT_TAIL)
+    h = wi.pid_bh % prog.H
     item = Program(prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, prog.stride_ksb, prog.stride_ksh,
                    prog.stride_ksn, prog.stride_vsb, prog.stride_vsh, prog.stride_vsd, prog.stride_ob, prog.stride_oh,
-                   prog.stride_os, prog.H, prog.SEQ_Q, kv_len, pid_bh // prog.H, h, h // sched.group, pid_m * ROWS,
-                   prog.kp_xh, prog.kp_gb, prog.kp_gh, kv0, piece, prog.stride_kbb, prog.qk_scale, prog.skip_thr,
-                   prog.skip_count)
-    ptrs = _lists_at(st.ptrs, pid_m, pid_bh, split, sched.n_m, sched.seq_kv, sched.splits, flags)
+                   prog.stride_os, prog.H, prog.SEQ_Q, wi.kv_len, wi.pid_bh // prog.H, h, h // sched.group,
+                   wi.pid_m * ROWS, prog.kp_xh, prog.kp_gb, prog.kp_gh, wi.kv0, wi.piece, prog.stride_kbb,
+                   prog.qk_scale, prog.skip_thr, prog.skip_count)
+    ptrs = _lists_at(st.ptrs, wi, sched.n_m, sched.seq_kv, sched.splits, flags)
     return KernelState(flags=flags, bufs=st.bufs, ptrs=ptrs, prog=item, sched=sched)
 
 

@@ -5,7 +5,27 @@ algebra's constants come from :mod:`qattn_fx.kernels._sage_common`.
 """
 
 from ._gluon import constexpr_function, gl, jit
+from .state import _SCALAR, _named
 from .._sage_common import C_INT8_ACC_OFFSET, C_LOG2_448, C_LOG2E, k_scale_kind
+
+
+@_named
+class KeyScales:
+    """Where a consumer reads its work item's K scales (:func:`_tile_k_scales`): by pointer from ``ptr`` (its head's
+    scales from the item's first key, ``stride_n`` between key groups), or with ``KS_TMA`` from the ring ``smem``
+    the producer fills (else an alias, unused); ``seq_kv``: the item's keys (loads past them are masked)."""
+    ptr: gl.tensor
+    stride_n: _SCALAR
+    smem: gl.shared_memory_descriptor
+    seq_kv: _SCALAR
+
+
+@_named
+class KeyBias:
+    """Where a consumer reads its work item's key bias (:func:`_key_bias`): fp32 ``ptr`` at its batch row's first
+    key of the item, ``seq_kv`` keys (``-inf`` past them)."""
+    ptr: gl.tensor
+    seq_kv: _SCALAR
 
 
 @jit
@@ -42,18 +62,17 @@ def _load_k_scales(ks_ptr, stride_ksn, start_n, SEQ_KV, COL_LAYOUT: gl.constexpr
 @jit
 def _tile_k_scales(i, j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.constexpr, flags):
     """K scales of key tile ``j``, the ``i``-th tile the CTA visits (its ring position; ``j == i`` but in block-sparse
-    launches), cut by :func:`_cut_k_scales` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``: ``(ks_ptr,
-    stride_ksn, ks_smem, SEQ_KV)``; ``flags``: the kernel's :class:`~.state.KernelFlags` (``K_BLOCK``, ``BLOCK_N``,
-    ``STAGES``, ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ks_smem`` with
+    launches), cut by :func:`_cut_k_scales` (:func:`_load_k_scales`' shapes and layouts); ``ksrc``:
+    :class:`KeyScales`; ``flags``: the kernel's :class:`~.state.KernelFlags` (``K_BLOCK``, ``BLOCK_N``,
+    ``STAGES``, ``KS_TMA``). ``KS_TMA``: the producer brought them into the ``2·STAGES``-deep ring ``ksrc.smem`` with
     the K tile (same ``k_ready`` barrier), so the caller must have waited for tile ``j``'s K (its slot may already
     be released); a shared-memory broadcast read instead of masked global loads (zeros past the tensor; values past
     ``SEQ_KV`` only meet masked columns). Else a global load (issue it a tile ahead of use)."""
     K_BLOCK: gl.constexpr = flags.K_BLOCK
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     KIND: gl.constexpr = k_scale_kind(K_BLOCK, BLOCK_N)
-    ks_ptr, stride_ksn, ks_smem, SEQ_KV = ksrc
     if flags.KS_TMA:  # group or column scales
-        tile = ks_smem.index(i % (2 * flags.STAGES))
+        tile = ksrc.smem.index(i % (2 * flags.STAGES))
         if KIND == "group" and tile.shape[0] > BLOCK_N // K_BLOCK:  # the box is padded to 128 bytes
             ks = tile.slice(0, BLOCK_N // K_BLOCK).load(GROUP_LAYOUT)
         elif KIND == "group":
@@ -61,7 +80,8 @@ def _tile_k_scales(i, j, ksrc, COL_LAYOUT: gl.constexpr, GROUP_LAYOUT: gl.conste
         else:
             ks = tile.load(COL_LAYOUT)
     else:
-        ks = _load_k_scales(ks_ptr, stride_ksn, j * BLOCK_N, SEQ_KV, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK, BLOCK_N)
+        ks = _load_k_scales(ksrc.ptr, ksrc.stride_n, j * BLOCK_N, ksrc.seq_kv, COL_LAYOUT, GROUP_LAYOUT, K_BLOCK,
+                            BLOCK_N)
     return _cut_k_scales(ks, KIND)
 
 
@@ -99,13 +119,14 @@ def _key_bias(j, kbsrc, COL_LAYOUT: gl.constexpr, BLOCK_N: gl.constexpr, HAS_BIA
               PERMK: gl.constexpr = 0):
     """Tile ``j``'s key bias in log2 units, ``(BLOCK_N,)`` in ``COL_LAYOUT`` (``-inf`` past ``SEQ_KV``): a global
     load at use (32 registers per thread at BLOCK_N 128: carried a tile ahead, they made ptxas spill); 0.0 without
-    ``HAS_BIAS``. ``kbsrc``: ``(kb_ptr, SEQ_KV)``. ``PERMK``: the tile's K rows were loaded permuted, so column
+    ``HAS_BIAS``. ``kbsrc``: :class:`KeyBias`. ``PERMK``: the tile's K rows were loaded permuted, so column
     ``16g + 8i + 2c + e`` of ``S`` holds key ``16g + 4c + 2i + e`` (:func:`_pv_issue`): the bias is loaded as
     ``(BLOCK_N / 16, 16)`` keys in order, in the layout that the inverse relabeling turns into ``COL_LAYOUT``
     (each thread's 4 keys per group contiguous: plain vector loads), then relabeled; else column ``n`` is key
     ``n``."""
     if HAS_BIAS:
-        kb_ptr, SEQ_KV = kbsrc
+        kb_ptr = kbsrc.ptr
+        SEQ_KV = kbsrc.seq_kv
         if PERMK:
             G: gl.constexpr = BLOCK_N // 16
             key_layout: gl.constexpr = gl.reshape(gl.permute(gl.reshape(

@@ -14,30 +14,39 @@ Outside block-sparse launches :func:`_key_tile` is the position itself, so the d
 """
 
 from ._gluon import gl, jit
-from .state import Pointers
+from .state import _SCALAR, Pointers, _named
 from ... import block_sparse
 
 #: Keys per block of the lists (:data:`qattn_fx.block_sparse.BLOCK_KEYS`).
 C_BLOCK_KEYS = gl.constexpr(block_sparse.BLOCK_KEYS) if gl is not None else block_sparse.BLOCK_KEYS
 
 
+@_named
+class Visits:
+    """The key tiles a work item visits, as :func:`_key_tile` reads them: ``entries``, a pointer to its first list
+    entry (the list position ``e0`` of :func:`_visits`), and ``off``, the key tile its keys start at (``kv0 /
+    BLOCK_N``); constexpr zeros in a dense launch, where the visit position is the key tile."""
+    entries: _SCALAR
+    off: _SCALAR
+
+
 @jit
-def _lists_at(ptrs, pid_m, pid_bh, split, n_m, seq_kv, splits, flags):
-    """``ptrs`` (:class:`~.state.Pointers`) with the block-list pointers of work item ``(pid_m, pid_bh)`` (piece
-    ``split`` of a split tail's item): ``BI`` at its query tile's list (int32 ``(B, Hq, n_m, cdiv(seq_kv, 128))``),
+def _lists_at(ptrs, item, n_m, seq_kv, splits, flags):
+    """``ptrs`` (:class:`~.state.Pointers`) with the block-list pointers of work ``item``
+    (:class:`~.schedule.WorkItem`: its query block, (batch, head) and piece): ``BI`` at its query tile's list (int32 ``(B, Hq, n_m, cdiv(seq_kv, 128))``),
     ``BC`` at its count (``(B, Hq, n_m)``), ``BP`` at its piece's first and end list positions (``SPLIT_TAIL``) and
     ``BR`` at those bounding the key bias's span (``HAS_BIAS``), in the bounds' rows of ``NB`` positions
     (:func:`.launch.visit_bounds`). ``ptrs``' list fields are the launch's whole arrays (``BP`` and ``BR`` both the
     bounds, ``None`` with neither); outside ``SPARSE`` it is returned as it is."""
     if flags.SPARSE:
-        tile_row = pid_bh * n_m + pid_m
+        tile_row = item.pid_bh * n_m + item.pid_m
         blk_index = ptrs.BI + tile_row.to(gl.int64) * gl.cdiv(seq_kv, C_BLOCK_KEYS)
         blk_count = ptrs.BC + tile_row
         blk_piece = ptrs.BP
         blk_bias = ptrs.BR
         NB = flags.SPLIT_TAIL * (splits + 1) + 2 * flags.HAS_BIAS  # the bounds' positions per query tile
         if flags.SPLIT_TAIL:  # piece split's first and end list positions (a whole item reads its count instead)
-            blk_piece = ptrs.BP + tile_row.to(gl.int64) * NB + split
+            blk_piece = ptrs.BP + tile_row.to(gl.int64) * NB + item.split
         if flags.HAS_BIAS:  # the list positions bounding the key bias's span
             blk_bias = ptrs.BR + tile_row.to(gl.int64) * NB + (NB - 2)
         ptrs = Pointers(QS=ptrs.QS, KS=ptrs.KS, VS=ptrs.VS, Out=ptrs.Out, Lse=ptrs.Lse, OutWs=ptrs.OutWs,
@@ -48,9 +57,8 @@ def _lists_at(ptrs, pid_m, pid_bh, split, n_m, seq_kv, splits, flags):
 
 @jit
 def _visits(ptrs, prog, flags):
-    """``(vis, n, e0)``: the CTA's visits, ``vis = (entries, off)`` for :func:`_key_tile` (a pointer to its first
-    list entry, at list position ``e0``; key tiles counted from ``off`` = ``kv0 / BLOCK_N``) and ``n`` the ``BLOCK_N``
-    tiles it runs. A whole CTA runs its ``count`` listed tiles; a split tail piece the entries inside its key range,
+    """``(vis, n, e0)``: the work item's :class:`Visits` for :func:`_key_tile` (from list position ``e0``), and
+    ``n``, the ``BLOCK_N`` tiles it runs. A whole CTA runs its ``count`` listed tiles; a split tail piece the entries inside its key range,
     whose list positions the host computed (``BP``, :func:`.launch.visit_bounds`)."""
     R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
     count = gl.load(ptrs.BC)
@@ -63,20 +71,19 @@ def _visits(ptrs, prog, flags):
         e0 = 0
         e1 = count
         off = 0
-    return (ptrs.BI + e0, off), (e1 - e0) * R, e0
+    return Visits(entries=ptrs.BI + e0, off=off), (e1 - e0) * R, e0
 
 
 @jit
 def _key_tile(i, vis, flags):
     """The key tile (of ``BLOCK_N`` keys, from the CTA's first key) at visit position ``i``: ``i`` itself in a dense
-    launch; with ``SPARSE`` read from the list (``vis``: :func:`_visits`)."""
+    launch; with ``SPARSE`` read from the list (``vis``: :class:`Visits`)."""
     if flags.SPARSE:
-        entries, off = vis
         R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
         if R == 1:
-            j = gl.load(entries + i) - off
+            j = gl.load(vis.entries + i) - vis.off
         else:
-            j = gl.load(entries + i // R) * R + i % R - off
+            j = gl.load(vis.entries + i // R) * R + i % R - vis.off
     else:
         j = i
     return j

@@ -116,7 +116,7 @@ class Pointers:
 @_named
 class Program:
     """The scalars of the work item a partition runs (the CTA's own, or in a persistent launch each of its items in
-    turn, :func:`.schedule._program_at`): the scale strides (``stride_qs*``: Q's own strides when the consumers
+    turn, :func:`.schedule._state_at`): the scale strides (``stride_qs*``: Q's own strides when the consumers
     quantize it), the output's, the key bias's batch stride; ``H`` (query heads), ``SEQ_Q``; the keys it runs,
     ``kv_len`` from ``kv0`` (a split tail's piece: a key range; else all of them from 0), and ``piece`` (its
     workspace row block, -1: a whole CTA); batch ``b``, query head ``h``, K/V head ``hk``, first query row
