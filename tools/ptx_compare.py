@@ -4,9 +4,9 @@ When to use: after a change to the Gluon kernel that should not change what it c
 moved code), or to see which launch classes a change touches. Each tree's ``gluon_sage.compile_for`` builds every
 case of :data:`CASES` (the GPU-tested configs on int8 Q/K with K scales per 16 keys, then the other launch classes:
 K scales per key, bf16 Q quantized in the kernel, bf16 Q/K, fp8, key bias, LSE, tail split, Skip-Softmax with and
-without counting, head_dim 64, block lists, persistent launches dense and block-sparse) for sm_90 in a process of
-its own (``PYTHONPATH`` set to the tree, so each side imports its own ``qattn_fx``); the PTX is compared with debug
-sections stripped and parameter numbers normalized::
+without counting, head_dim 64, block lists, persistent launches dense and block-sparse, ``pair``) for sm_90 in a
+process of its own (``PYTHONPATH`` set to the tree, so each side imports its own ``qattn_fx``); the PTX is compared
+with debug sections stripped and parameter numbers normalized::
 
     git worktree add /tmp/gluon-before main          # (or: git archive main qattn_fx | tar -x -C /tmp/gluon-before)
     python tools/ptx_compare.py /tmp/gluon-before . --out /tmp/ptx  # a table; exit status 1 if a case differs
@@ -40,6 +40,7 @@ TRIO = "128,3,trio,permk,tarrive,mmasum"
 AHEAD = "128,3,ahead,mmasum"
 SERIAL = "128,3,mmasum"
 QUAD = ("128,2,quad,permk,mmasum", "128,4,quad,permk,tarrive,mmasum")
+PAIR = "128,3,permk,tarrive,mmasum,pair"
 CASES = ([(f"{c} int8 k16", c, {}) for c in _SERIAL_CONFIGS] + [
     (f"{TRIO} int8 k1", TRIO, dict(k_block=1)),
     (f"{TRIO} bf16q k16", TRIO, dict(qk="bf16q")),
@@ -86,7 +87,10 @@ CASES = ([(f"{c} int8 k16", c, {}) for c in _SERIAL_CONFIGS] + [
         dict(qk="bf16q", tail=1, sparse=1)),
        ("128,3,permk,mmasum,persist fp8 k16 skip2 sparse", "128,3,permk,mmasum,persist",
         dict(qk="fp8", skip=2, sparse=1)),
-       (f"{AHEAD},persist int8 k1 bias sparse", f"{AHEAD},persist", dict(k_block=1, bias=1, sparse=1))])
+       (f"{AHEAD},persist int8 k1 bias sparse", f"{AHEAD},persist", dict(k_block=1, bias=1, sparse=1))]
+    + [(f"{PAIR} int8 k16", PAIR, {}), (f"{PAIR} int8 k16 lse tail sparse", PAIR, dict(lse=1, tail=1, sparse=1)),
+       (f"{PAIR},persist bf16q k16 sparse", f"{PAIR},persist", dict(qk="bf16q", sparse=1)),
+       ("128,3,mmasum,pair int8 k1", "128,3,mmasum,pair", dict(k_block=1))])
 
 
 def _inputs(d=128, s=4096, h=4, qk="int8", k_block=16):

@@ -22,7 +22,7 @@ FP8 = torch.float8_e4m3fn
 
 
 def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, block_n, mmasum=False, return_lse=False,
-            key_bias=None, skip_threshold=None, skip_counts=None, block_index=None, block_count=None):
+            key_bias=None, skip_threshold=None, skip_counts=None, block_index=None, block_count=None, pair=False):
     """The Triton kernel's tile loop in torch, in the kernel's fp32 operation order (no fused multiply-add).
 
     Per K tile of ``block_n`` keys: ``t`` = K-scaled accumulator, running max ``m``, ``P448 = exp2(t·rs - (m -
@@ -42,6 +42,10 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     ``block_index`` / ``block_count`` (:mod:`qattn_fx.block_sparse`): the key tiles of a 128-row query tile that
     its lists leave out are not visited (``block_n`` divides 128: every ``block_n`` tile of a visited block is): they
     leave ``m``, ``l`` and ``acc`` of its rows as they were, and a row that visits nothing gives 0.
+
+    ``pair`` (gluon_sage's ``pair``; ``mmasum``, no key bias, no Skip-Softmax): a row's visited tiles, in order, make
+    online-softmax steps of two (the last alone when their number is odd): one running max over both tiles, one
+    ``alpha``, ``l = l·alpha + (ΣP0 + ΣP1)``; each tile's K scales and masking stay its own.
     """
     b, hq, sq, _ = q.shape
     hkv, skv = k.shape[1], k.shape[2]
@@ -79,7 +83,9 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
     m = torch.full((b, hq, sq), -math.inf, device=q.device)
     l = torch.zeros(b, hq, sq, device=q.device)
     acc = torch.zeros(b, hq, sq, v.shape[-1], dtype=torch.float64, device=q.device)
-    for s0 in range(0, skv, block_n):
+
+    def scaled(s0):
+        """Tile ``s0``'s keys ``n``, K-scaled logits ``t`` and row factors ``r`` (the kernels' ``rs``)."""
         n = torch.arange(s0, min(s0 + block_n, skv), device=q.device)
         s = s_all[..., n]
         if kind != "none":
@@ -91,7 +97,19 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             t = (t - INT8_ACC_OFFSET) * ks[:, :, None, :] if per_col else t - INT8_ACC_OFFSET
         else:
             t = s * ks[:, :, None, :] if per_col else s
-        r = rs * ks[..., :1] if kind == "tile" else rs
+        return n, t, rs * ks[..., :1] if kind == "tile" else rs
+
+    if pair:
+        if not mmasum or key_bias is not None or skipping or block_n != block_sparse.BLOCK_KEYS:
+            raise ValueError(f"pair steps are emulated with mmasum and {block_sparse.BLOCK_KEYS}-key tiles, without "
+                             f"a key bias or Skip-Softmax; got mmasum={mmasum}, block_n={block_n}, "
+                             f"key_bias={'given' if key_bias is not None else None}, skip_threshold={skip_threshold}")
+        visited = (visit_rows if sparse else torch.ones(b, hq, sq, -(-skv // block_n), dtype=torch.bool,
+                                                        device=q.device))
+        out, m, l = _pair_steps(scaled, visited, skv, block_n, v8, m, l, acc)
+        return _finish(out, m, l, v_scale, hq, True, return_lse)
+    for s0 in range(0, skv, block_n):
+        n, t, r = scaled(s0)
         if key_bias is None:
             tile_max = t.amax(-1) * r
             m_new = torch.maximum(m, tile_max)
@@ -121,15 +139,51 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
             l_new, m_new = torch.where(keep, l_new, l), torch.where(keep, m_new, m)
             acc_new = torch.where(keep[..., None], acc_new, acc)
         l, acc, m = l_new, acc_new, m_new
-    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
-    out = acc / l[..., None].double() * vs
-    if key_bias is not None or sparse:
-        out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)
     if skipping and skip_counts is not None:
         skip_counts.append(skipped)
+    return _finish(acc, m, l, v_scale, hq, key_bias is not None or sparse, return_lse)
+
+
+def _finish(acc, m, l, v_scale, hq, zero_empty, return_lse):
+    """``O = acc / l · v_scale`` (rows with ``l = 0`` give 0 when ``zero_empty``) and, with ``return_lse``, the
+    natural-log LSE."""
+    vs = v_scale.double().repeat_interleave(hq // v_scale.shape[1], 1)[:, :, None, :]
+    out = acc / l[..., None].double() * vs
+    if zero_empty:
+        out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)
     if return_lse:
         return out, (m + torch.log2(l) - LOG2_448) * math.log(2.0)
     return out
+
+
+def _pair_steps(scaled, visited, skv, block_n, v8, m, l, acc):
+    """:func:`emulate`'s loop with ``pair`` steps: ``visited (B, H, Sq, NT)`` says which tiles each row visits, in
+    order; visits ``2k`` and ``2k + 1`` of a row are its step ``k``. A first pass takes every tile's row max, a scatter
+    the max of each step; the second visits the tiles in order, rescaling ``m``, ``l`` and ``acc`` at each step's
+    first tile and adding ``l``'s step sum at its last. Returns ``(acc, m, l)``."""
+    rank = visited.cumsum(-1) - 1
+    count = visited.sum(-1, keepdim=True)
+    step = (rank.clamp(min=0) // 2)
+    tile_max = torch.stack([t.amax(-1) * r for _, t, r in map(scaled, range(0, skv, block_n))], -1)
+    tile_max = torch.where(visited, tile_max, torch.full_like(tile_max, -math.inf))
+    step_max = torch.full_like(tile_max, -math.inf).scatter_reduce(-1, step, tile_max, "amax")
+    pending = torch.zeros_like(l)
+    for i, s0 in enumerate(range(0, skv, block_n)):
+        n, t, r = scaled(s0)
+        vis, rk = visited[..., i], rank[..., i]
+        first = vis & (rk % 2 == 0)
+        last = vis & ((rk % 2 == 1) | (rk == count[..., 0] - 1))
+        m_new = torch.where(first, torch.maximum(m, step_max.gather(-1, step[..., i:i + 1])[..., 0]), m)
+        alpha = torch.exp2(m - m_new)
+        l = torch.where(first, l * alpha, l)
+        acc = torch.where(first[..., None], acc * alpha[..., None].double(), acc)
+        m = m_new
+        p = torch.exp2(t * r[..., None] - (m - LOG2_448)[..., None]).to(FP8)
+        tile_sum = p.float().sum(-1)
+        pending = torch.where(first, tile_sum, torch.where(vis, pending + tile_sum, pending))
+        l = torch.where(last, l + pending, l)
+        acc = torch.where(vis[..., None], acc + p.double() @ v8[..., n, :], acc)
+    return acc, m, l
 
 
 def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, config, tail,
@@ -137,12 +191,13 @@ def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
     """:func:`emulate` as gluon_sage launched it with ``config`` and tail split ``tail`` (``gluon_sage.last_config()``
     and ``last_tail_plan()``): the tail CTAs' rows are the LSE merge of the emulated pieces, each a tile loop over
     its own keys (so P is rounded against the piece's running max; with block lists, over the listed key tiles in
-    its key range)."""
+    its key range; with ``pair``, in steps of two of them)."""
     from .gluon_sage import q_blocks, tail_split
 
     args = (q, q_scale, k, k_scale, v, v_scale, q_block, k_block)
+    pair = bool(config.pair)  # (steps of two tiles)
     want, want_lse = emulate(*args, sm_scale, config.block_n, config.mmasum, return_lse=True, key_bias=key_bias,
-                             block_index=block_index, block_count=block_count)
+                             block_index=block_index, block_count=block_count, pair=pair)
     visit = None if block_index is None else block_sparse.to_mask(block_sparse.Blocks(block_index, block_count))
     if tail is not None:
         pieces = []
@@ -155,7 +210,7 @@ def emulate_launched(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sc
             pieces.append(emulate(q, q_scale, k[:, :, lo:hi], kss, v[:, :, lo:hi], v_scale, q_block, k_block,
                                   sm_scale, config.block_n, config.mmasum, return_lse=True,
                                   key_bias=None if key_bias is None else key_bias[:, lo:hi],
-                                  block_index=blocks[0], block_count=blocks[1]))
+                                  block_index=blocks[0], block_count=blocks[1], pair=pair))
         if len(pieces) != tail.splits:
             raise ValueError(f"tail split {tail} has {tail.splits} pieces; the keys make {len(pieces)}")
         split, split_lse = tail_split.merge_reference(torch.stack([p[0] for p in pieces]),

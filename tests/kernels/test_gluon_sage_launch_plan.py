@@ -73,7 +73,7 @@ def _reference_plan(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_sca
                 PERMK=int(permuted is not None), CONSUMERS=config.consumers, TARRIVE=config.tarrive,
                 MMASUM=config.mmasum, SPLIT_TAIL=int(tail is not None), HAS_BIAS=int(key_bias is not None),
                 SKIP=0 if skip is None else (2 if skip[1] is not None else 1), SPARSE=int(blocks is not None),
-                PERSIST=config.persist)
+                PERSIST=config.persist, PAIR=config.pair)
     if config.persist:  # (no GPU here: one CTA per work item)
         grid = (tail.grid if tail else n_m * bsz * hq,)
     else:
@@ -373,6 +373,7 @@ def _lists(q, k, density=0.5, seed=0):
     ("int8", gs.SPARSE_SKIP_TUNED_CONFIGS[0], False, False, 0, "count"),
     ("int8", gs.SPARSE_PERSIST_CONFIGS[0], False, False, 0, None),
     ("int8", gs.SPARSE_PERSIST_CONFIGS[1], True, True, 1, None),
+    ("int8", gs.GluonConfig.parse("128,3,permk,tarrive,mmasum,pair"), True, True, 0, None),
 ])
 def test_sparse_plan_passes_the_lists_last_with_the_sparse_constexpr(case, config, return_lse, split, bias_rows,
                                                                       skip):

@@ -43,7 +43,7 @@ def test_config_parse_and_str_round_trip(text, expected):
     ("96,2", r"block_n=96 is invalid; valid: 64, 128"),
     ("128,5", r"stages=5 is invalid; valid: 2, 3, 4"),
     ("128", r"config '128' is invalid; valid: 'BLOCK_N,STAGES\[,ahead\]\[,permk\]\[,tarrive\]"
-            r"\[,mmasum\]\[,trio\]\[,quad\]\[,persist\]'"),
+            r"\[,mmasum\]\[,trio\]\[,quad\]\[,persist\]\[,pair\]'"),
     ("128,3,trio,ahead", r"trio \(three consumers of 160 registers\) runs the serial schedule only; got "
                          r"WS_BN128_s3_ahead_trio; valid: 'BLOCK_N,STAGES,trio\[,permk\]\[,tarrive\]\[,mmasum\]'"),
     ("128,3,trio,quad", r"trio .* runs the serial schedule only"),

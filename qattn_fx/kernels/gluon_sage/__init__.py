@@ -42,6 +42,9 @@ schedule, which plain Triton 3.6 cannot express:
   the numerics of the same config without it, so :data:`PERSIST_CONFIGS` are candidates of their dense classes'
   tuners (the timing picks per key). Block-sparse launches run :data:`SPARSE_PERSIST_CONFIGS` when forced by name,
   each work item pointing at its own lists; no tuner times them until their GPU tests have run.
+* ``pair`` (two consumers, serial, ``mmasum``; no key bias, no Skip-Softmax): a work item's visited key tiles in
+  online-softmax steps of two, numerics of its own (``emulation.emulate(..., pair=True)``); for the block-sparse
+  launches, which run two consumers; forced by name only until its GPU tests have run.
 * block sparsity (:mod:`qattn_fx.block_sparse`, ``block_index`` / ``block_count``; :mod:`.sparse`): a CTA of two
   consumers is one 128-row query tile of the lists; the producer loads and the consumers run only its listed key
   tiles, in list order (the rings count visited tiles), the last listed one handled as the last tile; a tile that
@@ -91,7 +94,8 @@ from .config import (CAPABILITY, CONFIGS, CONSUMER_REGS, CONSUMERS, DEFAULT_CONF
                      SPARSE_PERSIST_CONFIGS,
                      SPARSE_SKIP_TUNED_CONFIGS, SPARSE_TUNED_CONFIGS,
                      TRIO_CONSUMER_REGS, TRIO_DEFAULT_CONFIG, TRIO_LAUNCH_MAXNREG, TUNED_CONFIGS, GluonConfig,
-                     check_quad_config, check_skip_config, check_sparse_config, current_config, forced_config,
+                     check_pair_config, check_quad_config, check_skip_config, check_sparse_config, current_config,
+                     forced_config,
                      use_config)
 from ._gluon import mma_layout
 from .descriptors import descriptor, k_scale_box, permuted_k, tma_aligned
@@ -110,7 +114,8 @@ __all__ = ["CAPABILITY", "CONFIGS", "CONSUMER_REGS", "CONSUMERS", "DEFAULT_CONFI
            "SPARSE_KEY_ORDER_TUNED_CONFIGS", "SPARSE_KEY_ORDER_TUNER", "SPARSE_PERSIST_CONFIGS",
            "SPARSE_SKIP_TUNED_CONFIGS", "SPARSE_SKIP_TUNER", "SPARSE_TUNED_CONFIGS", "SPARSE_TUNER",
            "TRIO_CONSUMER_REGS", "TRIO_DEFAULT_CONFIG",
-           "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_quad_config",
+           "TRIO_LAUNCH_MAXNREG", "TUNED_CONFIGS", "TUNER", "TUNERS", "attention", "check_pair_config",
+           "check_quad_config",
            "check_skip_config", "check_sparse_config", "compile_for", "current_config", "descriptor", "forced_config",
            "ineligible",
            "k_scale_box", "kernel_meta", "last_config", "last_tail_plan", "mma_layout", "permuted_k", "plan_launch",

@@ -43,23 +43,25 @@ REGISTERS = {CONSUMERS: (LAUNCH_MAXNREG, CONSUMER_REGS),
 @dataclass(frozen=True)
 class GluonConfig(LaunchConfig):
     """``block_n`` keys per tile (64 or 128), ``stages`` (depth of the K/V TMA rings, 2-4) and schedule flags:
-    ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the
-    exponentials; ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P
-    reaches the P·V wgmma without shuffles, where the K layout allows it; ``tarrive``: every consumer
-    thread arrives on the slot-release barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a
-    warpgroup ``bar.sync`` and one thread's arrive; ``mmasum``: the softmax denominator comes from the tensor
-    cores, a second wgmma per tile multiplying P by a shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums
-    added like P·V's), instead of ~70 fp32 adds and shuffles per thread and tile: ``l`` is then the sum of the
-    e4m3-rounded P that P·V multiplies (the normalized weights sum to 1), not of fp32 P; ``trio``: three consumer
-    warpgroups per CTA (192 query rows) at :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule
-    fits: three warps per SM sub-partition hide more of the MMA and exponential latency than ``ahead`` does with
-    two (with ``mmasum``, whose few spills at 160 registers cost less than the ~50 instructions per tile it saves);
-    ``quad``: four consumer warpgroups (256 query rows) at :data:`QUAD_CONSUMER_REGS` registers, serial, for
-    head_dim :data:`QUAD_HEAD_DIM` only (its running output takes half the registers of head_dim 128's;
-    :func:`check_quad_config`). ``persist``: one CTA per SM runs the launch's work items in turn
-    (:mod:`.schedule`), loading the next item's Q and first K/V tiles during the current one's last tiles and
-    epilogue; the same numerics (not with block lists). Their speed: see docs/kernel-profile.md ("Tuning") and
-    BENCHMARKS.md ("head_dim 64"). Schedules tried and removed: docs/kernel-design.md."""
+    ``ahead``: each consumer issues tile ``j+1``'s Q·Kᵀ before tile ``j``'s softmax, so it runs during the exponentials;
+    ``permk``: full K tiles load through a row-permuting TMA view (:func:`_permuted_k`) so that P reaches the P·V wgmma
+    without shuffles, where the K layout allows it; ``tarrive``: every consumer thread arrives on the slot-release
+    barrier by itself (``cp.async.mbarrier.arrive.noinc``), instead of a warpgroup ``bar.sync`` and one thread's arrive;
+    ``mmasum``: the softmax denominator comes from the tensor cores, a second wgmma per tile multiplying P by a
+    shared-memory block of e4m3 ones (``P8 · 1``, fp32 tile sums added like P·V's), instead of ~70 fp32 adds and
+    shuffles per thread and tile: ``l`` is then the sum of the e4m3-rounded P that P·V multiplies (the normalized
+    weights sum to 1), not of fp32 P; ``trio``: three consumer warpgroups per CTA (192 query rows) at
+    :data:`TRIO_CONSUMER_REGS` registers, which only the serial schedule fits: three warps per SM sub-partition hide
+    more of the MMA and exponential latency than ``ahead`` does with two (with ``mmasum``, whose few spills at 160
+    registers cost less than the ~50 instructions per tile it saves); ``quad``: four consumer warpgroups (256 query
+    rows) at :data:`QUAD_CONSUMER_REGS` registers, serial, for head_dim :data:`QUAD_HEAD_DIM` only (its running output
+    takes half the registers of head_dim 128's; :func:`check_quad_config`). ``persist``: one CTA per SM runs the
+    launch's work items in turn (:mod:`.schedule`), loading the next item's Q and first K/V tiles during the current
+    one's last tiles and epilogue; the same numerics. ``pair``: two key tiles per online-softmax step on the serial
+    two-consumer schedule (one running max and one rescale of the output per pair, both P·V and both ones-MMAs into one
+    fp32 accumulator; :func:`check_pair_config`): numerics of their own, :attr:`softmax_keys` keys per step. Their
+    speed: see docs/kernel-profile.md ("Tuning") and BENCHMARKS.md ("head_dim 64"). Schedules tried and removed:
+    docs/kernel-design.md."""
 
     block_n: int
     stages: int
@@ -70,13 +72,14 @@ class GluonConfig(LaunchConfig):
     trio: int = 0
     quad: int = 0
     persist: int = 0
+    pair: int = 0
 
     NUMBERS: ClassVar = (("block_n", "BN"), ("stages", "s"))
-    FLAGS: ClassVar = ("ahead", "permk", "tarrive", "mmasum", "trio", "quad", "persist")
+    FLAGS: ClassVar = ("ahead", "permk", "tarrive", "mmasum", "trio", "quad", "persist", "pair")
     #: The flags the kernel takes as they are, as constexprs of their upper-case names (:func:`.plan.kernel_meta`);
     #: the others shape other constexprs: ``permk`` (``PERMK``, where K's layout takes the view),
     #: ``trio`` and ``quad`` (``CONSUMERS``).
-    KERNEL_FLAGS: ClassVar = ("ahead", "tarrive", "mmasum", "persist")
+    KERNEL_FLAGS: ClassVar = ("ahead", "tarrive", "mmasum", "persist", "pair")
     PREFIX: ClassVar = "WS"
     KIND: ClassVar = "gluon_sage"
     EXAMPLE: ClassVar = "128,2,ahead"
@@ -93,6 +96,10 @@ class GluonConfig(LaunchConfig):
         if self.quad and self.ahead:
             raise ValueError(f"quad (four consumers of {QUAD_CONSUMER_REGS} registers) runs the serial schedule "
                              f"only; got {self}; valid: 'BLOCK_N,STAGES,quad[,permk][,tarrive][,mmasum]'")
+        if self.pair and (self.ahead or self.trio or self.quad or not self.mmasum or self.block_n != 128):
+            raise ValueError(f"pair (two S tiles in a consumer's registers, one ones-MMA sum) runs the serial "
+                             f"two-consumer schedule with mmasum and 128-key tiles; got {self}; valid: "
+                             "'128,STAGES,mmasum,pair[,permk][,tarrive][,persist]'")
 
     def without_persist(self) -> "GluonConfig":
         """This config, not persistent."""
@@ -114,13 +121,19 @@ class GluonConfig(LaunchConfig):
         return self.consumers * ROWS_PER_CONSUMER
 
     @property
+    def softmax_keys(self) -> int:
+        """Keys per online-softmax step (where the running max rescales the output and P is rounded against it):
+        ``block_n``, twice that with ``pair`` (two consecutive visited tiles)."""
+        return self.block_n * (2 if self.pair else 1)
+
+    @property
     def numerics(self) -> tuple[int, int, int, int]:
-        """``(block_n, permk, mmasum, rows)``: what decides the output bits on given inputs. ``block_n`` places the
-        online softmax's rescaling and the e4m3 rounding of P; ``permk`` orders each P·V tile's sum; ``mmasum``
-        sums the denominator over e4m3 P; ``rows`` decides which rows the tail split runs in pieces. Configs with
-        equal ``numerics`` give bitwise-identical outputs (``stages``, ``ahead`` and ``tarrive`` move only time;
+        """``(softmax_keys, permk, mmasum, rows)``: what decides the output bits on given inputs. ``softmax_keys``
+        places the online softmax's rescaling and the e4m3 rounding of P; ``permk`` orders each P·V tile's sum;
+        ``mmasum`` sums the denominator over e4m3 P; ``rows`` decides which rows the tail split runs in pieces. Configs
+        with equal ``numerics`` give bitwise-identical outputs (``stages``, ``ahead`` and ``tarrive`` move only time;
         tests/gpu/test_gluon_sage.py checks every tuned class)."""
-        return (self.block_n, self.permk, self.mmasum, self.rows)
+        return (self.softmax_keys, self.permk, self.mmasum, self.rows)
 
 
 # The autotuner's candidates, one class per way of loading K. Every candidate of a class has the same
@@ -206,6 +219,15 @@ def check_sparse_config(config: GluonConfig) -> None:
                          f"CTA, {config.block_n}-key tiles) cannot run block-sparse calls, whose CTA is one "
                          f"{CONSUMERS * ROWS_PER_CONSUMER}-row query tile of the lists visiting 128-key tiles; "
                          f"valid: two-consumer configs with block_n 128 (no 'trio', no 'quad'), e.g. {valid}")
+
+
+def check_pair_config(config: GluonConfig, key_bias: bool, skip: bool) -> None:
+    """``pair`` launches run without a key bias and without Skip-Softmax (its loop adds neither); ``ValueError``
+    naming the config and the launch otherwise."""
+    if config.pair and (key_bias or skip):
+        raise ValueError(f"gluon_sage config {config} (pair) runs launches without a key bias and without "
+                         f"Skip-Softmax; got one with {'a key bias' if key_bias else 'Skip-Softmax'}; valid there: "
+                         f"the same config without 'pair', e.g. '{dataclasses.replace(config, pair=0)}'")
 
 
 def quad_serves(head_dim: int, key_bias: bool) -> bool:

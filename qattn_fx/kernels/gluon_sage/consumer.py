@@ -7,7 +7,7 @@ schedules and the loops: :mod:`.mainloop`.
 from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes_q, sum_layout
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
-from .mainloop import RowSums, SkipTest, TileLoop, _mainloop
+from .mainloop import RowSums, SkipTest, TileLoop, _mainloop, _pair_mainloop
 from .schedule import _q_bar, _run_items
 from .softmax import KeyBias, KeyScales
 from .sparse import Visits, _visit_bias_tiles, _visits
@@ -212,7 +212,12 @@ def _consume_item(st, CID: gl.constexpr, n, first):
     # runs the loop without the test (its cost: docs/kernel-design.md); each branch has its own epilogue
     # (one join after both loops made ptxas spill 1516 bytes in trio's consumers, 456 with two epilogues)
     # A block-sparse CTA that visits no tile skips the loop: its rows keep l = 0 and m = -inf (output 0, LSE -inf).
-    if flags.SPARSE:
+    if flags.PAIR:  # steps of two visits (no Skip-Softmax, no key bias: check_pair_config); maybe none listed
+        if n_tiles > 0:
+            m_i, l_i, acc = _pair_mainloop(m_i, acc, l_i, n_tiles, lp, flags, p_layout, row_o, col_s, grp_layout)
+        _q_done(bufs, n, flags)
+        _epilogue(m_i, l_i, acc, ptrs, prog, row0, offs_m, m_valid, flags, CID, NC, o_layout, row_s, row_o)
+    elif flags.SPARSE:
         if SKIP and skip.log2_thr != float("-inf") and n_tiles > 0:
             m_i, l_i, acc = _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout, row_o, col_s,
                                       grp_layout, SKIP)

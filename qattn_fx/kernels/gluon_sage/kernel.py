@@ -24,7 +24,7 @@ def _sage_fwd_ws(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_NREG: gl.constexpr, PRODUCER_NREG: gl.constexpr,
     AHEAD: gl.constexpr = 0, KS_TMA: gl.constexpr = 0, PERMK: gl.constexpr = 0, CONSUMERS: gl.constexpr = 2,
     TARRIVE: gl.constexpr = 0, MMASUM: gl.constexpr = 0, SPLIT_TAIL: gl.constexpr = 0, HAS_BIAS: gl.constexpr = 0,
-    SKIP: gl.constexpr = 0, SPARSE: gl.constexpr = 0, PERSIST: gl.constexpr = 0,
+    SKIP: gl.constexpr = 0, SPARSE: gl.constexpr = 0, PERSIST: gl.constexpr = 0, PAIR: gl.constexpr = 0,
 ):
     """Grid ``(N_M, B · Hq)``: CTA ``(m, bh)`` owns query rows ``m · R + [0, R)`` of (batch, head) ``bh``, ``R`` =
     64 · ``CONSUMERS`` (:attr:`GluonConfig.rows`): 128 rows (``num_warps=4``: consumer 0, + 4: consumer 1, + 1: the
@@ -66,6 +66,9 @@ def _sage_fwd_ws(
     G, ...`` of the ``ITEMS`` (int) the non-persistent grid would run one per CTA (with ``SPLIT_TAIL``: the same
     whole items and pieces; with ``SPARSE`` each item points at its own lists); Q in two buffers. ``ITEMS``: ``None``
     otherwise.
+
+    ``PAIR`` (two consumers, serial, ``MMASUM``, no key bias, no Skip-Softmax): consecutive visited key tiles in
+    online-softmax steps of two (:func:`.mainloop._pair_mainloop`).
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
     if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's one (a persistent CTA's first)
@@ -127,7 +130,7 @@ def _sage_fwd_ws(
                    k_ready=k_ready, v_ready=v_ready, kv_free=kv_free)
     # the constexprs travel as an aggregate (in a plain tuple Gluon would turn them into tensors)
     flags = KernelFlags(QK_KIND, Q_BLOCK, K_BLOCK, RETURN_LSE, BLOCK_N, STAGES, AHEAD, KS_TMA, PERMK, TARRIVE, MMASUM,
-                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE, PERSIST)
+                        SPLIT_TAIL, HAS_BIAS, SKIP, SPARSE, PERSIST, PAIR)
     ptrs = Pointers(QS=QS, KS=KS, VS=VS, Out=Out, Lse=Lse, OutWs=OutWs, LseWs=LseWs, KB=KB, KBR=KBR, BI=BI, BC=BC,
                     BP=BB, BR=BB)  # (the block lists' arrays; None: a dense launch)
     if not PERSIST:  # this CTA's query tile's list (a persistent CTA points at each item's in turn: .schedule)

@@ -8,11 +8,11 @@ tile ``j`` (keys ``j · BLOCK_N + [0, BLOCK_N)`` from the CTA's first key): the 
 launches, whose CTAs visit the listed tiles only (:func:`.sparse._key_tile`).
 """
 
-from ._gluon import async_copy, gl, jit, mbarrier, warpgroup_mma, warpgroup_mma_wait
+from ._gluon import async_copy, gl, jit, mbarrier, sum_layout, warpgroup_mma, warpgroup_mma_wait
 from .sparse import Visits, _key_tile
 from .state import _SCALAR, _named
-from .softmax import (KeyBias, KeyScales, _add_bias, _exp_sum, _k_scales_ahead, _k_scales_at_use, _key_bias, _running_max,
-                      _scale_logits, _scales_read_early, _softmax, _tile_k_scales, _tile_max)
+from .softmax import (KeyBias, KeyScales, _add_bias, _exp_sum, _k_scales_ahead, _k_scales_at_use, _key_bias,
+                      _running_max, _scale_logits, _scales_read_early, _softmax, _tile_k_scales, _tile_max)
 
 
 @_named
@@ -97,17 +97,18 @@ def _qk_issue(j, q, s_init, k_smem, k_ready, QK_KIND: gl.constexpr, BLOCK_N: gl.
 
 @jit
 def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None, MMASUM: gl.constexpr = 0):
-    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator, P being the register A operand
+              PERMK: gl.constexpr = 0, ones_smem=None, l_zero=None, MMASUM: gl.constexpr = 0, ACC: gl.constexpr = 0):
+    """Issue (async) ``P8 · V8`` of tile ``j`` into a fresh fp32 accumulator ``pv_zero`` (``ACC``: added to the
+    accumulator ``pv_zero`` holds, an earlier tile's P·V of the same ``pair`` step), P being the register A operand
     (converted to the wgmma operand layout). ``PERMK``: the tile's K rows were loaded permuted
     (:func:`_permuted_k`), so accumulator column ``16h + 8i + 2c + e`` holds key ``16h + 4c + 2i + e``: relabeling
     P's registers puts every key at its operand position (no shuffles).
 
     Returns ``(pv, pl)``: ``MMASUM`` also issues ``P8 · 1`` (B: ``ones_smem``, ``(8, BLOCK_N)`` e4m3 ones) into
-    a fresh ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the e4m3 P that P·V multiplies
-    (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
+    a fresh (``ACC``: into ``l_zero``'s) ``(64, 8)`` accumulator ``pl``, every column of which is the row sum of the
+    e4m3 P that P·V multiplies (accumulated over the tile as P·V's own products are); else ``pl`` is 0."""
     slot = j % STAGES
-    v_tile = v_smem.index(slot).reshape([pv_zero.type.shape[1], BLOCK_N]).permute((1, 0))
+    v_tile = v_smem.index(slot).reshape([v_smem.type.shape[3], BLOCK_N]).permute((1, 0))
     if PERMK:  # keys back in operand order (a relabeling of P's registers)
         BM: gl.constexpr = p8.type.shape[0]
         p8 = gl.reshape(gl.permute(gl.reshape(p8, [BM, BLOCK_N // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]),
@@ -116,11 +117,11 @@ def _pv_issue(j, p8, pv_zero, v_smem, v_ready, p_layout: gl.constexpr, BLOCK_N: 
     else:
         p_op = gl.convert_layout(p8, p_layout)
     mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-    pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=False, is_async=True)
+    pv = warpgroup_mma(p_op, v_tile, pv_zero, use_acc=ACC == 1, is_async=True)
     if MMASUM:
-        p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=l_zero.type.layout,
+        p_l = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=sum_layout(gl.num_warps()),
                                                           k_width=4), assert_trivial=True)
-        pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=False, is_async=True)
+        pl = warpgroup_mma(p_l, ones_smem.permute((1, 0)), l_zero, use_acc=ACC == 1, is_async=True)
     else:
         pl = 0.0
     return pv, pl
@@ -345,4 +346,70 @@ def _mainloop(m_i, acc, l_i, n_tiles, bias_tiles, lp, flags, p_layout: gl.conste
         m_i, l_i, acc = _softmax_pv(f + n_tiles - 1, j_last, s, ks, kb, m_i, l_i, acc, lp, p_layout, row_o, flags, True,
                                     RELEASE_LAST, 0, HAS_BIAS)
 
+    return m_i, l_i, acc
+
+
+@jit
+def _pair_step(i, j0, j1, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.constexpr, col_s: gl.constexpr,
+               grp_layout: gl.constexpr, flags, MASK: gl.constexpr, PERMK1: gl.constexpr,
+               RELEASE_LAST: gl.constexpr):
+    """Visits ``i`` and ``i + 1`` (key tiles ``j0``, ``j1``) as one online-softmax step of two tiles (``PAIR``):
+    both Q·Kᵀ issued, then waited (event ``i`` released: ``j0``'s K slot, the previous visit's V slot); one running
+    max over both tiles and one factor rescaling ``acc`` and ``l``; both P·V and both ones-MMAs into one fp32
+    accumulator each (``MMASUM``), then event ``i + 1`` released. ``MASK``: visit ``i + 1`` is the item's last
+    (masked past ``SEQ_KV``, loaded in key order: ``PERMK1`` 0), whose V slot's event ``i + 2`` is released too
+    when ``RELEASE_LAST`` (not in a persistent launch: :func:`_mainloop`)."""
+    QK_KIND: gl.constexpr = flags.QK_KIND
+    K_BLOCK: gl.constexpr = flags.K_BLOCK
+    BLOCK_N: gl.constexpr = flags.BLOCK_N
+    STAGES: gl.constexpr = flags.STAGES
+    s0 = _qk_issue(i, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
+    s1 = _qk_issue(i + 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, QK_KIND, BLOCK_N, STAGES)
+    s0, s1 = warpgroup_mma_wait(num_outstanding=0, deps=(s0, s1))
+    _release(i, lp.kv_free, STAGES, flags.TARRIVE)
+    t0, rs0 = _scale_logits(s0, _tile_k_scales(i, j0, lp.ksrc, col_s, grp_layout, flags), lp.rs, QK_KIND, K_BLOCK,
+                            BLOCK_N)
+    t1, rs1 = _scale_logits(s1, _tile_k_scales(i + 1, j1, lp.ksrc, col_s, grp_layout, flags), lp.rs, QK_KIND,
+                            K_BLOCK, BLOCK_N)
+    m_new = gl.maximum(_running_max(t0, rs0, m_i, j0 * BLOCK_N, lp.SEQ_KV, BLOCK_N, False),
+                       _tile_max(t1, rs1, j1 * BLOCK_N, lp.SEQ_KV, BLOCK_N, MASK))
+    p0, alpha, l_i = _exp_sum(t0, rs0, m_new, m_i, l_i, j0 * BLOCK_N, lp.SEQ_KV, BLOCK_N, False, 1)
+    p1, _, l_i = _exp_sum(t1, rs1, m_new, m_i, l_i, j1 * BLOCK_N, lp.SEQ_KV, BLOCK_N, MASK, 1)
+    pv, pl = _pv_issue(i, p0, lp.pv_zero, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, flags.PERMK,
+                       lp.sums.ones, lp.sums.l_zero, 1)
+    pv, pl = _pv_issue(i + 1, p1, pv, lp.v_smem, lp.v_ready, p_layout, BLOCK_N, STAGES, PERMK1, lp.sums.ones, pl, 1,
+                       1)
+    pv, pl = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pl))
+    _release(i + 1, lp.kv_free, STAGES, flags.TARRIVE)
+    if MASK and RELEASE_LAST:
+        _release(i + 2, lp.kv_free, STAGES, flags.TARRIVE)
+    acc, l_i = _accumulate(acc, l_i, alpha, pv, pl, row_o, 1)
+    return m_new, l_i, acc
+
+
+@jit
+def _pair_mainloop(m_i, acc, l_i, n_tiles, lp, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
+                   col_s: gl.constexpr, grp_layout: gl.constexpr):
+    """``PAIR``: :func:`_mainloop` in online-softmax steps of two consecutive visits (:func:`_pair_step`) from the
+    work item's first; when the full tiles are odd in number the last step pairs the last full tile with the last
+    (masked) one, else the last tile is a step alone. ``n_tiles``: the visits, at least one. No key bias, no
+    Skip-Softmax (:func:`~.config.check_pair_config`)."""
+    f = lp.first
+    n_full = n_tiles - 1
+    RELEASE_LAST: gl.constexpr = 1 - flags.PERSIST
+    for k in range(n_full // 2):
+        m_i, l_i, acc = _pair_step(f + 2 * k, _key_tile(2 * k, lp.visits, flags),
+                                   _key_tile(2 * k + 1, lp.visits, flags), m_i, l_i, acc, lp, p_layout, row_o, col_s,
+                                   grp_layout, flags, 0, flags.PERMK, 0)
+    if n_full % 2 == 1:  # (a branch around whole steps: fine in Triton 3.6's Gluon, unlike one per tile)
+        m_i, l_i, acc = _pair_step(f + n_tiles - 2, _key_tile(n_tiles - 2, lp.visits, flags),
+                                   _key_tile(n_tiles - 1, lp.visits, flags), m_i, l_i, acc, lp, p_layout, row_o,
+                                   col_s, grp_layout, flags, 1, 0, RELEASE_LAST)
+    else:
+        j_last = _key_tile(n_tiles - 1, lp.visits, flags)
+        s = _qk(f + n_tiles - 1, lp.q, lp.s_init, lp.k_smem, lp.k_ready, lp.kv_free, flags.QK_KIND, flags.BLOCK_N,
+                flags.STAGES, flags.TARRIVE)
+        ks = _tile_k_scales(f + n_tiles - 1, j_last, lp.ksrc, col_s, grp_layout, flags)
+        m_i, l_i, acc = _softmax_pv(f + n_tiles - 1, j_last, s, ks, 0.0, m_i, l_i, acc, lp, p_layout, row_o, flags,
+                                    True, RELEASE_LAST, 0, 0)
     return m_i, l_i, acc

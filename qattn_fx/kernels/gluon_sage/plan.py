@@ -13,8 +13,8 @@ from .. import _sage_common as common
 from .. import q_quantized_in_kernel
 from .._cuda_utils import FifoCache, bias_stride, layout_key
 from . import tail_split
-from .config import (PRODUCER_REGS, REGISTERS, ROWS_PER_CONSUMER, GluonConfig, check_quad_config, check_skip_config,
-                     check_sparse_config)
+from .config import (PRODUCER_REGS, REGISTERS, ROWS_PER_CONSUMER, GluonConfig, check_pair_config, check_quad_config,
+                     check_skip_config, check_sparse_config)
 from .descriptors import DescriptorSpec, descriptor, k_scale_box, k_scale_descriptor, permuted_k
 from .kernel import _sage_fwd_ws
 
@@ -90,6 +90,7 @@ def plan_launch(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, 
                              "query tile (launch.visit_bounds); got "
                              f"{None if blocks[2] is None else tuple(blocks[2].shape)}")
     check_quad_config(config, q.shape[-1], key_bias is not None)
+    check_pair_config(config, key_bias is not None, skip is not None)
     if skip is not None:
         check_skip_config(config)
         if tail is not None:

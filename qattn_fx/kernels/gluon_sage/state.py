@@ -60,6 +60,7 @@ class KernelFlags:
     SKIP: gl.constexpr
     SPARSE: gl.constexpr
     PERSIST: gl.constexpr
+    PAIR: gl.constexpr
 
 
 @_named
