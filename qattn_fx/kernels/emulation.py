@@ -106,8 +106,8 @@ def emulate(q, q_scale, k, k_scale, v, v_scale, q_block, k_block, sm_scale, bloc
                              f"key_bias={'given' if key_bias is not None else None}, skip_threshold={skip_threshold}")
         visited = (visit_rows if sparse else torch.ones(b, hq, sq, -(-skv // block_n), dtype=torch.bool,
                                                         device=q.device))
-        out, m, l = _pair_steps(scaled, visited, skv, block_n, v8, m, l, acc)
-        return _finish(out, m, l, v_scale, hq, True, return_lse)
+        acc, m, l = _pair_steps(scaled, visited, skv, block_n, v8, m, l, acc)
+        return _finish(acc, m, l, v_scale, hq, True, return_lse)
     for s0 in range(0, skv, block_n):
         n, t, r = scaled(s0)
         if key_bias is None:

@@ -7,7 +7,8 @@ schedules and the loops: :mod:`.mainloop`.
 from ._gluon import fence_async_shared, gl, jit, mbarrier, mma_layout, quantizes_q, sum_layout
 from .._sage_common import C_INT8_ACC_BITS, C_INT8_ACC_OFFSET, C_INV_127
 from .epilogue import _epilogue
-from .mainloop import RowSums, SkipTest, TileLoop, _mainloop, _pair_mainloop
+from .mainloop import RowSums, SkipTest, TileLoop, _mainloop
+from .pair import _pair_mainloop
 from .schedule import _q_bar, _run_items
 from .softmax import KeyBias, KeyScales
 from .sparse import Visits, _visit_bias_tiles, _visits

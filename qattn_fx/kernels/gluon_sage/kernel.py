@@ -68,7 +68,7 @@ def _sage_fwd_ws(
     otherwise.
 
     ``PAIR`` (two consumers, serial, ``MMASUM``, no key bias, no Skip-Softmax): consecutive visited key tiles in
-    online-softmax steps of two (:func:`.mainloop._pair_mainloop`).
+    online-softmax steps of two (:func:`.pair._pair_mainloop`).
     """
     BM: gl.constexpr = q_desc.block_type.shape[2]
     if PERSIST or SPLIT_TAIL:  # a 1-D grid of work items (.schedule): this CTA's one (a persistent CTA's first)
