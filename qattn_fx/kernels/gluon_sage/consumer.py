@@ -120,7 +120,8 @@ def _q_done(bufs, n, flags):
 def _consume_item(st, CID: gl.constexpr, n, first):
     """Consumer warpgroup ``CID`` on one work item (``st.prog``: its :class:`~.state.Program`; ``n``: the CTA's items
     before it, ``first``: the key tiles they visited, its first ring position): rows ``start_m + 64·CID + [0,
-    64)``, their row scales (quantizing Q when the kernel does), then :func:`_mainloop` and :func:`_epilogue`.
+    64)``, their row scales (quantizing Q when the kernel does), then :func:`_mainloop` (``PAIR``:
+    :func:`.pair._pair_mainloop`) and :func:`_epilogue`.
     ``st``: the item's :class:`~.state.KernelState`; its flags' ``SKIP`` (serial schedules only): every tile behind
     Skip-Softmax's test (:func:`_softmax_pv_skip`; 2: counting skipped tiles) unless λ is 0. Returns the key tiles
     it visited."""

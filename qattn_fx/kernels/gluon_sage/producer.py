@@ -25,8 +25,8 @@ class TileCoords:
 def _produce_tile(i, j, bufs, coords, flags, PERMUTED: gl.constexpr):
     """Key tile ``j``'s K (with its scales) and V, the ``i``-th tile the CTA visits (``j == i`` but in block-sparse
     launches), each into its ring slot once the consumers have freed it (``bufs``: :class:`~.state.Buffers`;
-    ``coords``: the item's :class:`TileCoords`). ``PERMUTED``: K through the permuting
-    5-D view (:func:`.descriptors.permuted_k`), for full tiles only."""
+    ``coords``: the item's :class:`TileCoords`). ``PERMUTED``: K through the permuting 5-D view
+    (:func:`.descriptors.permuted_k`), for full tiles only."""
     BLOCK_N: gl.constexpr = flags.BLOCK_N
     STAGES: gl.constexpr = flags.STAGES
     k_desc = bufs.k_desc
@@ -68,9 +68,9 @@ def _producer(st):
 @jit
 def _produce_item(st, CID: gl.constexpr, n, first):
     """One work item (``st``: its :class:`~.state.KernelState`, ``st.prog`` its :class:`~.state.Program`; ``CID``:
-    unused, :func:`.schedule._run_items`'s signature; ``n``: the CTA's items before it, ``first``: the key tiles they visited, its first ring position): its
-    Q tiles (not when Q is bf16/fp16 with int8 K: the consumers quantize it; in Q buffer ``n % 2`` once the consumers
-    have freed it), then K and V tiles into their rings
+    unused, :func:`.schedule._run_items`'s signature; ``n``: the CTA's items before it, ``first``: the key tiles they
+    visited, its first ring position): its Q tiles (not when Q is bf16/fp16 with int8 K: the consumers quantize it;
+    in Q buffer ``n % 2`` once the consumers have freed it), then K and V tiles into their rings
     (:func:`_produce_tile`); the last (maybe partial) tile's K always through the plain descriptor. ``SPARSE``: the
     listed tiles only (:func:`.sparse._visits`), the last listed one through the plain descriptor; none when nothing
     is listed. Returns the key tiles it visited."""

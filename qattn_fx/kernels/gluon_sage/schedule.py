@@ -88,18 +88,18 @@ def _state_at(st, w, ROWS: gl.constexpr):
     """The :class:`~.state.KernelState` of work item ``w`` (:func:`_item`) of a persistent launch: its
     :class:`~.state.Program` (coordinates and key range of a query block of ``ROWS`` rows) and, in a block-sparse
     launch, its block-list pointers (:func:`.sparse._lists_at`: ``st.ptrs`` holds the lists' whole arrays)."""
-    prog = st.prog
+    base = st.prog  # (the CTA's first item's: its strides and scalars serve every item)
     sched = st.sched
     flags = st.flags
-    wi = _item(w, sched, flags.SPLIT_TAIL)
-    h = wi.pid_bh % prog.H
-    item = Program(prog.stride_qsb, prog.stride_qsh, prog.stride_qsn, prog.stride_ksb, prog.stride_ksh,
-                   prog.stride_ksn, prog.stride_vsb, prog.stride_vsh, prog.stride_vsd, prog.stride_ob, prog.stride_oh,
-                   prog.stride_os, prog.H, prog.SEQ_Q, wi.kv_len, wi.pid_bh // prog.H, h, h // sched.group,
-                   wi.pid_m * ROWS, prog.kp_xh, prog.kp_gb, prog.kp_gh, wi.kv0, wi.piece, prog.stride_kbb,
-                   prog.qk_scale, prog.skip_thr, prog.skip_count)
-    ptrs = _lists_at(st.ptrs, wi, sched.n_m, sched.seq_kv, sched.splits, flags)
-    return KernelState(flags=flags, bufs=st.bufs, ptrs=ptrs, prog=item, sched=sched)
+    item = _item(w, sched, flags.SPLIT_TAIL)
+    h = item.pid_bh % base.H
+    prog = Program(base.stride_qsb, base.stride_qsh, base.stride_qsn, base.stride_ksb, base.stride_ksh,
+                   base.stride_ksn, base.stride_vsb, base.stride_vsh, base.stride_vsd, base.stride_ob, base.stride_oh,
+                   base.stride_os, base.H, base.SEQ_Q, item.kv_len, item.pid_bh // base.H, h, h // sched.group,
+                   item.pid_m * ROWS, base.kp_xh, base.kp_gb, base.kp_gh, item.kv0, item.piece, base.stride_kbb,
+                   base.qk_scale, base.skip_thr, base.skip_count)
+    ptrs = _lists_at(st.ptrs, item, sched.n_m, sched.seq_kv, sched.splits, flags)
+    return KernelState(flags=flags, bufs=st.bufs, ptrs=ptrs, prog=prog, sched=sched)
 
 
 @jit
