@@ -2,8 +2,11 @@
 that keeps the best blocks at the same count, and what the output loses (``python -m benchmarks.sparse_quality``).
 
 Inputs (``--inputs``): ``grid``, attention local in a video's ``(frames, height, width)`` token grid with a window
-per head and attention-sink keys (:func:`benchmarks.common.grid_qkv`), and ``random``, Gaussian Q/K/V with no
-structure (the honest row: the pooled scores have nothing to find there). For each selection mode and keep value
+per head and attention-sink keys (:func:`benchmarks.common.grid_qkv`), ``random``, Gaussian Q/K/V with no
+structure (the honest row: the pooled scores have nothing to find there), and ``digits``, the real activations of a
+trained model: every attention call of ``examples/dit_digits.py``'s checkpoint on ``--digits-images`` digits at
+``--digits-side`` x ``--digits-side`` tokens (positions interpolated onto its 8 x 8 training grid) noised to each of
+``--digits-timesteps`` (:func:`examples.dit_digits.attention_inputs`), one row per call and keep. For each selection mode and keep value
 (``top_k``: the fraction of key tiles; ``cdf``: the pooled mass) the predictor (:func:`qattn_fx.kernels.
 predict_blocks.predict`: the Triton pooling on CUDA, torch on CPU) picks the blocks of 128 query rows x 128 keys;
 then, from exact fp32 attention (TF32 off):
@@ -132,6 +135,15 @@ def evaluate(q, k, v, *, modes: dict[str, list[float]], sink_tiles: int, diagona
     return rows
 
 
+def _digits_calls(a) -> list:
+    """The trained digits DiT's attention calls (:func:`examples.dit_digits.attention_inputs`) on ``a.device``."""
+    from examples import dit_digits  # noqa: PLC0415
+
+    calls = dit_digits.attention_inputs(dit_digits.load(), side=a.digits_side, timesteps=_floats(a.digits_timesteps),
+                                        n=a.digits_images, seed=a.seed)
+    return [(label, tuple(x.to(a.device) for x in qkv)) for label, qkv in calls]
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -146,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                                                       f"{WINDOWS})")
     p.add_argument("--sharpness", type=float, default=4.0, help="grid_qkv sharpness (default 4)")
     p.add_argument("--sink", type=int, default=4, help="attention-sink keys (default 4)")
-    p.add_argument("--inputs", default="grid,random", help="grid and/or random (default both)")
+    p.add_argument("--inputs", default="grid,random", help="grid, random and/or digits (default grid,random)")
+    p.add_argument("--digits-side", type=int, default=32, help="digits: tokens per side (default 32: 1,024 tokens)")
+    p.add_argument("--digits-images", type=int, default=4, help="digits: images per call (default 4)")
+    p.add_argument("--digits-timesteps", default="0.9,0.5,0.1", help="digits: noise levels t (default 0.9,0.5,0.1)")
     p.add_argument("--top-k", default="0.15,0.25,0.35,0.5,0.75", help="top_k keep fractions ('' for none)")
     p.add_argument("--cdf", default="0.5,0.75,0.9,0.95", help="cdf keep masses ('' for none)")
     p.add_argument("--sink-tiles", type=int, default=1, help="key tiles always visited (default 1)")
@@ -165,12 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--windows {a.windows!r} is invalid; valid: f,h,w[;f,h,w...]")
     modes = {m: _floats(text) for m, text in (("top_k", a.top_k), ("cdf", a.cdf)) if _floats(text)}
     kinds = [x for x in a.inputs.split(",") if x]
-    if not set(kinds) <= {"grid", "random"}:
-        p.error(f"--inputs {a.inputs!r} is invalid; valid: grid, random")
+    if not set(kinds) <= {"grid", "random", "digits"}:
+        p.error(f"--inputs {a.inputs!r} is invalid; valid: grid, random, digits")
     s = grid[0] * grid[1] * grid[2]
     start = time.time()
     rows: list[dict] = []
     for kind in kinds:
+        if kind == "digits":
+            for label, (q, k, v) in _digits_calls(a):
+                rows += evaluate(q, k, v, modes=modes, sink_tiles=a.sink_tiles, diagonal=not a.no_diagonal,
+                                 similarity=a.similarity, label=f"digits {label}", max_bytes=a.max_bytes)
+            continue
         if kind == "grid":
             q, k, v = common.grid_qkv(a.batch, a.heads, grid, a.head_dim, windows=windows, sharpness=a.sharpness,
                                       sink=a.sink, seed=a.seed, device=a.device)
@@ -184,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     env = common.environment()
     env["device_used"] = a.device
     payload = {"environment": env, "args": vars(a), "tokens": s, "seconds": time.time() - start, "rows": rows}
+    if "digits" in kinds:
+        payload["digits_tokens"] = a.digits_side ** 2
     import os  # noqa: PLC0415
 
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)

@@ -51,12 +51,13 @@ WIDTH, HEADS, DEPTH, MLP = 128, 2, 4, 2
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def sincos_positions(side: int, dim: int) -> torch.Tensor:
-    """Fixed 2D sin-cos position embeddings, ``(side * side, dim)``."""
+def sincos_positions(side: int, dim: int, step: float = 1.0) -> torch.Tensor:
+    """Fixed 2D sin-cos position embeddings, ``(side * side, dim)``, of the grid coordinates ``step · [0, side)``
+    (``step < 1``: a finer grid over the same extent, as position interpolation serves a larger image)."""
     quarter = dim // 4
     freqs = 1.0 / (10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter))
-    ys, xs = torch.meshgrid(torch.arange(side, dtype=torch.float64), torch.arange(side, dtype=torch.float64),
-                            indexing="ij")
+    coords = torch.arange(side, dtype=torch.float64) * step
+    ys, xs = torch.meshgrid(coords, coords, indexing="ij")
     parts = []
     for coord in (ys.flatten(), xs.flatten()):
         angles = coord[:, None] * freqs[None]
@@ -79,10 +80,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v`` of ``x (B, S, W)``: each ``(B, heads, S, W / heads)``."""
+        b, s, w = x.shape
+        return self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, w = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = F.scaled_dot_product_attention(*self.split_heads(x))
         return self.proj(out.transpose(1, 2).reshape(b, s, w))
 
 
@@ -103,7 +108,9 @@ class Block(nn.Module):
 
 
 class TinyDiT(nn.Module):
-    """``forward(x (B, 1, 16, 16), t (B,) in [0, 1], y (B,) class ids) -> velocity (B, 1, 16, 16)``."""
+    """``forward(x (B, 1, 16, 16), t (B,) in [0, 1], y (B,) class ids) -> velocity (B, 1, 16, 16)``; a larger
+    square image (a multiple of the patch) runs with its positions interpolated onto the trained 8 x 8 grid
+    (:func:`sincos_positions`' ``step``), as DiTs serve resolutions they were not trained at."""
 
     def __init__(self, width: int = WIDTH, heads: int = HEADS, depth: int = DEPTH, mlp: int = MLP):
         super().__init__()
@@ -124,16 +131,17 @@ class TinyDiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]
-        p, s = PATCH, self.side
+        p, s = PATCH, x.shape[-1] // PATCH
         tokens = x.view(b, 1, s, p, s, p).permute(0, 2, 4, 1, 3, 5).reshape(b, s * s, p * p)
-        h = self.patch(tokens) + self.pos
+        pos = self.pos if s == self.side else sincos_positions(s, self.pos.shape[1], self.side / s).to(x.device)
+        h = self.patch(tokens) + pos
         c = self.t_mlp(timestep_embedding(t)) + self.y_embed(y)
         mod = self.adaln(c).view(b, 6, -1)
         for block in self.blocks:
             h = block(h, mod)
         shift, scale = (c[:, None] + self.final_table[None]).unbind(1)
         h = self.out(self.norm(h) * (1 + scale[:, None]) + shift[:, None])
-        return h.view(b, s, s, 1, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, 1, IMAGE, IMAGE)
+        return h.view(b, s, s, 1, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, 1, s * p, s * p)
 
 
 def load(path: str | Path = CHECKPOINT) -> TinyDiT:
@@ -274,6 +282,29 @@ def calibration_calls(model, n: int, *, batch: int = 20, seed: int = 1, sample_s
     picks = [round(i * (sample_steps - 1) / max(1, n - 1)) for i in range(n)]
     calls = [((record[i][0], record[i][1], record[i][2]), {}) for i in picks]
     return calls, [f"t={float(record[i][1][0]):.2f}" for i in picks]
+
+
+def attention_inputs(model, *, side: int, timesteps, n: int = 4, seed: int = 1) -> list[tuple[str, tuple]]:
+    """The ``(q, k, v)`` of every attention call of ``model`` on the first ``n`` digits upsampled to ``side`` x
+    ``side`` patches (``side · PATCH`` pixels, positions interpolated: :class:`TinyDiT`), noised to each of
+    ``timesteps`` as in training (``(1 - t) x0 + t e``, ``e`` from ``seed``): ``[(label, (q, k, v)), ...]`` with
+    labels ``t=0.9 blocks.0`` and ``q, k, v (n, HEADS, side², WIDTH / HEADS)``; what ``python -m
+    benchmarks.sparse_quality --inputs digits`` measures block sparsity on."""
+    images, labels = digits()
+    x0 = F.interpolate(images[:n], size=(side * PATCH, side * PATCH), mode="bilinear", align_corners=False)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+    found: list[tuple[str, tuple]] = []
+    for t in timesteps:
+        hooks = [block.attn.register_forward_hook(
+            lambda mod, args, out, name=f"t={t:g} blocks.{i}": found.append((name, mod.split_heads(args[0]))))
+            for i, block in enumerate(model.blocks)]
+        try:
+            with torch.no_grad():
+                model((1 - t) * x0 + t * noise, torch.full((n,), float(t)), labels[:n])
+        finally:
+            for hook in hooks:
+                hook.remove()
+    return found
 
 
 def factory():

@@ -37,6 +37,32 @@ def test_runs_on_a_tiny_grid_and_writes_json(tmp_path, capsys):
     assert "ratio p05" in capsys.readouterr().out
 
 
+def test_runs_on_the_trained_digits_dit(tmp_path):
+    """``--inputs digits``: one row per attention call of the trained checkpoint (4 blocks per noise level) and
+    keep, at ``--digits-side``² tokens."""
+    out = tmp_path / "d.json"
+    assert sparse_quality.main(["--inputs", "digits", "--digits-side", "16", "--digits-images", "1",
+                                "--digits-timesteps", "0.5", "--top-k", "0.5", "--cdf", "", "--device", "cpu",
+                                "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["digits_tokens"] == 256
+    assert [r["inputs"] for r in payload["rows"]] == [f"digits t=0.5 blocks.{i}" for i in range(4)]
+    for r in payload["rows"]:
+        assert r["mass"] <= r["oracle"] + 1e-6 and 0.5 <= r["ratio"] <= 1 + 1e-6
+
+
+def test_the_digits_dit_serves_a_larger_image_with_its_trained_positions_kept():
+    """At its training size the model uses its own positions (outputs unchanged); a larger image interpolates
+    them onto the same extent (:func:`examples.dit_digits.sincos_positions`' ``step``)."""
+    from examples import dit_digits
+
+    model = dit_digits.TinyDiT()
+    assert torch.equal(dit_digits.sincos_positions(8, 128), model.pos)
+    assert torch.equal(dit_digits.sincos_positions(16, 128, 0.5)[::2][:8], dit_digits.sincos_positions(8, 128)[:8])
+    x = torch.randn(2, 1, 32, 32)
+    assert model(x, torch.rand(2), torch.tensor([1, 2])).shape == (2, 1, 32, 32)
+
+
 def test_masses_chunking_and_oracle():
     q, k, v = common.grid_qkv(1, 2, (3, 10, 10), 32, windows=((1, 2, 2), (2, 4, 4)), sink=2, device="cpu")
     sm = 1 / math.sqrt(32)
