@@ -3,6 +3,7 @@
     python examples/dit_digits.py train                 # train from the seed, write examples/dit_digits.pt
     python examples/dit_digits.py quality               # samples dense vs the default recipe: PSNR / SSIM
     python examples/dit_digits.py calibrate --plot docs/calibration_dit_digits.png --check   # cos >= 0.9999
+    python examples/dit_digits.py calibrate --side 32 --block-sparse --budget cos=0.999     # 1,024 tokens, sparse
     qattn-fx calibrate --model examples.dit_digits:factory --calls 4 --budget cos=0.9999 --emulate --out spec.json
 
 **Data.** scikit-learn's handwritten digits (1797 images of 8x8 pixels, 10 classes), shipped inside its wheel:
@@ -210,9 +211,9 @@ def _train(steps: int, seed: int, out: Path, batch: int, log_every: int) -> Tiny
     return model
 
 
-def noise_and_labels(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def noise_and_labels(n: int, seed: int, size: int = IMAGE) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 1, IMAGE, IMAGE, generator=g), torch.arange(n) % CLASSES
+    return torch.randn(n, 1, size, size, generator=g), torch.arange(n) % CLASSES
 
 
 @torch.no_grad()
@@ -273,11 +274,12 @@ def accuracy_only(kernel, arch, *, q_len, kv_len, head_dim, batch_heads):
     return None
 
 
-def calibration_calls(model, n: int, *, batch: int = 20, seed: int = 1, sample_steps: int = 20):
+def calibration_calls(model, n: int, *, batch: int = 20, seed: int = 1, sample_steps: int = 20, side: int = 0):
     """``n`` calls of ``model``: its real inputs at ``n`` steps, evenly spaced from the first (pure noise) to the
-    last, of dense sampling trajectories from ``seed``; with labels ``t=...``."""
+    last, of dense sampling trajectories from ``seed``; with labels ``t=...``. ``side``: tokens per side of the
+    sampled images (0: the trained 8; larger: positions interpolated, :class:`TinyDiT`)."""
     record: list = []
-    noise, labels = noise_and_labels(batch, seed)
+    noise, labels = noise_and_labels(batch, seed, (side or IMAGE // PATCH) * PATCH)
     sample(model, noise, labels, sample_steps, record)
     picks = [round(i * (sample_steps - 1) / max(1, n - 1)) for i in range(n)]
     calls = [((record[i][0], record[i][1], record[i][2]), {}) for i in picks]
@@ -378,6 +380,11 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--cost-data", action="store_true", help="rank candidates by the H200 cost data (default: by "
                    "the recipe table's order, accuracy_only): at 64 tokens it predicts no gain and keeps every site "
                    "dense")
+    c.add_argument("--side", type=int, default=0, help="tokens per side of the sampled images (default: the "
+                   "trained 8; 32: 1,024 tokens, 8 x 8 blocks, positions interpolated)")
+    c.add_argument("--block-sparse", action="store_true", help="add the default recipe with block sparsity as "
+                   "candidates (cdf 0.9 and 0.95, top_k 0.5; the self-similarity guard off, which at this model's "
+                   "tiles visits every block)")
     for p in (q, c):
         p.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     args = parser.parse_args(argv)
@@ -403,9 +410,17 @@ def main(argv: list[str] | None = None) -> dict:
         return r
     import qattn_fx
 
-    calls, labels = calibration_calls(model, args.calls)
+    calls, labels = calibration_calls(model, args.calls, side=args.side)
+    candidates = None
+    if args.block_sparse:
+        from qattn_fx.calibration.candidates import DEFAULT_CANDIDATES
+        from qattn_fx.spec import DEFAULT_RECIPE
+
+        candidates = list(DEFAULT_CANDIDATES) + [
+            qattn_fx.AttentionSpec(recipe=DEFAULT_RECIPE, block_sparse=qattn_fx.BlockSparse(similarity=0.0, **keep))
+            for keep in (dict(cdf=0.9), dict(cdf=0.95), dict(top_k=0.5))]
     result = qattn_fx.calibrate(model, calls, budget=args.budget, emulate=True, labels=labels, progress=print,
-                                speed=None if args.cost_data else accuracy_only)
+                                speed=None if args.cost_data else accuracy_only, candidates=candidates)
     print(result)
     if args.out:
         args.out.write_text(result.spec.to_json(indent=1) + "\n")

@@ -57,6 +57,19 @@ def test_a_tight_budget_gives_a_mixed_plan_that_keeps_it(model):
                                              "int8-1-16-1, is predicted at most 0.88x of dense")
 
 
+def test_block_sparse_candidates_on_its_larger_images_measure_real_lists(model, capsys):
+    """``calibrate --side 16 --block-sparse`` (256 tokens: 2 x 2 blocks, positions interpolated): the guard-off
+    sparse candidates are measured on the model's own lists, each with its fraction of blocks skipped, and every
+    chosen candidate keeps the budget (BENCHMARKS / docs/block-sparsity.md: the 1,024-token run)."""
+    calls, labels = dit.calibration_calls(model, 2, batch=4, sample_steps=4, side=16)
+    assert calls[0][0][0].shape == (4, 1, 32, 32)
+    torch._dynamo.reset()
+    dit.main(["calibrate", "--side", "16", "--block-sparse", "--calls", "2", "--budget", "cos=0.999"])
+    out = capsys.readouterr().out
+    assert "int8-1-16-1+cdf0.95/sim0" in out and "int8-1-16-1+top_k0.5/sim0" in out
+    assert "4/4 sites quantized within cos >= 0.999" in out
+
+
 def test_training_runs_on_the_shipped_digits_and_writes_a_small_checkpoint(tmp_path):
     """A few steps of ``dit_digits.py train`` (the checkpoint in the repository is 2500 steps from seed 0): the data
     come from scikit-learn's wheel, the checkpoint loads and stays under 2 MB, and the thread count is restored."""
