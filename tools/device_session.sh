@@ -16,7 +16,7 @@
 #   skip-tests                   Skip-Softmax GPU tests in parallel workers (GPU_N; SKIP_K: -k filter)
 #   skip-bench                   python -m benchmarks.attention_ops --skip-softmax (SKIP_ARGS)
 #   bs-tests                     block-sparse GPU tests in parallel workers, the files of BS_TEST_FILES that exist
-#                                (GPU_N; BS_K: -k filter)
+#                                (default: the kernels', the predictor's and pair's; GPU_N; BS_K: -k filter)
 #   bs-bench                     python -m benchmarks.attention_ops --block-sparse (BS_ARGS; BS_S, BS_MAX_S); writes
 #                                $OUT/block_sparse.{json,png}, Skip-Softmax's curve beside it when skip-bench ran first
 #   dit                          python -m benchmarks.dit_step (DIT_ARGS, split on spaces: --only takes substrings
@@ -74,7 +74,7 @@ for s in "$@"; do
     tune) TAIL=30 step tune ${TUNE_S:-240} python3 -m benchmarks.tune --kernel triton_sage --out "$OUT/tune.json" ${TUNE_ARGS:-} ;;
     skip-tests) TAIL=45 step skip-tests ${SKIP_TESTS_S:-300} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${SKIP_K:-}" tests/gpu/test_skip_softmax.py ;;
     skip-bench) TAIL=60 step skip-bench ${SKIP_BENCH_S:-420} python3 -m benchmarks.attention_ops --skip-softmax --out "$OUT/skip_softmax.json" ${SKIP_ARGS:-} ;;
-    bs-tests) files=""; for f in ${BS_TEST_FILES:-tests/gpu/test_block_sparse_kernels.py tests/gpu/test_gluon_sage_sparse.py tests/gpu/test_block_predictor.py}; do [ -e "$f" ] && files="$files $f"; done
+    bs-tests) files=""; for f in ${BS_TEST_FILES:-tests/gpu/test_block_sparse_kernels.py tests/gpu/test_gluon_sage_sparse.py tests/gpu/test_block_predictor.py tests/gpu/test_gluon_sage_pair.py}; do [ -e "$f" ] && files="$files $f"; done
         if [ -z "$files" ]; then echo "=== bs-tests: none of the block-sparse GPU test files exists"; else
         TAIL=45 step bs-tests ${BS_TESTS_S:-300} python3 -m pytest -q -rfEs $GPU_XDIST --durations=8 -k "${BS_K:-}" $files; fi ;;
     bs-bench) skipjson=""; [ -e "$OUT/skip_softmax.json" ] && skipjson="--skip-json $OUT/skip_softmax.json"
