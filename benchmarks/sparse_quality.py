@@ -1,15 +1,15 @@
 """Block-sparse attention quality: how much of the true attention the predictor's blocks keep, against an oracle
 that keeps the best blocks at the same count, and what the output loses (``python -m benchmarks.sparse_quality``).
 
-Inputs (``--inputs``): ``grid``, attention local in a video's ``(frames, height, width)`` token grid with a window
-per head and attention-sink keys (:func:`benchmarks.common.grid_qkv`), ``random``, Gaussian Q/K/V with no
-structure (the honest row: the pooled scores have nothing to find there), and ``digits``, the real activations of a
-trained model: every attention call of ``examples/dit_digits.py``'s checkpoint on ``--digits-images`` digits at
-``--digits-side`` x ``--digits-side`` tokens (positions interpolated onto its 8 x 8 training grid) noised to each of
-``--digits-timesteps`` (:func:`examples.dit_digits.attention_inputs`), one row per call and keep. For each selection mode and keep value
+Inputs (``--inputs``): ``grid``, attention local in a video's ``(frames, height, width)`` token grid with a window per
+head and attention-sink keys (:func:`benchmarks.common.grid_qkv`), ``random``, Gaussian Q/K/V with no structure (the
+honest row: the pooled scores have nothing to find there), and ``digits``, the real activations of a trained model:
+every attention call of ``examples/dit_digits.py``'s checkpoint on ``--digits-images`` digits at ``--digits-side`` x
+``--digits-side`` tokens (positions interpolated onto its 8 x 8 training grid) noised to each of ``--digits-timesteps``
+(:func:`examples.dit_digits.attention_inputs`), one row per call and keep. For each selection mode and keep value
 (``top_k``: the fraction of key tiles; ``cdf``: the pooled mass) the predictor (:func:`qattn_fx.kernels.
-predict_blocks.predict`: the Triton pooling on CUDA, torch on CPU) picks the blocks of 128 query rows x 128 keys;
-then, from exact fp32 attention (TF32 off):
+predict_blocks.predict`: the Triton pooling on CUDA, torch on CPU) picks the blocks of 128 query rows x 128 keys; then,
+from exact fp32 attention (TF32 off):
 
 * ``sparsity``: the fraction of blocks not visited;
 * ``mass``: the share of each query tile's attention (its rows' softmax summed over the block's keys, averaged over

@@ -162,8 +162,8 @@ def _pair_steps(scaled, visited, skv, block_n, v8, m, l, acc):
     the max of each step; the second visits the tiles in order, rescaling ``m``, ``l`` and ``acc`` at each step's
     first tile and adding ``l``'s step sum at its last. Returns ``(acc, m, l)``."""
     rank = visited.cumsum(-1) - 1
-    count = visited.sum(-1, keepdim=True)
-    step = (rank.clamp(min=0) // 2)
+    count = visited.sum(-1)
+    step = rank.clamp(min=0) // 2
     tile_max = torch.stack([t.amax(-1) * r for _, t, r in map(scaled, range(0, skv, block_n))], -1)
     tile_max = torch.where(visited, tile_max, torch.full_like(tile_max, -math.inf))
     step_max = torch.full_like(tile_max, -math.inf).scatter_reduce(-1, step, tile_max, "amax")
@@ -172,7 +172,7 @@ def _pair_steps(scaled, visited, skv, block_n, v8, m, l, acc):
         n, t, r = scaled(s0)
         vis, rk = visited[..., i], rank[..., i]
         first = vis & (rk % 2 == 0)
-        last = vis & ((rk % 2 == 1) | (rk == count[..., 0] - 1))
+        last = vis & ((rk % 2 == 1) | (rk == count - 1))
         m_new = torch.where(first, torch.maximum(m, step_max.gather(-1, step[..., i:i + 1])[..., 0]), m)
         alpha = torch.exp2(m - m_new)
         l = torch.where(first, l * alpha, l)

@@ -30,9 +30,9 @@ def test_persist_is_a_schedule_flag_with_the_same_numerics():
 
 
 def test_block_sparse_persistent_configs_have_the_sparse_tuners_numerics_and_no_tuner():
-    """A persistent block-sparse config is a two-consumer config of a block-sparse tuner's numerics with
-    ``persist``; forced by name it plans (tests/kernels/test_gluon_sage_launch_plan.py), and no block-sparse tuner
-    times a persistent config (their GPU tests have not run: docs/kernel-design.md, "Persistent block-sparse launches")."""
+    """A persistent block-sparse config is a two-consumer config of a block-sparse tuner's numerics with ``persist``;
+    forced by name it plans (tests/kernels/test_gluon_sage_launch_plan.py), and no block-sparse tuner times a persistent
+    config (their GPU tests have not run: docs/kernel-design.md, "Persistent block-sparse launches")."""
     sparse = {c.numerics for c in gs.SPARSE_TUNED_CONFIGS + gs.SPARSE_KEY_ORDER_TUNED_CONFIGS}
     for config in gs.SPARSE_PERSIST_CONFIGS:
         gs.check_sparse_config(config)

@@ -51,8 +51,8 @@ def _pair_step(i, j0, j1, m_i, l_i, acc, lp, p_layout: gl.constexpr, row_o: gl.c
 @jit
 def _pair_mainloop(m_i, acc, l_i, n_tiles, lp, flags, p_layout: gl.constexpr, row_o: gl.constexpr,
                    col_s: gl.constexpr, grp_layout: gl.constexpr):
-    """``PAIR``: :func:`.mainloop._mainloop` in online-softmax steps of two consecutive visits (:func:`_pair_step`) from the
-    work item's first; when the full tiles are odd in number the last step pairs the last full tile with the last
+    """``PAIR``: :func:`.mainloop._mainloop` in online-softmax steps of two consecutive visits (:func:`_pair_step`) from
+    the work item's first; when the full tiles are odd in number the last step pairs the last full tile with the last
     (masked) one, else the last tile is a step alone. ``n_tiles``: the visits, at least one. No key bias, no
     Skip-Softmax (:func:`~.config.check_pair_config`)."""
     f = lp.first

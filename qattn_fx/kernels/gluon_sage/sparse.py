@@ -32,12 +32,12 @@ class Visits:
 
 @jit
 def _lists_at(ptrs, item, n_m, seq_kv, splits, flags):
-    """``ptrs`` (:class:`~.state.Pointers`) with the block-list pointers of work ``item``
-    (:class:`~.schedule.WorkItem`: its query block, (batch, head) and piece): ``BI`` at its query tile's list (int32 ``(B, Hq, n_m, cdiv(seq_kv, 128))``),
-    ``BC`` at its count (``(B, Hq, n_m)``), ``BP`` at its piece's first and end list positions (``SPLIT_TAIL``) and
-    ``BR`` at those bounding the key bias's span (``HAS_BIAS``), in the bounds' rows of ``NB`` positions
-    (:func:`.launch.visit_bounds`). ``ptrs``' list fields are the launch's whole arrays (``BP`` and ``BR`` both the
-    bounds, ``None`` with neither); outside ``SPARSE`` it is returned as it is."""
+    """``ptrs`` (:class:`~.state.Pointers`) with the block-list pointers of work ``item`` (:class:`~.schedule.WorkItem`:
+    its query block, (batch, head) and piece): ``BI`` at its query tile's list (int32 ``(B, Hq, n_m, cdiv(seq_kv,
+    128))``), ``BC`` at its count (``(B, Hq, n_m)``), ``BP`` at its piece's first and end list positions
+    (``SPLIT_TAIL``) and ``BR`` at those bounding the key bias's span (``HAS_BIAS``), in the bounds' rows of ``NB``
+    positions (:func:`.launch.visit_bounds`). ``ptrs``' list fields are the launch's whole arrays (``BP`` and ``BR``
+    both the bounds, ``None`` with neither); outside ``SPARSE`` it is returned as it is."""
     if flags.SPARSE:
         tile_row = item.pid_bh * n_m + item.pid_m
         blk_index = ptrs.BI + tile_row.to(gl.int64) * gl.cdiv(seq_kv, C_BLOCK_KEYS)
@@ -57,9 +57,9 @@ def _lists_at(ptrs, item, n_m, seq_kv, splits, flags):
 
 @jit
 def _visits(ptrs, prog, flags):
-    """``(vis, n, e0)``: the work item's :class:`Visits` for :func:`_key_tile` (from list position ``e0``), and
-    ``n``, the ``BLOCK_N`` tiles it runs. A whole CTA runs its ``count`` listed tiles; a split tail piece the entries inside its key range,
-    whose list positions the host computed (``BP``, :func:`.launch.visit_bounds`)."""
+    """``(vis, n, e0)``: the work item's :class:`Visits` for :func:`_key_tile` (from list position ``e0``), and ``n``,
+    the ``BLOCK_N`` tiles it runs. A whole CTA runs its ``count`` listed tiles; a split tail piece the entries inside
+    its key range, whose list positions the host computed (``BP``, :func:`.launch.visit_bounds`)."""
     R: gl.constexpr = C_BLOCK_KEYS // flags.BLOCK_N
     count = gl.load(ptrs.BC)
     if flags.SPLIT_TAIL:
